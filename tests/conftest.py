@@ -1,0 +1,59 @@
+"""Shared fixtures: the fake NVML library, scenarios, and pynvml bound to them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakenvml import SCENARIO_ENV, Scenario, build_library, load_in_process
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_lib() -> Path:
+    """The compiled fake ``libnvidia-ml.so.1`` (built once, cached by source hash)."""
+    return build_library()
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Scenario:
+    """An empty scenario at a fresh path; add GPUs, then ``write()`` it."""
+    return Scenario(tmp_path / "node.scn")
+
+
+@pytest.fixture
+def nvml(fake_nvml_lib: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The real pynvml module, in this process, talking to the fake library and ``scenario``.
+
+    The test writes the scenario and calls ``nvmlInit`` itself; every init is undone afterwards.
+    """
+    load_in_process(fake_nvml_lib)
+    monkeypatch.setenv(SCENARIO_ENV, str(scenario.path))
+    import pynvml
+
+    yield pynvml
+    while True:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            break
+
+
+@pytest.fixture
+def live_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A real running process whose PID a scenario can list as a GPU process."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def pytest_report_header() -> list[str]:
+    return [f"fake NVML build dir: {os.environ.get('FAKE_NVML_BUILD_DIR', 'tests/fakenvml/.build')}"]

@@ -1,0 +1,2041 @@
+/*
+ * A fake libnvidia-ml.so.1 for testing without a GPU.
+ *
+ * It is compiled against NVIDIA's own nvml.h (from the nvidia-nvml-dev wheel), so the compiler
+ * checks every signature and struct layout we hand back to the real nvidia-ml-py bindings.
+ * What the "driver" reports comes from a scenario file named by $FAKE_NVML_SCENARIO; the format is
+ * described in tests/fakenvml/README.md.  The file is re-read whenever it changes, so a test can
+ * change what a running process sees.
+ *
+ * Locking: one mutex guards the parsed state.  Calls that block on real hardware
+ * (nvmlDeviceGetPcieThroughput, nvmlEventSetWait_v2, the per-device `delay_ms`) sleep with the
+ * mutex released, so callers sampling several GPUs from several threads overlap as they do on a
+ * real driver.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nvml.h"
+
+#define MAX_GPUS 64
+#define MAX_MIG 8
+#define MAX_FANS 8
+#define MAX_LINKS NVML_NVLINK_MAX_LINKS
+#define MAX_EVENT_SETS 64
+#define NO_INSTANCE 0xFFFFFFFFu
+#define DEFAULT_PCIE_SAMPLE_MS 20
+#define DEFAULT_SUPPORTED_EVENTS (nvmlEventTypeXidCriticalError | nvmlEventTypePState | nvmlEventTypeClock)
+
+/* ---------------------------------------------------------------------------------------------
+ * Keys of the scenario file.  Each key is one value slot of a device; indexed families (fans,
+ * NVLink links, clocks, thresholds, ECC counters) are expanded into consecutive slots.
+ */
+enum {
+    SCOPE_SYS = 1,
+    SCOPE_GPU = 2,
+    SCOPE_MIG = 4,
+    SCOPE_DEV = SCOPE_GPU | SCOPE_MIG,
+};
+
+enum key_type { KT_NUM, KT_STR };
+
+enum {
+    /* [system] */
+    K_DRIVER_VERSION,
+    K_NVML_VERSION,
+    K_CUDA_VERSION,
+    K_INIT_ERROR,
+    /* identity */
+    K_NAME,
+    K_UUID,
+    K_SERIAL,
+    K_PCI_BUS_ID,
+    K_PCI_DEVICE_ID,
+    K_PCI_SUBSYSTEM_ID,
+    K_MINOR,
+    /* utilization and memory */
+    K_UTIL_GPU,
+    K_UTIL_MEMORY,
+    K_ENCODER_UTIL,
+    K_ENCODER_PERIOD,
+    K_DECODER_UTIL,
+    K_DECODER_PERIOD,
+    K_MEM_TOTAL,
+    K_MEM_USED,
+    K_MEM_FREE,
+    K_MEM_RESERVED,
+    /* thermal, power, clocks */
+    K_TEMP_GPU,
+    K_TEMP_MEMORY,
+    K_THRESHOLD0,
+    K_FAN_COUNT = K_THRESHOLD0 + NVML_TEMPERATURE_THRESHOLD_COUNT,
+    K_FAN0,
+    K_POWER_USAGE = K_FAN0 + MAX_FANS,
+    K_POWER_LIMIT,
+    K_POWER_MGMT_LIMIT,
+    K_ENERGY,
+    K_CLOCK0,
+    K_CLOCK_MAX0 = K_CLOCK0 + NVML_CLOCK_COUNT,
+    K_PSTATE = K_CLOCK_MAX0 + NVML_CLOCK_COUNT,
+    K_EVENT_REASONS,
+    /* PCIe */
+    K_PCIE_TX_KBPS,
+    K_PCIE_RX_KBPS,
+    K_PCIE_SAMPLE_MS,
+    K_PCIE_TX_BYTES,
+    K_PCIE_RX_BYTES,
+    K_PCIE_GEN,
+    K_PCIE_MAX_GEN,
+    K_PCIE_WIDTH,
+    K_PCIE_MAX_WIDTH,
+    K_PCIE_REPLAY,
+    /* NVLink */
+    K_NVLINK_STATE0,
+    K_NVLINK_TX0 = K_NVLINK_STATE0 + MAX_LINKS,
+    K_NVLINK_RX0 = K_NVLINK_TX0 + MAX_LINKS,
+    /* errors */
+    K_ECC0 = K_NVLINK_RX0 + MAX_LINKS, /* [errorType * 2 + counterType] */
+    K_ROWS_CORRECTABLE = K_ECC0 + 4,
+    K_ROWS_UNCORRECTABLE,
+    K_ROWS_PENDING,
+    K_ROWS_FAILURE,
+    /* MIG */
+    K_MIG_MODE,
+    K_MIG_PENDING,
+    K_MIG_MAX_DEVICES,
+    K_GPU_INSTANCE_ID,
+    K_COMPUTE_INSTANCE_ID,
+    /* behaviour */
+    K_EVENTS_SUPPORTED,
+    K_STATE,
+    K_LOST_AFTER,
+    K_LOST_UNTIL,
+    K_DELAY_MS,
+    NKEYS
+};
+
+struct key_def {
+    char name[40];
+    enum key_type type;
+    int scope;
+};
+
+static struct key_def keys[NKEYS];
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static void def_key(int k, enum key_type type, int scope, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(keys[k].name, sizeof keys[k].name, fmt, ap);
+    va_end(ap);
+    keys[k].type = type;
+    keys[k].scope = scope;
+}
+
+static const char *const threshold_names[NVML_TEMPERATURE_THRESHOLD_COUNT] = {
+    "shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr",
+};
+static const char *const clock_names[NVML_CLOCK_COUNT] = {"graphics", "sm", "memory", "video"};
+
+static void init_keys(void)
+{
+    def_key(K_DRIVER_VERSION, KT_STR, SCOPE_SYS, "driver_version");
+    def_key(K_NVML_VERSION, KT_STR, SCOPE_SYS, "nvml_version");
+    def_key(K_CUDA_VERSION, KT_NUM, SCOPE_SYS, "cuda_version");
+    def_key(K_INIT_ERROR, KT_NUM, SCOPE_SYS, "init_error");
+    def_key(K_NAME, KT_STR, SCOPE_DEV, "name");
+    def_key(K_UUID, KT_STR, SCOPE_DEV, "uuid");
+    def_key(K_SERIAL, KT_STR, SCOPE_GPU, "serial");
+    def_key(K_PCI_BUS_ID, KT_STR, SCOPE_GPU, "pci.bus_id");
+    def_key(K_PCI_DEVICE_ID, KT_NUM, SCOPE_GPU, "pci.device_id");
+    def_key(K_PCI_SUBSYSTEM_ID, KT_NUM, SCOPE_GPU, "pci.subsystem_id");
+    def_key(K_MINOR, KT_NUM, SCOPE_GPU, "minor_number");
+    def_key(K_UTIL_GPU, KT_NUM, SCOPE_DEV, "util.gpu");
+    def_key(K_UTIL_MEMORY, KT_NUM, SCOPE_DEV, "util.memory");
+    def_key(K_ENCODER_UTIL, KT_NUM, SCOPE_DEV, "encoder.util");
+    def_key(K_ENCODER_PERIOD, KT_NUM, SCOPE_DEV, "encoder.period_us");
+    def_key(K_DECODER_UTIL, KT_NUM, SCOPE_DEV, "decoder.util");
+    def_key(K_DECODER_PERIOD, KT_NUM, SCOPE_DEV, "decoder.period_us");
+    def_key(K_MEM_TOTAL, KT_NUM, SCOPE_DEV, "memory.total");
+    def_key(K_MEM_USED, KT_NUM, SCOPE_DEV, "memory.used");
+    def_key(K_MEM_FREE, KT_NUM, SCOPE_DEV, "memory.free");
+    def_key(K_MEM_RESERVED, KT_NUM, SCOPE_DEV, "memory.reserved");
+    def_key(K_TEMP_GPU, KT_NUM, SCOPE_GPU, "temperature.gpu");
+    def_key(K_TEMP_MEMORY, KT_NUM, SCOPE_GPU, "temperature.memory");
+    for (int i = 0; i < NVML_TEMPERATURE_THRESHOLD_COUNT; i++)
+        def_key(K_THRESHOLD0 + i, KT_NUM, SCOPE_GPU, "temperature.threshold.%s", threshold_names[i]);
+    def_key(K_FAN_COUNT, KT_NUM, SCOPE_GPU, "fan.count");
+    for (int i = 0; i < MAX_FANS; i++)
+        def_key(K_FAN0 + i, KT_NUM, SCOPE_GPU, "fan.%d", i);
+    def_key(K_POWER_USAGE, KT_NUM, SCOPE_GPU, "power.usage_mw");
+    def_key(K_POWER_LIMIT, KT_NUM, SCOPE_GPU, "power.limit_mw");
+    def_key(K_POWER_MGMT_LIMIT, KT_NUM, SCOPE_GPU, "power.management_limit_mw");
+    def_key(K_ENERGY, KT_NUM, SCOPE_GPU, "energy_mj");
+    for (int i = 0; i < NVML_CLOCK_COUNT; i++) {
+        def_key(K_CLOCK0 + i, KT_NUM, SCOPE_DEV, "clock.%s_mhz", clock_names[i]);
+        def_key(K_CLOCK_MAX0 + i, KT_NUM, SCOPE_DEV, "clock.max.%s_mhz", clock_names[i]);
+    }
+    def_key(K_PSTATE, KT_NUM, SCOPE_GPU, "pstate");
+    def_key(K_EVENT_REASONS, KT_NUM, SCOPE_GPU, "clocks_event_reasons");
+    def_key(K_PCIE_TX_KBPS, KT_NUM, SCOPE_GPU, "pcie.tx_kbps");
+    def_key(K_PCIE_RX_KBPS, KT_NUM, SCOPE_GPU, "pcie.rx_kbps");
+    def_key(K_PCIE_SAMPLE_MS, KT_NUM, SCOPE_GPU, "pcie.sample_ms");
+    def_key(K_PCIE_TX_BYTES, KT_NUM, SCOPE_GPU, "pcie.tx_bytes");
+    def_key(K_PCIE_RX_BYTES, KT_NUM, SCOPE_GPU, "pcie.rx_bytes");
+    def_key(K_PCIE_GEN, KT_NUM, SCOPE_GPU, "pcie.gen");
+    def_key(K_PCIE_MAX_GEN, KT_NUM, SCOPE_GPU, "pcie.max_gen");
+    def_key(K_PCIE_WIDTH, KT_NUM, SCOPE_GPU, "pcie.width");
+    def_key(K_PCIE_MAX_WIDTH, KT_NUM, SCOPE_GPU, "pcie.max_width");
+    def_key(K_PCIE_REPLAY, KT_NUM, SCOPE_GPU, "pcie.replay");
+    for (int i = 0; i < MAX_LINKS; i++) {
+        def_key(K_NVLINK_STATE0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.state", i);
+        def_key(K_NVLINK_TX0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.tx_kib", i);
+        def_key(K_NVLINK_RX0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.rx_kib", i);
+    }
+    def_key(K_ECC0 + 0, KT_NUM, SCOPE_GPU, "ecc.corrected.volatile");
+    def_key(K_ECC0 + 1, KT_NUM, SCOPE_GPU, "ecc.corrected.aggregate");
+    def_key(K_ECC0 + 2, KT_NUM, SCOPE_GPU, "ecc.uncorrected.volatile");
+    def_key(K_ECC0 + 3, KT_NUM, SCOPE_GPU, "ecc.uncorrected.aggregate");
+    def_key(K_ROWS_CORRECTABLE, KT_NUM, SCOPE_GPU, "rows.correctable");
+    def_key(K_ROWS_UNCORRECTABLE, KT_NUM, SCOPE_GPU, "rows.uncorrectable");
+    def_key(K_ROWS_PENDING, KT_NUM, SCOPE_GPU, "rows.pending");
+    def_key(K_ROWS_FAILURE, KT_NUM, SCOPE_GPU, "rows.failure");
+    def_key(K_MIG_MODE, KT_NUM, SCOPE_GPU, "mig.mode");
+    def_key(K_MIG_PENDING, KT_NUM, SCOPE_GPU, "mig.pending");
+    def_key(K_MIG_MAX_DEVICES, KT_NUM, SCOPE_GPU, "mig.max_devices");
+    def_key(K_GPU_INSTANCE_ID, KT_NUM, SCOPE_MIG, "gpu_instance_id");
+    def_key(K_COMPUTE_INSTANCE_ID, KT_NUM, SCOPE_MIG, "compute_instance_id");
+    def_key(K_EVENTS_SUPPORTED, KT_NUM, SCOPE_GPU, "events.supported");
+    def_key(K_STATE, KT_NUM, SCOPE_GPU, "state");
+    def_key(K_LOST_AFTER, KT_NUM, SCOPE_GPU, "lost_after_s");
+    def_key(K_LOST_UNTIL, KT_NUM, SCOPE_GPU, "lost_until_s");
+    def_key(K_DELAY_MS, KT_NUM, SCOPE_DEV, "delay_ms");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Error names, as written in scenario files ("!NOT_SUPPORTED") and as nvmlErrorString tells them.
+ */
+struct error_def {
+    nvmlReturn_t code;
+    const char *name;
+    const char *text;
+};
+
+static const struct error_def errors[] = {
+    {NVML_SUCCESS, "SUCCESS", "Success"},
+    {NVML_ERROR_UNINITIALIZED, "UNINITIALIZED", "Uninitialized"},
+    {NVML_ERROR_INVALID_ARGUMENT, "INVALID_ARGUMENT", "Invalid Argument"},
+    {NVML_ERROR_NOT_SUPPORTED, "NOT_SUPPORTED", "Not Supported"},
+    {NVML_ERROR_NO_PERMISSION, "NO_PERMISSION", "Insufficient Permissions"},
+    {NVML_ERROR_ALREADY_INITIALIZED, "ALREADY_INITIALIZED", "Already Initialized"},
+    {NVML_ERROR_NOT_FOUND, "NOT_FOUND", "Not Found"},
+    {NVML_ERROR_INSUFFICIENT_SIZE, "INSUFFICIENT_SIZE", "Insufficient Size"},
+    {NVML_ERROR_INSUFFICIENT_POWER, "INSUFFICIENT_POWER", "Insufficient External Power"},
+    {NVML_ERROR_DRIVER_NOT_LOADED, "DRIVER_NOT_LOADED", "Driver Not Loaded"},
+    {NVML_ERROR_TIMEOUT, "TIMEOUT", "Timeout"},
+    {NVML_ERROR_IRQ_ISSUE, "IRQ_ISSUE", "Interrupt Request Issue"},
+    {NVML_ERROR_LIBRARY_NOT_FOUND, "LIBRARY_NOT_FOUND", "NVML Shared Library Not Found"},
+    {NVML_ERROR_FUNCTION_NOT_FOUND, "FUNCTION_NOT_FOUND", "Function Not Found"},
+    {NVML_ERROR_CORRUPTED_INFOROM, "CORRUPTED_INFOROM", "Corrupted infoROM"},
+    {NVML_ERROR_GPU_IS_LOST, "GPU_IS_LOST", "GPU is lost"},
+    {NVML_ERROR_RESET_REQUIRED, "RESET_REQUIRED", "GPU requires restart"},
+    {NVML_ERROR_OPERATING_SYSTEM, "OPERATING_SYSTEM", "The operating system has blocked the request."},
+    {NVML_ERROR_LIB_RM_VERSION_MISMATCH, "LIB_RM_VERSION_MISMATCH", "RM has detected an NVML/RM version mismatch."},
+    {NVML_ERROR_IN_USE, "IN_USE", "In use by another client"},
+    {NVML_ERROR_MEMORY, "MEMORY", "Insufficient Memory"},
+    {NVML_ERROR_NO_DATA, "NO_DATA", "No data"},
+    {NVML_ERROR_INSUFFICIENT_RESOURCES, "INSUFFICIENT_RESOURCES", "Insufficient resources"},
+    {NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "ARGUMENT_VERSION_MISMATCH", "Argument version mismatch"},
+    {NVML_ERROR_NOT_READY, "NOT_READY", "Not ready"},
+    {NVML_ERROR_GPU_NOT_FOUND, "GPU_NOT_FOUND", "GPU not found"},
+    {NVML_ERROR_INVALID_STATE, "INVALID_STATE", "Invalid state"},
+    {NVML_ERROR_UNKNOWN, "UNKNOWN", "Unknown Error"},
+};
+
+static int error_by_name(const char *name, nvmlReturn_t *out)
+{
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++) {
+        if (strcmp(errors[i].name, name) == 0 && errors[i].code != NVML_SUCCESS) {
+            *out = errors[i].code;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Parsed state.
+ */
+struct slot {
+    unsigned char set;   /* the key appeared in the file */
+    nvmlReturn_t err;    /* non-zero: the call reading this value fails with it */
+    long double base;    /* value at t0 */
+    long double rate;    /* change per second, for counters that move on their own */
+    double t0;
+    char *str;
+};
+
+struct proc {
+    unsigned int pid;
+    int graphics;
+    unsigned long long used; /* NVML_VALUE_NOT_AVAILABLE as ULL when "used=-" */
+    unsigned int gi, ci;
+    char *name;
+    nvmlReturn_t name_err;
+};
+
+struct xid {
+    unsigned long long code;
+    double after_s;
+    unsigned int gi, ci;
+};
+
+struct dev {
+    int defined;
+    struct slot s[NKEYS];
+    struct proc *procs;
+    int nprocs, capprocs;
+    struct xid *xids;
+    int nxids, capxids;
+    struct dev *mig[MAX_MIG];
+    int nmig;
+};
+
+struct state {
+    struct dev sys;
+    struct dev *gpu[MAX_GPUS];
+    int ngpus;
+};
+
+/* Handles are the addresses of these fixed structs, so they stay valid across reloads. */
+struct nvmlDevice_st {
+    int gpu;
+    int mig; /* -1 for a whole GPU */
+};
+
+struct nvmlEventSet_st {
+    int used;
+    unsigned long long mask[MAX_GPUS];
+    int delivered[MAX_GPUS];
+};
+
+static struct nvmlDevice_st gpu_handles[MAX_GPUS];
+static struct nvmlDevice_st mig_handles[MAX_GPUS][MAX_MIG];
+static struct nvmlEventSet_st event_sets[MAX_EVENT_SETS];
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int init_refcount;
+static struct state *cur;
+static char *scenario_path;
+static char *loaded_text;      /* the text `cur` was parsed from */
+static char *rejected_text;    /* the last text that failed to parse, reported once */
+static struct stat loaded_stat;
+static double epoch;           /* monotonic time of the first load of this scenario path */
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(double ms)
+{
+    if (ms <= 0)
+        return;
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ms / 1000);
+    ts.tv_nsec = (long)((ms - (double)ts.tv_sec * 1000) * 1e6);
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+static void free_dev(struct dev *d)
+{
+    if (!d)
+        return;
+    for (int k = 0; k < NKEYS; k++)
+        free(d->s[k].str);
+    for (int i = 0; i < d->nprocs; i++)
+        free(d->procs[i].name);
+    free(d->procs);
+    free(d->xids);
+    for (int i = 0; i < MAX_MIG; i++) {
+        free_dev(d->mig[i]);
+        free(d->mig[i]);
+    }
+}
+
+static void free_state(struct state *st)
+{
+    if (!st)
+        return;
+    free_dev(&st->sys);
+    for (int i = 0; i < MAX_GPUS; i++) {
+        free_dev(st->gpu[i]);
+        free(st->gpu[i]);
+    }
+    free(st);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Parser.  Errors name the file and line; the caller decides whether they fail nvmlInit (first
+ * load) or are reported and ignored (a reload of a file that is being rewritten).
+ */
+struct parser {
+    const char *path;
+    int line;
+    char msg[512];
+};
+
+static int perr(struct parser *p, const char *fmt, ...)
+{
+    va_list ap;
+    int n = snprintf(p->msg, sizeof p->msg, "%s:%d: ", p->path, p->line);
+    va_start(ap, fmt);
+    vsnprintf(p->msg + n, sizeof p->msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    return s;
+}
+
+/* A number: decimal, 0x-hex or a float with exponent, all read exactly up to 2^64. */
+static int parse_number(const char *s, long double *out, const char **end)
+{
+    char *e;
+    errno = 0;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        unsigned long long v = strtoull(s, &e, 16);
+        if (e == s + 2 || errno)
+            return -1;
+        *out = (long double)v;
+    } else {
+        long double v = strtold(s, &e);
+        if (e == s || errno)
+            return -1;
+        *out = v;
+    }
+    *end = e;
+    return 0;
+}
+
+static int parse_value(struct parser *p, int k, const char *v, struct slot *sl, double now)
+{
+    sl->set = 1;
+    sl->t0 = now;
+    if (v[0] == '!') {
+        if (!error_by_name(v + 1, &sl->err))
+            return perr(p, "unknown NVML error '%s' for key '%s' (use e.g. !NOT_SUPPORTED, !GPU_IS_LOST, "
+                           "!NO_PERMISSION, !UNKNOWN, !TIMEOUT)", v + 1, keys[k].name);
+        return 0;
+    }
+    if (keys[k].type == KT_STR) {
+        if (!*v)
+            return perr(p, "empty value for key '%s'", keys[k].name);
+        sl->str = strdup(v);
+        return 0;
+    }
+    if (k == K_INIT_ERROR) {
+        if (!error_by_name(v, &sl->err))
+            return perr(p, "unknown NVML error '%s' for init_error (e.g. DRIVER_NOT_LOADED, NO_PERMISSION)", v);
+        return 0;
+    }
+    if (k == K_STATE) {
+        if (strcmp(v, "ok") == 0)
+            sl->base = 0;
+        else if (strcmp(v, "lost") == 0)
+            sl->base = 1;
+        else
+            return perr(p, "state must be 'ok' or 'lost', not '%s'", v);
+        return 0;
+    }
+    const char *e;
+    if (parse_number(v, &sl->base, &e) < 0)
+        return perr(p, "key '%s' needs a number, !ERROR, or 'N +R/s'; got '%s'", keys[k].name, v);
+    while (isspace((unsigned char)*e))
+        e++;
+    if (*e == '+' || *e == '-') {
+        const char *r = e + 1;
+        const char *re;
+        if (parse_number(r, &sl->rate, &re) < 0 || strcmp(re, "/s") != 0)
+            return perr(p, "bad rate in '%s' for key '%s' (write e.g. '1000 +250/s')", v, keys[k].name);
+        if (*e == '-')
+            sl->rate = -sl->rate;
+    } else if (*e) {
+        return perr(p, "trailing text '%s' after the number for key '%s'", e, keys[k].name);
+    }
+    return 0;
+}
+
+static int find_key(const char *name)
+{
+    for (int k = 0; k < NKEYS; k++)
+        if (strcmp(keys[k].name, name) == 0)
+            return k;
+    return -1;
+}
+
+/* "name=value" words of process and xid lines. */
+static int word_uint(struct parser *p, const char *what, const char *val, unsigned long long *out)
+{
+    char *e;
+    errno = 0;
+    unsigned long long v = strtoull(val, &e, 0);
+    if (e == val || *e || errno || val[0] == '-')
+        return perr(p, "%s needs a non-negative integer, got '%s'", what, val);
+    *out = v;
+    return 0;
+}
+
+static int parse_process(struct parser *p, struct dev *d, char *v)
+{
+    struct proc pr;
+    memset(&pr, 0, sizeof pr);
+    pr.gi = pr.ci = NO_INSTANCE;
+    int have_pid = 0, have_used = 0;
+    char *save = NULL;
+    char *w = strtok_r(v, " \t", &save);
+    if (!w || (strcmp(w, "compute") != 0 && strcmp(w, "graphics") != 0))
+        return perr(p, "process line must start with 'compute' or 'graphics': "
+                       "process = compute pid=1234 used=1073741824 [name=python3] [gi=1 ci=0]");
+    pr.graphics = strcmp(w, "graphics") == 0;
+    while ((w = strtok_r(NULL, " \t", &save))) {
+        char *eq = strchr(w, '=');
+        if (!eq)
+            return perr(p, "process: expected name=value, got '%s'", w);
+        *eq = '\0';
+        const char *val = eq + 1;
+        unsigned long long n;
+        if (strcmp(w, "pid") == 0) {
+            if (word_uint(p, "process pid", val, &n) < 0)
+                return -1;
+            if (n == 0 || n > UINT_MAX)
+                return perr(p, "process pid %llu is out of range", n);
+            pr.pid = (unsigned int)n;
+            have_pid = 1;
+        } else if (strcmp(w, "used") == 0) {
+            if (strcmp(val, "-") == 0) {
+                pr.used = (unsigned long long)NVML_VALUE_NOT_AVAILABLE;
+            } else {
+                if (word_uint(p, "process used", val, &n) < 0)
+                    return -1;
+                pr.used = n;
+            }
+            have_used = 1;
+        } else if (strcmp(w, "name") == 0) {
+            if (val[0] == '!') {
+                if (!error_by_name(val + 1, &pr.name_err))
+                    return perr(p, "process: unknown NVML error '%s'", val + 1);
+            } else {
+                free(pr.name);
+                pr.name = strdup(val);
+            }
+        } else if (strcmp(w, "gi") == 0 || strcmp(w, "ci") == 0) {
+            if (word_uint(p, w, val, &n) < 0)
+                return -1;
+            if (w[0] == 'g')
+                pr.gi = (unsigned int)n;
+            else
+                pr.ci = (unsigned int)n;
+        } else {
+            free(pr.name);
+            return perr(p, "process: unknown word '%s' (known: pid, used, name, gi, ci)", w);
+        }
+    }
+    if (!have_pid || !have_used) {
+        free(pr.name);
+        return perr(p, "process line needs pid= and used=");
+    }
+    if (d->nprocs == d->capprocs) {
+        d->capprocs = d->capprocs ? d->capprocs * 2 : 8;
+        d->procs = realloc(d->procs, (size_t)d->capprocs * sizeof *d->procs);
+    }
+    d->procs[d->nprocs++] = pr;
+    return 0;
+}
+
+static int parse_xid(struct parser *p, struct dev *d, char *v)
+{
+    struct xid x = {0, 0, NO_INSTANCE, NO_INSTANCE};
+    char *save = NULL;
+    char *w = strtok_r(v, " \t", &save);
+    unsigned long long n;
+    if (!w || word_uint(p, "xid", w, &x.code) < 0)
+        return perr(p, "xid line: xid = CODE [after=SECONDS] [gi=N ci=N]");
+    while ((w = strtok_r(NULL, " \t", &save))) {
+        char *eq = strchr(w, '=');
+        if (!eq)
+            return perr(p, "xid: expected name=value, got '%s'", w);
+        *eq = '\0';
+        const char *val = eq + 1;
+        if (strcmp(w, "after") == 0) {
+            char *e;
+            x.after_s = strtod(val, &e);
+            if (e == val || *e || x.after_s < 0)
+                return perr(p, "xid after= needs seconds, got '%s'", val);
+        } else if (strcmp(w, "gi") == 0 || strcmp(w, "ci") == 0) {
+            if (word_uint(p, w, val, &n) < 0)
+                return -1;
+            if (w[0] == 'g')
+                x.gi = (unsigned int)n;
+            else
+                x.ci = (unsigned int)n;
+        } else {
+            return perr(p, "xid: unknown word '%s' (known: after, gi, ci)", w);
+        }
+    }
+    if (d->nxids == d->capxids) {
+        d->capxids = d->capxids ? d->capxids * 2 : 8;
+        d->xids = realloc(d->xids, (size_t)d->capxids * sizeof *d->xids);
+    }
+    d->xids[d->nxids++] = x;
+    return 0;
+}
+
+static int parse_section(struct parser *p, struct state *st, char *hdr, struct dev **out, int *scope)
+{
+    int a, b, n = 0;
+    char extra;
+    if (strcmp(hdr, "system") == 0) {
+        *out = &st->sys;
+        *scope = SCOPE_SYS;
+        return 0;
+    }
+    if (sscanf(hdr, "gpu %d mig %d %c", &a, &b, &extra) == 2) {
+        if (a < 0 || a >= MAX_GPUS || b < 0 || b >= MAX_MIG)
+            return perr(p, "[gpu %d mig %d]: gpu must be 0..%d and mig 0..%d", a, b, MAX_GPUS - 1, MAX_MIG - 1);
+        if (!st->gpu[a])
+            return perr(p, "[gpu %d mig %d] comes before its [gpu %d] section", a, b, a);
+        if (st->gpu[a]->mig[b])
+            return perr(p, "duplicate section [gpu %d mig %d]", a, b);
+        if (b != st->gpu[a]->nmig)
+            return perr(p, "MIG devices of gpu %d must be numbered 0, 1, 2... in order; expected mig %d",
+                        a, st->gpu[a]->nmig);
+        st->gpu[a]->mig[b] = calloc(1, sizeof(struct dev));
+        st->gpu[a]->mig[b]->defined = 1;
+        st->gpu[a]->nmig++;
+        *out = st->gpu[a]->mig[b];
+        *scope = SCOPE_MIG;
+        return 0;
+    }
+    if (sscanf(hdr, "gpu %d%n", &a, &n) == 1 && hdr[n] == '\0') {
+        if (a < 0 || a >= MAX_GPUS)
+            return perr(p, "[gpu %d]: index must be 0..%d", a, MAX_GPUS - 1);
+        if (st->gpu[a])
+            return perr(p, "duplicate section [gpu %d]", a);
+        if (a != st->ngpus)
+            return perr(p, "GPUs must be numbered 0, 1, 2... in order; expected [gpu %d]", st->ngpus);
+        st->gpu[a] = calloc(1, sizeof(struct dev));
+        st->gpu[a]->defined = 1;
+        st->ngpus++;
+        *out = st->gpu[a];
+        *scope = SCOPE_GPU;
+        return 0;
+    }
+    return perr(p, "unknown section [%s] (known: [system], [gpu N], [gpu N mig M])", hdr);
+}
+
+static struct state *parse(const char *path, char *text, char *msg, size_t msglen, double now)
+{
+    struct parser p = {path, 0, ""};
+    struct state *st = calloc(1, sizeof *st);
+    struct dev *d = NULL;
+    int scope = 0, ended = 0;
+    /* strtok_r would merge empty lines and lose line numbers; split by hand. */
+    char *line = text;
+    while (line && *line) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        p.line++;
+        char *s = trim(line);
+        line = nl ? nl + 1 : NULL;
+        if (!*s || *s == '#')
+            continue;
+        if (ended) {
+            perr(&p, "text after the 'end' line");
+            goto fail;
+        }
+        if (strcmp(s, "end") == 0) {
+            ended = 1;
+            continue;
+        }
+        if (*s == '[') {
+            char *close = strchr(s, ']');
+            if (!close || trim(close + 1)[0]) {
+                perr(&p, "malformed section header '%s'", s);
+                goto fail;
+            }
+            *close = '\0';
+            if (parse_section(&p, st, trim(s + 1), &d, &scope) < 0)
+                goto fail;
+            continue;
+        }
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            perr(&p, "expected 'key = value', got '%s'", s);
+            goto fail;
+        }
+        *eq = '\0';
+        char *k = trim(s), *v = trim(eq + 1);
+        if (!d) {
+            perr(&p, "'%s' is outside any section; start with [system] or [gpu 0]", k);
+            goto fail;
+        }
+        if (strcmp(k, "process") == 0 && scope != SCOPE_SYS) {
+            if (scope == SCOPE_MIG) {
+                perr(&p, "list processes of MIG devices under their [gpu N] with gi= and ci=");
+                goto fail;
+            }
+            if (parse_process(&p, d, v) < 0)
+                goto fail;
+            continue;
+        }
+        if (strcmp(k, "xid") == 0 && scope == SCOPE_GPU) {
+            if (parse_xid(&p, d, v) < 0)
+                goto fail;
+            continue;
+        }
+        int key = find_key(k);
+        if (key < 0) {
+            perr(&p, "unknown key '%s'", k);
+            goto fail;
+        }
+        if (!(keys[key].scope & scope)) {
+            perr(&p, "key '%s' does not belong in this section", k);
+            goto fail;
+        }
+        if (d->s[key].set) {
+            perr(&p, "key '%s' is set twice in this section", k);
+            goto fail;
+        }
+        if (parse_value(&p, key, v, &d->s[key], now) < 0)
+            goto fail;
+    }
+    if (!ended) {
+        p.line++;
+        perr(&p, "missing the final 'end' line (is the file complete?)");
+        goto fail;
+    }
+    return st;
+fail:
+    snprintf(msg, msglen, "%s", p.msg);
+    free_state(st);
+    return NULL;
+}
+
+static long double slot_value(const struct slot *s, double now)
+{
+    long double v = s->base + s->rate * (long double)(now - s->t0);
+    return v < 0 ? 0 : v;
+}
+
+/* Counters keep counting across a reload: an unchanged line keeps its clock, a line whose rate
+ * alone changed continues from where the old rate had brought it, and a changed base is a reset. */
+static void carry_counters(struct dev *nd, const struct dev *od, double now)
+{
+    if (!nd || !od)
+        return;
+    for (int k = 0; k < NKEYS; k++) {
+        struct slot *n = &nd->s[k];
+        const struct slot *o = &od->s[k];
+        if (keys[k].type != KT_NUM || !n->set || !o->set || n->err || o->err || n->base != o->base)
+            continue;
+        if (n->rate == o->rate) {
+            n->t0 = o->t0;
+        } else {
+            n->base = slot_value(o, now);
+            n->t0 = now;
+        }
+    }
+    for (int m = 0; m < MAX_MIG; m++)
+        carry_counters(nd->mig[m], od->mig[m], now);
+}
+
+static char *read_file(const char *path, struct stat *st)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    if (fstat(fileno(f), st) < 0) {
+        fclose(f);
+        return NULL;
+    }
+    size_t cap = (size_t)st->st_size + 1, len = 0;
+    char *buf = malloc(cap + 1);
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += n;
+        if (len == cap) {
+            cap *= 2;
+            buf = realloc(buf, cap + 1);
+        }
+    }
+    buf[len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static int same_stat(const struct stat *a, const struct stat *b)
+{
+    return a->st_ino == b->st_ino && a->st_dev == b->st_dev && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
+}
+
+/* Called with the lock held.  Returns 0, or -1 with msg filled when the file cannot be used. */
+static int load(int first, char *msg, size_t msglen)
+{
+    struct stat sb;
+    if (!first) {
+        if (stat(scenario_path, &sb) < 0)
+            return 0; /* between unlink and rename: keep what we have */
+        /* A rewrite in place can land within one mtime tick of the previous one; while the file
+         * is that fresh, compare contents rather than trusting the timestamps. */
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        int fresh = rt.tv_sec - sb.st_mtim.tv_sec < 2;
+        if (same_stat(&sb, &loaded_stat) && !fresh)
+            return 0;
+    }
+    char *text = read_file(scenario_path, &sb);
+    if (!text) {
+        if (first) {
+            snprintf(msg, msglen, "%s: cannot read the scenario file: %s", scenario_path, strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    if (!first && loaded_text && strcmp(text, loaded_text) == 0) {
+        loaded_stat = sb;
+        free(text);
+        return 0;
+    }
+    if (!first && rejected_text && strcmp(text, rejected_text) == 0) {
+        free(text);
+        return 0;
+    }
+    char *copy = strdup(text);
+    double now = mono_now();
+    struct state *st = parse(scenario_path, copy, msg, msglen, now);
+    free(copy);
+    if (!st) {
+        if (!first) {
+            /* Usually a file caught half-written; the previous state stays in force. */
+            fprintf(stderr, "fake NVML: ignoring the changed scenario: %s\n", msg);
+            free(rejected_text);
+            rejected_text = text;
+        } else {
+            free(text);
+        }
+        return -1;
+    }
+    if (cur) {
+        for (int i = 0; i < MAX_GPUS; i++)
+            carry_counters(st->gpu[i], cur->gpu[i], now);
+        carry_counters(&st->sys, &cur->sys, now);
+    }
+    free_state(cur);
+    cur = st;
+    free(loaded_text);
+    loaded_text = text;
+    loaded_stat = sb;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Entry helpers.
+ */
+static nvmlReturn_t driver_error(void)
+{
+    const struct slot *s = &cur->sys.s[K_INIT_ERROR];
+    return s->set ? s->err : NVML_SUCCESS;
+}
+
+/* Lock, reload if the file changed, and check that the library is initialised. */
+static nvmlReturn_t enter(void)
+{
+    char msg[512];
+    pthread_mutex_lock(&lock);
+    if (init_refcount == 0) {
+        pthread_mutex_unlock(&lock);
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    load(0, msg, sizeof msg);
+    nvmlReturn_t r = driver_error();
+    if (r) {
+        pthread_mutex_unlock(&lock);
+        return r;
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t leave(nvmlReturn_t r)
+{
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+static int valid_handle(nvmlDevice_t h)
+{
+    if ((h >= &gpu_handles[0] && h < &gpu_handles[MAX_GPUS]))
+        return ((char *)h - (char *)gpu_handles) % sizeof *h == 0;
+    if (h >= &mig_handles[0][0] && h < &mig_handles[0][0] + MAX_GPUS * MAX_MIG)
+        return ((char *)h - (char *)mig_handles) % sizeof *h == 0;
+    return 0;
+}
+
+static int gpu_lost(const struct dev *g, double now)
+{
+    const struct slot *st = &g->s[K_STATE];
+    if (st->set && st->base == 1)
+        return 1;
+    const struct slot *a = &g->s[K_LOST_AFTER], *u = &g->s[K_LOST_UNTIL];
+    double since = now - epoch;
+    if (a->set && !a->err && since >= (double)a->base)
+        return !(u->set && !u->err && since >= (double)u->base);
+    return 0;
+}
+
+/* The device behind a handle in the current state, or an error.  Called with the lock held. */
+static nvmlReturn_t resolve(nvmlDevice_t h, struct dev **out, struct dev **gpu_out)
+{
+    if (!valid_handle(h))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (h->gpu >= cur->ngpus)
+        return NVML_ERROR_GPU_IS_LOST;
+    struct dev *g = cur->gpu[h->gpu];
+    if (gpu_lost(g, mono_now()))
+        return NVML_ERROR_GPU_IS_LOST;
+    struct dev *d = g;
+    if (h->mig >= 0) {
+        if (h->mig >= g->nmig)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        d = g->mig[h->mig];
+    }
+    *out = d;
+    if (gpu_out)
+        *gpu_out = g;
+    return NVML_SUCCESS;
+}
+
+/* enter() plus handle resolution and the device's injected latency.  On success the lock is held. */
+static nvmlReturn_t enter_dev(nvmlDevice_t h, struct dev **out)
+{
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    r = resolve(h, out, NULL);
+    if (r)
+        return leave(r);
+    const struct slot *delay = &(*out)->s[K_DELAY_MS];
+    if (delay->set && !delay->err && delay->base > 0) {
+        double ms = (double)delay->base;
+        pthread_mutex_unlock(&lock);
+        sleep_ms(ms);
+        if ((r = enter()))
+            return r;
+        if ((r = resolve(h, out, NULL)))
+            return leave(r);
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t get_num(const struct dev *d, int k, long double *v)
+{
+    const struct slot *s = &d->s[k];
+    if (!s->set)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (s->err)
+        return s->err;
+    *v = slot_value(s, mono_now());
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t get_uint(const struct dev *d, int k, unsigned int *out)
+{
+    long double v;
+    nvmlReturn_t r = get_num(d, k, &v);
+    if (r)
+        return r;
+    *out = v > (long double)UINT_MAX ? UINT_MAX : (unsigned int)v;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t get_ull(const struct dev *d, int k, unsigned long long *out)
+{
+    long double v;
+    nvmlReturn_t r = get_num(d, k, &v);
+    if (r)
+        return r;
+    *out = v >= 18446744073709551615.0L ? ULLONG_MAX : (unsigned long long)v;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_str(const char *s, char *buf, unsigned int len)
+{
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(s) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, s, strlen(s) + 1);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t get_str(const struct dev *d, int k, char *buf, unsigned int len)
+{
+    const struct slot *s = &d->s[k];
+    if (!s->set)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (s->err)
+        return s->err;
+    return copy_str(s->str, buf, len);
+}
+
+/* One-value device getters share this shape. */
+#define DEVICE_UINT_GETTER(fn, key)                                                                \
+    nvmlReturn_t DECLDIR fn(nvmlDevice_t device, unsigned int *out)                                \
+    {                                                                                              \
+        struct dev *d;                                                                             \
+        if (!out)                                                                                  \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+        nvmlReturn_t r = enter_dev(device, &d);                                                    \
+        if (r)                                                                                     \
+            return r;                                                                              \
+        return leave(get_uint(d, key, out));                                                       \
+    }
+
+/* ---------------------------------------------------------------------------------------------
+ * Init and system.
+ */
+static nvmlReturn_t do_init(void)
+{
+    char msg[512];
+    pthread_once(&keys_once, init_keys);
+    pthread_mutex_lock(&lock);
+    if (init_refcount == 0) {
+        const char *path = getenv("FAKE_NVML_SCENARIO");
+        if (!path || !*path) {
+            fprintf(stderr, "fake NVML: FAKE_NVML_SCENARIO is not set; it must name a scenario file\n");
+            return leave(NVML_ERROR_UNKNOWN);
+        }
+        if (!scenario_path || strcmp(scenario_path, path) != 0) {
+            free(scenario_path);
+            scenario_path = strdup(path);
+            free_state(cur);
+            cur = NULL;
+            free(loaded_text);
+            loaded_text = NULL;
+            free(rejected_text);
+            rejected_text = NULL;
+            memset(&loaded_stat, 0, sizeof loaded_stat);
+            epoch = mono_now();
+        }
+        if (load(cur == NULL, msg, sizeof msg) < 0 && cur == NULL) {
+            fprintf(stderr, "fake NVML: %s\n", msg);
+            return leave(NVML_ERROR_UNKNOWN);
+        }
+        for (int i = 0; i < MAX_GPUS; i++) {
+            gpu_handles[i].gpu = i;
+            gpu_handles[i].mig = -1;
+            for (int m = 0; m < MAX_MIG; m++) {
+                mig_handles[i][m].gpu = i;
+                mig_handles[i][m].mig = m;
+            }
+        }
+    } else {
+        load(0, msg, sizeof msg);
+    }
+    nvmlReturn_t r = driver_error();
+    if (r)
+        return leave(r);
+    init_refcount++;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlInit_v2(void) { return do_init(); }
+nvmlReturn_t DECLDIR nvmlInit(void) { return do_init(); }
+
+nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    return do_init();
+}
+
+nvmlReturn_t DECLDIR nvmlShutdown(void)
+{
+    pthread_mutex_lock(&lock);
+    if (init_refcount == 0)
+        return leave(NVML_ERROR_UNINITIALIZED);
+    init_refcount--;
+    return leave(NVML_SUCCESS);
+}
+
+const DECLDIR char *nvmlErrorString(nvmlReturn_t result)
+{
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+        if (errors[i].code == result)
+            return errors[i].text;
+    return "Unknown Error";
+}
+
+static nvmlReturn_t system_str(int k, char *buf, unsigned int len)
+{
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    return leave(get_str(&cur->sys, k, buf, len));
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    return system_str(K_DRIVER_VERSION, version, length);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    return system_str(K_NVML_VERSION, version, length);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    unsigned int v;
+    if (!cudaDriverVersion)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    r = get_uint(&cur->sys, K_CUDA_VERSION, &v);
+    if (!r)
+        *cudaDriverVersion = (int)v;
+    return leave(r);
+}
+
+nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* A name from the scenario's process lines first; otherwise what /proc says, as the driver does. */
+nvmlReturn_t DECLDIR nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
+{
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    for (int g = 0; g < cur->ngpus; g++) {
+        for (int i = 0; i < cur->gpu[g]->nprocs; i++) {
+            const struct proc *p = &cur->gpu[g]->procs[i];
+            if (p->pid != pid)
+                continue;
+            if (p->name_err)
+                return leave(p->name_err);
+            if (p->name)
+                return leave(copy_str(p->name, name, length));
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%u/cmdline", pid);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NVML_ERROR_NOT_FOUND;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    if (n == 0) /* kernel threads and zombies have no command line */
+        return NVML_ERROR_NOT_FOUND;
+    return copy_str(buf, name, length);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Enumeration and identity.
+ */
+nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    if (!deviceCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    *deviceCount = (unsigned int)cur->ngpus;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    if (!device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    if (index >= (unsigned int)cur->ngpus)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpu_lost(cur->gpu[index], mono_now()))
+        return leave(NVML_ERROR_GPU_IS_LOST);
+    *device = &gpu_handles[index];
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+static int uuid_is(const struct dev *d, const char *uuid)
+{
+    const struct slot *s = &d->s[K_UUID];
+    return s->set && !s->err && strcmp(s->str, uuid) == 0;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    double now = mono_now();
+    for (int g = 0; g < cur->ngpus; g++) {
+        const struct dev *gd = cur->gpu[g];
+        if (uuid_is(gd, uuid)) {
+            if (gpu_lost(gd, now))
+                return leave(NVML_ERROR_GPU_IS_LOST);
+            *device = &gpu_handles[g];
+            return leave(NVML_SUCCESS);
+        }
+        for (int m = 0; m < gd->nmig; m++) {
+            if (uuid_is(gd->mig[m], uuid)) {
+                if (gpu_lost(gd, now))
+                    return leave(NVML_ERROR_GPU_IS_LOST);
+                *device = &mig_handles[g][m];
+                return leave(NVML_SUCCESS);
+            }
+        }
+    }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    struct dev *d;
+    if (!index)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig >= 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *index = (unsigned int)device->gpu;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t device_str(nvmlDevice_t device, int k, char *buf, unsigned int len)
+{
+    struct dev *d;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_str(d, k, buf, len));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    return device_str(device, K_NAME, name, length);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    return device_str(device, K_UUID, uuid, length);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    return device_str(device, K_SERIAL, serial, length);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    struct dev *d;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    const struct slot *bus = &d->s[K_PCI_BUS_ID];
+    if (!bus->set)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (bus->err)
+        return leave(bus->err);
+    unsigned int dom = 0, b = 0, dv = 0, fn = 0;
+    if (sscanf(bus->str, "%x:%x:%x.%x", &dom, &b, &dv, &fn) != 4)
+        return leave(NVML_ERROR_UNKNOWN);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", dom, b, dv, fn);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom & 0xffff, b, dv, fn);
+    pci->domain = dom;
+    pci->bus = b;
+    pci->device = dv;
+    unsigned int id = 0;
+    if (get_uint(d, K_PCI_DEVICE_ID, &id) == NVML_SUCCESS)
+        pci->pciDeviceId = id;
+    if (get_uint(d, K_PCI_SUBSYSTEM_ID, &id) == NVML_SUCCESS)
+        pci->pciSubSystemId = id;
+    return leave(NVML_SUCCESS);
+}
+
+DEVICE_UINT_GETTER(nvmlDeviceGetMinorNumber, K_MINOR)
+
+/* ---------------------------------------------------------------------------------------------
+ * Utilization and memory.
+ */
+nvmlReturn_t DECLDIR nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    struct dev *d;
+    unsigned int g, m;
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if ((r = get_uint(d, K_UTIL_GPU, &g)) || (r = get_uint(d, K_UTIL_MEMORY, &m)))
+        return leave(r);
+    utilization->gpu = g;
+    utilization->memory = m;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t codec_util(nvmlDevice_t device, int kutil, int kperiod, unsigned int *util, unsigned int *period)
+{
+    struct dev *d;
+    if (!util || !period)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if ((r = get_uint(d, kutil, util)))
+        return leave(r);
+    if (get_uint(d, kperiod, period))
+        *period = 167000;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                     unsigned int *samplingPeriodUs)
+{
+    return codec_util(device, K_ENCODER_UTIL, K_ENCODER_PERIOD, utilization, samplingPeriodUs);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                                     unsigned int *samplingPeriodUs)
+{
+    return codec_util(device, K_DECODER_UTIL, K_DECODER_PERIOD, utilization, samplingPeriodUs);
+}
+
+/* memory.used is the v2 meaning (allocations only); v1's used also counts the reserved memory,
+ * which is exactly the difference readers of the two structs trip over. */
+static nvmlReturn_t memory_values(const struct dev *d, unsigned long long *total, unsigned long long *reserved,
+                                  unsigned long long *used, unsigned long long *free_)
+{
+    nvmlReturn_t r;
+    if ((r = get_ull(d, K_MEM_TOTAL, total)) || (r = get_ull(d, K_MEM_USED, used)))
+        return r;
+    if (get_ull(d, K_MEM_RESERVED, reserved))
+        *reserved = 0;
+    if (get_ull(d, K_MEM_FREE, free_))
+        *free_ = *total > *used + *reserved ? *total - *used - *reserved : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    struct dev *d;
+    unsigned long long total, reserved, used, free_;
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if ((r = memory_values(d, &total, &reserved, &used, &free_)))
+        return leave(r);
+    memory->total = total;
+    memory->free = free_;
+    memory->used = total - free_;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    struct dev *d;
+    unsigned long long total, reserved, used, free_;
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if ((r = memory_values(d, &total, &reserved, &used, &free_)))
+        return leave(r);
+    memory->total = total;
+    memory->reserved = reserved;
+    memory->used = used;
+    memory->free = free_;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Thermal, power, clocks.
+ */
+static nvmlReturn_t gpu_temperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int *temp)
+{
+    struct dev *d;
+    if (!temp || sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_uint(d, K_TEMP_GPU, temp));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
+                                              unsigned int *temp)
+{
+    return gpu_temperature(device, sensorType, temp);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
+{
+    unsigned int t;
+    if (!temperature)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (temperature->version != nvmlTemperature_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t r = gpu_temperature(device, temperature->sensorType, &t);
+    if (!r)
+        temperature->temperature = (int)t;
+    return r;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t thresholdType,
+                                                       unsigned int *temp)
+{
+    struct dev *d;
+    if (!temp || (unsigned int)thresholdType >= NVML_TEMPERATURE_THRESHOLD_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_uint(d, K_THRESHOLD0 + (int)thresholdType, temp));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetNumFans(nvmlDevice_t device, unsigned int *numFans)
+{
+    struct dev *d;
+    if (!numFans)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (d->s[K_FAN_COUNT].set)
+        return leave(get_uint(d, K_FAN_COUNT, numFans));
+    unsigned int n = 0;
+    for (int i = 0; i < MAX_FANS; i++)
+        if (d->s[K_FAN0 + i].set)
+            n = (unsigned int)i + 1;
+    if (n == 0) /* passively cooled */
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *numFans = n;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetFanSpeed_v2(nvmlDevice_t device, unsigned int fan, unsigned int *speed)
+{
+    struct dev *d;
+    if (!speed)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (fan >= MAX_FANS)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    return leave(get_uint(d, K_FAN0 + (int)fan, speed));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    return nvmlDeviceGetFanSpeed_v2(device, 0, speed);
+}
+
+DEVICE_UINT_GETTER(nvmlDeviceGetPowerUsage, K_POWER_USAGE)
+DEVICE_UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, K_POWER_LIMIT)
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    struct dev *d;
+    if (!limit)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_uint(d, d->s[K_POWER_MGMT_LIMIT].set ? K_POWER_MGMT_LIMIT : K_POWER_LIMIT, limit));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    struct dev *d;
+    if (!energy)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_ull(d, K_ENERGY, energy));
+}
+
+static nvmlReturn_t clock_info(nvmlDevice_t device, int base, nvmlClockType_t type, unsigned int *clock)
+{
+    struct dev *d;
+    if (!clock || (unsigned int)type >= NVML_CLOCK_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_uint(d, base + (int)type, clock));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
+{
+    return clock_info(device, K_CLOCK0, type, clock);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
+{
+    return clock_info(device, K_CLOCK_MAX0, type, clock);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetPerformanceState(nvmlDevice_t device, nvmlPstates_t *pState)
+{
+    struct dev *d;
+    unsigned int p;
+    if (!pState)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (!(r = get_uint(d, K_PSTATE, &p)))
+        *pState = (nvmlPstates_t)p;
+    return leave(r);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    struct dev *d;
+    if (!reasons)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_ull(d, K_EVENT_REASONS, reasons));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * PCIe.
+ */
+nvmlReturn_t DECLDIR nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUtilCounter_t counter, unsigned int *value)
+{
+    struct dev *d;
+    unsigned int v, sample_ms = DEFAULT_PCIE_SAMPLE_MS;
+    if (!value || (unsigned int)counter >= NVML_PCIE_UTIL_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    r = get_uint(d, counter == NVML_PCIE_UTIL_TX_BYTES ? K_PCIE_TX_KBPS : K_PCIE_RX_KBPS, &v);
+    if (d->s[K_PCIE_SAMPLE_MS].set)
+        get_uint(d, K_PCIE_SAMPLE_MS, &sample_ms);
+    pthread_mutex_unlock(&lock);
+    if (r)
+        return r;
+    /* The driver samples the link for a while before answering; so do we, without the lock. */
+    sleep_ms(sample_ms);
+    *value = v;
+    return NVML_SUCCESS;
+}
+
+DEVICE_UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, K_PCIE_GEN)
+DEVICE_UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, K_PCIE_MAX_GEN)
+DEVICE_UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, K_PCIE_WIDTH)
+DEVICE_UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, K_PCIE_MAX_WIDTH)
+DEVICE_UINT_GETTER(nvmlDeviceGetPcieReplayCounter, K_PCIE_REPLAY)
+
+/* ---------------------------------------------------------------------------------------------
+ * Field values and NVLink.
+ */
+static int nvlink_count(const struct dev *d)
+{
+    int n = 0;
+    for (int i = 0; i < MAX_LINKS; i++)
+        if (d->s[K_NVLINK_STATE0 + i].set)
+            n = i + 1;
+    return n;
+}
+
+static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now_us)
+{
+    unsigned int link = fv->scopeId;
+    unsigned long long ull;
+    unsigned int ui;
+    fv->timestamp = now_us;
+    fv->latencyUsec = 0;
+    switch (fv->fieldId) {
+    case NVML_FI_DEV_MEMORY_TEMP:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        fv->nvmlReturn = get_uint(d, K_TEMP_MEMORY, &ui);
+        fv->value.uiVal = ui;
+        break;
+    case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+    case NVML_FI_DEV_ENERGY:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->nvmlReturn = get_ull(d, K_ENERGY, &ull);
+        fv->value.ullVal = ull;
+        break;
+    case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->nvmlReturn = get_ull(d, K_PCIE_REPLAY, &ull);
+        fv->value.ullVal = ull;
+        break;
+    case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
+    case NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->nvmlReturn = get_ull(d, fv->fieldId == NVML_FI_DEV_PCIE_COUNT_TX_BYTES ? K_PCIE_TX_BYTES : K_PCIE_RX_BYTES, &ull);
+        fv->value.ullVal = ull;
+        break;
+    case NVML_FI_DEV_NVLINK_LINK_COUNT: {
+        int n = nvlink_count(d);
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        fv->nvmlReturn = n ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        fv->value.uiVal = (unsigned int)n;
+        break;
+    }
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        if (link >= MAX_LINKS) {
+            fv->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+            break;
+        }
+        fv->nvmlReturn = get_ull(d, (fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? K_NVLINK_TX0 : K_NVLINK_RX0) + (int)link, &ull);
+        fv->value.ullVal = ull;
+        break;
+    default:
+        fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
+{
+    struct dev *d;
+    if (!values || valuesCount < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long now_us = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    for (int i = 0; i < valuesCount; i++)
+        field_value(d, &values[i], now_us);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive)
+{
+    struct dev *d;
+    unsigned int v;
+    if (!isActive || link >= MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (!(r = get_uint(d, K_NVLINK_STATE0 + (int)link, &v)))
+        *isActive = v ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(r);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors.
+ */
+nvmlReturn_t DECLDIR nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                 nvmlEccCounterType_t counterType, unsigned long long *eccCounts)
+{
+    struct dev *d;
+    if (!eccCounts || (unsigned int)errorType > 1 || (unsigned int)counterType > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(get_ull(d, K_ECC0 + (int)errorType * 2 + (int)counterType, eccCounts));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                               unsigned int *isPending, unsigned int *failureOccurred)
+{
+    struct dev *d;
+    unsigned int c, u, p, f;
+    if (!corrRows || !uncRows || !isPending || !failureOccurred)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if ((r = get_uint(d, K_ROWS_CORRECTABLE, &c)) || (r = get_uint(d, K_ROWS_UNCORRECTABLE, &u)) ||
+        (r = get_uint(d, K_ROWS_PENDING, &p)) || (r = get_uint(d, K_ROWS_FAILURE, &f)))
+        return leave(r);
+    *corrRows = c;
+    *uncRows = u;
+    *isPending = p;
+    *failureOccurred = f;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Processes.  The two-call protocol: a count too small (or no buffer) gets INSUFFICIENT_SIZE
+ * together with the count needed.  The struct versions differ in layout, which is the point.
+ */
+static int proc_matches(const struct proc *p, int graphics, nvmlDevice_t h, const struct dev *d)
+{
+    if (p->graphics != graphics)
+        return 0;
+    if (h->mig < 0)
+        return 1;
+    unsigned int gi = NO_INSTANCE, ci = NO_INSTANCE;
+    get_uint(d, K_GPU_INSTANCE_ID, &gi);
+    get_uint(d, K_COMPUTE_INSTANCE_ID, &ci);
+    return p->gi == gi && (p->ci == NO_INSTANCE || ci == NO_INSTANCE || p->ci == ci);
+}
+
+static nvmlReturn_t running_processes(nvmlDevice_t device, int graphics, unsigned int *count, void *infos, int version)
+{
+    struct dev *d, *g;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    resolve(device, &d, &g);
+    unsigned int n = 0;
+    for (int i = 0; i < g->nprocs; i++)
+        n += (unsigned int)proc_matches(&g->procs[i], graphics, device, d);
+    if (*count < n || (!infos && n > 0)) {
+        *count = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int j = 0;
+    for (int i = 0; i < g->nprocs; i++) {
+        const struct proc *p = &g->procs[i];
+        if (!proc_matches(p, graphics, device, d))
+            continue;
+        if (version == 1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + j;
+            o->pid = p->pid;
+            o->usedGpuMemory = p->used;
+        } else {
+            nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + j;
+            o->pid = p->pid;
+            o->usedGpuMemory = p->used;
+            o->gpuInstanceId = p->gi;
+            o->computeInstanceId = p->ci;
+        }
+        j++;
+    }
+    *count = n;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, 0, infoCount, infos, 3);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
+{
+    return running_processes(device, 0, infoCount, infos, 2);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
+{
+    return running_processes(device, 0, infoCount, infos, 1);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, 1, infoCount, infos, 3);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
+{
+    return running_processes(device, 1, infoCount, infos, 2);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
+{
+    return running_processes(device, 1, infoCount, infos, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * MIG.
+ */
+nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode)
+{
+    struct dev *d;
+    if (!currentMode || !pendingMode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig >= 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int mode;
+    if ((r = get_uint(d, K_MIG_MODE, &mode)))
+        return leave(r);
+    *currentMode = mode;
+    if (get_uint(d, K_MIG_PENDING, pendingMode))
+        *pendingMode = mode;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    struct dev *d;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig >= 0 || !d->s[K_MIG_MODE].set)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (d->s[K_MIG_MAX_DEVICES].set)
+        return leave(get_uint(d, K_MIG_MAX_DEVICES, count));
+    *count = 7;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice)
+{
+    struct dev *d;
+    unsigned int mode = 0;
+    if (!migDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig >= 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!d->s[K_MIG_MODE].set)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    get_uint(d, K_MIG_MODE, &mode);
+    if (!mode || index >= (unsigned int)d->nmig)
+        return leave(NVML_ERROR_NOT_FOUND);
+    *migDevice = &mig_handles[device->gpu][index];
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    struct dev *d;
+    if (!isMigDevice)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    *isMigDevice = device->mig >= 0;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t instance_id(nvmlDevice_t device, int k, unsigned int *id)
+{
+    struct dev *d;
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig < 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    return leave(get_uint(d, k, id));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return instance_id(device, K_GPU_INSTANCE_ID, id);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    return instance_id(device, K_COMPUTE_INSTANCE_ID, id);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    struct dev *d;
+    if (!device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(migDevice, &d);
+    if (r)
+        return r;
+    if (migDevice->mig < 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &gpu_handles[migDevice->gpu];
+    return leave(NVML_SUCCESS);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * XID events.  Each event set delivers every `xid` line of a GPU it watches once, in file order;
+ * appending a line to the scenario queues one more event.
+ */
+nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    for (int i = 0; i < MAX_EVENT_SETS; i++) {
+        if (!event_sets[i].used) {
+            memset(&event_sets[i], 0, sizeof event_sets[i]);
+            event_sets[i].used = 1;
+            *set = &event_sets[i];
+            return leave(NVML_SUCCESS);
+        }
+    }
+    return leave(NVML_ERROR_MEMORY);
+}
+
+static int valid_set(nvmlEventSet_t set)
+{
+    return set >= &event_sets[0] && set < &event_sets[MAX_EVENT_SETS] && set->used;
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    if (!valid_set(set))
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    set->used = 0;
+    return leave(NVML_SUCCESS);
+}
+
+static nvmlReturn_t supported_events(const struct dev *d, unsigned long long *mask)
+{
+    if (!d->s[K_EVENTS_SUPPORTED].set) {
+        *mask = DEFAULT_SUPPORTED_EVENTS;
+        return NVML_SUCCESS;
+    }
+    return get_ull(d, K_EVENTS_SUPPORTED, mask);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    struct dev *d;
+    if (!eventTypes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig >= 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    return leave(supported_events(d, eventTypes));
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    struct dev *d;
+    unsigned long long supported;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (!valid_set(set) || device->mig >= 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if ((r = supported_events(d, &supported)))
+        return leave(r);
+    if (eventTypes & ~supported)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    set->mask[device->gpu] |= eventTypes;
+    return leave(NVML_SUCCESS);
+}
+
+/* With the lock held: the next due event for this set, if any. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now)
+{
+    for (int g = 0; g < cur->ngpus; g++) {
+        if (!(set->mask[g] & nvmlEventTypeXidCriticalError))
+            continue;
+        const struct dev *gd = cur->gpu[g];
+        int i = set->delivered[g];
+        if (i >= gd->nxids || now - epoch < gd->xids[i].after_s)
+            continue;
+        set->delivered[g] = i + 1;
+        memset(data, 0, sizeof *data);
+        data->device = &gpu_handles[g];
+        data->eventType = nvmlEventTypeXidCriticalError;
+        data->eventData = gd->xids[i].code;
+        data->gpuInstanceId = gd->xids[i].gi;
+        data->computeInstanceId = gd->xids[i].ci;
+        return 1;
+    }
+    return 0;
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    double deadline = mono_now() + timeoutms / 1000.0;
+    for (;;) {
+        nvmlReturn_t r = enter();
+        if (r)
+            return r;
+        if (!valid_set(set))
+            return leave(NVML_ERROR_INVALID_ARGUMENT);
+        double now = mono_now();
+        if (next_event(set, data, now))
+            return leave(NVML_SUCCESS);
+        pthread_mutex_unlock(&lock);
+        if (now >= deadline)
+            return NVML_ERROR_TIMEOUT;
+        double left_ms = (deadline - now) * 1000;
+        sleep_ms(left_ms < 10 ? left_ms : 10);
+    }
+}
+
+nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}

@@ -1,0 +1,204 @@
+"""Ready-made scenarios, kept as files in ``scenarios/`` for tests, benchmarks and people.
+
+``python -m tests.fakenvml.presets`` rewrites the files from the builders below; a test checks
+that the committed files match, so neither drifts from the other.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from .scenario import NOT_SUPPORTED, Counter, Gpu, Scenario
+
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+GIB = 1024**3
+MIB = 1024**2
+_NS = uuid.UUID("6c1f3a52-8f8e-4d0e-9a43-6f7d1f0e2b11")
+
+
+def gpu_uuid(tag: str, index: int) -> str:
+    return f"GPU-{uuid.uuid5(_NS, f'{tag}/{index}')}"
+
+
+def mig_uuid(tag: str, gpu: int, index: int) -> str:
+    return f"MIG-{uuid.uuid5(_NS, f'{tag}/{gpu}/mig/{index}')}"
+
+
+def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: int, nvlinks: int = 18) -> Gpu:
+    """An H100 SXM5 80GB as NVML reports it: passively cooled, Gen5 x16, 18 NVLink links."""
+    g.identity("NVIDIA H100 80GB HBM3", gpu_uuid(tag, i))
+    g.pci(f"00000000:{0x18 + 0x10 * i:02X}:00.0", device_id=0x233010DE, subsystem_id=0x16C110DE)
+    g.serial(f"165232{4000 + i:06d}").minor_number(i)
+    g.utilization(util, max(0, util - 45)).memory(81559 * MIB, mem_used, reserved=512 * MIB)
+    g.codec(0, 0)
+    g.temperature(55 + util // 10, memory=62 + util // 10)
+    g.thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
+    g.power(power_mw, 700000).energy(Counter(3_600_000_000 + i * 1_000_000, power_mw))
+    g.clocks(graphics=1980, sm=1980, memory=2619, video=1755,
+             max_graphics=1980, max_sm=1980, max_memory=2619, max_video=1755)
+    g.pstate(0).clocks_event_reasons()
+    g.pcie(gen=5, max_gen=5, width=16, max_width=16, tx_kbps=1_800_000, rx_kbps=3_200_000,
+           replay=0, tx_bytes=Counter(0, 1_800_000 * 1000), rx_bytes=Counter(0, 3_200_000 * 1000))
+    for link in range(nvlinks):
+        g.nvlink(link, True, tx_kib=Counter(0, 1_100_000), rx_kib=Counter(0, 1_050_000))
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()
+    g.mig_mode(False, max_devices=7)
+    return g
+
+
+def h100_training() -> Scenario:
+    s = Scenario(SCENARIO_DIR / "h100-8x-training.scn", comment="8x H100 SXM with NVLink, busy training one job.")
+    for i in range(8):
+        g = h100_sxm(s.add_gpu(), "h100", i, util=94 + i % 5, mem_used=71 * GIB + i * 37 * MIB, power_mw=610000 + 7000 * i)
+        g.add_process(10_000 + i, 70 * GIB + i * 37 * MIB, name="python3")
+    return s
+
+
+def workstation() -> Scenario:
+    s = Scenario(
+        SCENARIO_DIR / "workstation-2x-consumer.scn",
+        driver_version="550.107.02",
+        nvml_version="12.550.107.02",
+        cuda_version=12040,
+        comment="A workstation with two consumer cards: no ECC, NVLink, energy counter or memory\n"
+        "temperature, no serial number, and GPU 1's fan cannot be read.",
+    )
+    g = s.add_gpu().identity("NVIDIA GeForce RTX 4090", gpu_uuid("ws", 0))
+    g.pci("00000000:01:00.0", device_id=0x268410DE).serial(NOT_SUPPORTED).minor_number(0)
+    g.utilization(37, 12).memory(24564 * MIB, 9 * GIB, reserved=340 * MIB).codec(8, 3)
+    g.temperature(61).thresholds(shutdown=98, slowdown=95, gpu_max=90).fans(45)
+    g.power(182000, 450000)
+    g.clocks(graphics=2520, sm=2520, memory=10501, video=1965,
+             max_graphics=3120, max_sm=3120, max_memory=10501, max_video=2415)
+    g.pstate(2).clocks_event_reasons("sw_power_cap")
+    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=95_000, rx_kbps=410_000, replay=3)
+    g.add_process(2301, 412 * MIB, kind="graphics", name="/usr/lib/xorg/Xorg")
+    g.add_process(2544, 96 * MIB, kind="graphics", name="/usr/bin/gnome-shell")
+    g.add_process(8812, 8 * GIB, name="python3")
+
+    g = s.add_gpu().identity("NVIDIA GeForce RTX 3060", gpu_uuid("ws", 1))
+    g.pci("00000000:02:00.0", device_id=0x250310DE).serial(NOT_SUPPORTED).minor_number(1)
+    g.utilization(0, 0).memory(12288 * MIB, 5 * MIB, reserved=250 * MIB).codec(0, 0)
+    g.temperature(34).thresholds(shutdown=98, slowdown=95, gpu_max=93)
+    g.set("fan.count", 1).set("fan.0", NOT_SUPPORTED)
+    g.power(13000, 170000)
+    g.clocks(graphics=210, sm=210, memory=405, video=555,
+             max_graphics=2100, max_sm=2100, max_memory=7501, max_video=1950)
+    g.pstate(8).clocks_event_reasons("gpu_idle")
+    g.pcie(gen=1, max_gen=4, width=4, max_width=16, tx_kbps=0, rx_kbps=0, replay=0)
+    return s
+
+
+def pcie_degraded() -> Scenario:
+    s = Scenario(
+        SCENARIO_DIR / "pcie-degraded.scn",
+        comment="A Gen4 x16 card whose link trained at Gen1 x8, under load and starved by the bus.",
+    )
+    g = s.add_gpu().identity("NVIDIA A100-PCIE-40GB", gpu_uuid("pcie", 0))
+    g.pci("00000000:3B:00.0", device_id=0x20F110DE).serial("1322321012345").minor_number(0)
+    g.utilization(38, 9).memory(40960 * MIB, 30 * GIB, reserved=420 * MIB).codec(0, 0)
+    g.temperature(51, memory=58).thresholds(shutdown=90, slowdown=87, mem_max=95, gpu_max=85)
+    g.power(118000, 250000).energy(Counter(1_000_000, 118000))
+    g.clocks(graphics=1410, sm=1410, memory=1215, video=1290,
+             max_graphics=1410, max_sm=1410, max_memory=1215, max_video=1290)
+    g.pstate(0).clocks_event_reasons()
+    # Gen1 x8 carries 250 MB/s x 8 lanes = 2 GB/s per direction; this card moves ~1.9 GB/s.
+    g.pcie(gen=1, max_gen=4, width=8, max_width=16, tx_kbps=310_000, rx_kbps=1_860_000,
+           replay=Counter(40, 0.5), tx_bytes=Counter(0, 310_000 * 1000), rx_bytes=Counter(0, 1_860_000 * 1000))
+    g.ecc(corrected=2, uncorrected=0).remapped_rows(correctable=1)
+    g.mig_mode(False)
+    g.add_process(7001, 30 * GIB, name="python3")
+    return s
+
+
+def gpu_lost() -> Scenario:
+    s = Scenario(
+        SCENARIO_DIR / "gpu-lost-midway.scn",
+        comment="4x H100 where GPU 2 falls off the bus 30 s after the driver is first loaded\n"
+        "(XID 79 at the same moment) and stays lost.",
+    )
+    for i in range(4):
+        g = h100_sxm(s.add_gpu(), "lost", i, util=80 + i, mem_used=40 * GIB, power_mw=500000)
+        g.add_process(20_000 + i, 39 * GIB, name="python3")
+    s.gpu(2).lost(after_s=30).add_xid(79, after_s=30)
+    return s
+
+
+def a100_mig() -> Scenario:
+    s = Scenario(
+        SCENARIO_DIR / "a100-mig.scn",
+        comment="An A100 80GB with MIG on (3g.40gb + 2g.20gb + 1g.10gb) next to one with MIG off.",
+    )
+    g = s.add_gpu().identity("NVIDIA A100-SXM4-80GB", gpu_uuid("mig", 0))
+    g.pci("00000000:07:00.0", device_id=0x20B210DE).serial("1563221001001").minor_number(0)
+    # With MIG on, whole-GPU utilization is not available; memory still is.
+    g.memory(81920 * MIB, 52 * GIB, reserved=600 * MIB)
+    g.temperature(47, memory=55).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
+    g.power(210000, 400000).energy(Counter(9_000_000, 210000))
+    g.clocks(graphics=1410, sm=1410, memory=1593, video=1275,
+             max_graphics=1410, max_sm=1410, max_memory=1593, max_video=1275)
+    g.pstate(0).clocks_event_reasons()
+    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=120_000, rx_kbps=640_000)
+    for link in range(12):
+        g.nvlink(link, True, tx_kib=Counter(0, 200_000), rx_kib=Counter(0, 190_000))
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()
+    g.mig_mode(True, max_devices=7)
+    for m, (profile, mem, gi) in enumerate((("3g.40gb", 40192, 1), ("2g.20gb", 19968, 5), ("1g.10gb", 9728, 13))):
+        mig = g.add_mig(f"NVIDIA A100-SXM4-80GB MIG {profile}", mig_uuid("mig", 0, m), gi, 0)
+        mig.memory(mem * MIB, [30 * GIB, 18 * GIB, 4 * GIB][m], reserved=0)
+    g.add_process(30_001, 30 * GIB, name="python3", gpu_instance_id=1, compute_instance_id=0)
+    g.add_process(30_002, 18 * GIB, name="python3", gpu_instance_id=5, compute_instance_id=0)
+    g.add_process(30_003, 4 * GIB, name="tritonserver", gpu_instance_id=13, compute_instance_id=0)
+
+    g = s.add_gpu().identity("NVIDIA A100-SXM4-80GB", gpu_uuid("mig", 1))
+    g.pci("00000000:0F:00.0", device_id=0x20B210DE).serial("1563221001002").minor_number(1)
+    g.utilization(0, 0).memory(81920 * MIB, 0, reserved=600 * MIB)
+    g.temperature(33, memory=36).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
+    g.power(61000, 400000).energy(Counter(2_000_000, 61000))
+    g.clocks(graphics=210, sm=210, memory=1593, video=795,
+             max_graphics=1410, max_sm=1410, max_memory=1593, max_video=1275)
+    g.pstate(0).clocks_event_reasons("gpu_idle")
+    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=0, rx_kbps=0)
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()
+    g.mig_mode(False, max_devices=7)
+    return s
+
+
+def scale_16() -> Scenario:
+    s = Scenario(SCENARIO_DIR / "scale-16x.scn", comment="16 GPUs with 4 processes each, for scale tests.")
+    for i in range(16):
+        g = h100_sxm(s.add_gpu(), "scale", i, util=50 + 3 * i, mem_used=(20 + 3 * i) * GIB, power_mw=300000 + 20000 * i)
+        for p in range(4):
+            g.add_process(40_000 + 10 * i + p, 5 * GIB, name="python3")
+    return s
+
+
+PRESETS: dict[str, Callable[[], Scenario]] = {
+    "h100-8x-training": h100_training,
+    "workstation-2x-consumer": workstation,
+    "pcie-degraded": pcie_degraded,
+    "gpu-lost-midway": gpu_lost,
+    "a100-mig": a100_mig,
+    "scale-16x": scale_16,
+}
+
+
+def preset(name: str, path: Path | None = None) -> Scenario:
+    """A fresh copy of a ready-made scenario, optionally pointed at another path to edit it."""
+    s = PRESETS[name]()
+    if path is not None:
+        s.path = path
+    return s
+
+
+def main() -> int:
+    for build in PRESETS.values():
+        print(build().write())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

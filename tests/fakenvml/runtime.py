@@ -1,0 +1,93 @@
+"""Running code against the fake library: in this process, or in a subprocess (the daemon)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .build import SONAME, build_library
+
+SCENARIO_ENV = "FAKE_NVML_SCENARIO"
+
+_loaded_in_process: Path | None = None
+
+
+def load_in_process(library: Path | None = None) -> Path:
+    """Make ``CDLL("libnvidia-ml.so.1")`` in this process resolve to the fake.
+
+    LD_LIBRARY_PATH is read once, when a process starts, so it cannot redirect this process.
+    Loading the fake by path first works instead: the dynamic loader matches the later load by
+    soname against the objects it already has.  Which scenario it serves is read from
+    ``$FAKE_NVML_SCENARIO`` at each first ``nvmlInit``.
+    """
+    global _loaded_in_process
+    lib = library or build_library()
+    if _loaded_in_process is None:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        _loaded_in_process = lib
+    elif _loaded_in_process != lib:
+        raise RuntimeError(f"a different fake NVML build is already loaded: {_loaded_in_process}")
+    return lib
+
+
+def subprocess_env(
+    scenario: Path,
+    *,
+    library_dir: Path | None = None,
+    base: Mapping[str, str] | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """An environment in which a child process finds the fake library and the scenario.
+
+    ``library_dir`` overrides where the library is looked for: an empty directory models a host
+    with no NVIDIA driver at all (pynvml then raises LIBRARY_NOT_FOUND).
+    """
+    env = dict(os.environ if base is None else base)
+    lib_dir = library_dir if library_dir is not None else build_library().parent
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+    env[SCENARIO_ENV] = str(scenario)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def start(
+    args: Sequence[str],
+    scenario: Path,
+    *,
+    library_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **popen: object,
+) -> subprocess.Popen[str]:
+    """Start a process (typically the daemon) that talks to the fake NVML."""
+    full_env = subprocess_env(scenario, library_dir=library_dir, extra=env)
+    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+        list(args), env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen
+    )
+
+
+def run_python(code: str, scenario: Path, *, library_dir: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet in a fresh interpreter against the fake."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=subprocess_env(scenario, library_dir=library_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def install_library(directory: Path, library: Path | None = None) -> Path:
+    """Copy the fake library into ``directory`` under its soname: a driver being installed."""
+    src = library or build_library()
+    directory.mkdir(parents=True, exist_ok=True)
+    dst = directory / SONAME
+    tmp = directory / f".{SONAME}.tmp"
+    tmp.write_bytes(src.read_bytes())
+    tmp.replace(dst)
+    return dst

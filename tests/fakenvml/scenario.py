@@ -1,0 +1,476 @@
+"""Typed builders for fake-NVML scenario files.
+
+A :class:`Scenario` is edited through typed setters and written atomically (``write``) or in
+place (``write_in_place``); the C library notices either and re-reads it.  Values are in the units
+the NVML API itself uses (milliwatts, millijoules, MHz, KB/s for PCIe throughput, KiB for NVLink
+counters), so that unit conversions in the code under test are really exercised.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Self, Union
+
+NVML_ERRORS = frozenset(
+    {
+        "UNINITIALIZED",
+        "INVALID_ARGUMENT",
+        "NOT_SUPPORTED",
+        "NO_PERMISSION",
+        "NOT_FOUND",
+        "INSUFFICIENT_SIZE",
+        "INSUFFICIENT_POWER",
+        "DRIVER_NOT_LOADED",
+        "TIMEOUT",
+        "IRQ_ISSUE",
+        "LIBRARY_NOT_FOUND",
+        "FUNCTION_NOT_FOUND",
+        "CORRUPTED_INFOROM",
+        "GPU_IS_LOST",
+        "RESET_REQUIRED",
+        "OPERATING_SYSTEM",
+        "LIB_RM_VERSION_MISMATCH",
+        "IN_USE",
+        "MEMORY",
+        "NO_DATA",
+        "INSUFFICIENT_RESOURCES",
+        "ARGUMENT_VERSION_MISMATCH",
+        "NOT_READY",
+        "GPU_NOT_FOUND",
+        "INVALID_STATE",
+        "UNKNOWN",
+    }
+)
+
+# nvmlClocksEventReason* bits, by the names the exporter's metric uses.
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+EVENT_XID_CRITICAL = 0x8
+THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
+CLOCKS = ("graphics", "sm", "memory", "video")
+MAX_FANS = 8
+MAX_NVLINKS = 36
+
+
+@dataclass(frozen=True)
+class Err:
+    """An NVML error returned instead of a value, e.g. ``Err("NOT_SUPPORTED")``."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in NVML_ERRORS:
+            raise ValueError(f"unknown NVML error {self.name!r}; known: {', '.join(sorted(NVML_ERRORS))}")
+
+    def __str__(self) -> str:
+        return f"!{self.name}"
+
+
+NOT_SUPPORTED = Err("NOT_SUPPORTED")
+GPU_IS_LOST = Err("GPU_IS_LOST")
+
+
+@dataclass(frozen=True)
+class Counter:
+    """A value that moves on its own: ``start`` plus ``per_second`` for every second that passes."""
+
+    start: int
+    per_second: float
+
+    def __str__(self) -> str:
+        sign = "-" if self.per_second < 0 else "+"
+        return f"{self.start} {sign}{_num(abs(self.per_second))}/s"
+
+
+Value = Union[int, float, str, Err, Counter]
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _render(v: Value) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, (Err, Counter)):
+        return str(v)
+    if isinstance(v, (int, float)):
+        return _num(v)
+    if "\n" in v or not v.strip():
+        raise ValueError(f"string values must be one non-empty line, got {v!r}")
+    return v.strip()
+
+
+def _check_range(name: str, v: Value | None, lo: float, hi: float) -> None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not lo <= v <= hi:
+        raise ValueError(f"{name}={v} is outside {lo}..{hi}")
+
+
+@dataclass
+class Process:
+    pid: int
+    used_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE, as under WDDM or without permission
+    kind: Literal["compute", "graphics"] = "compute"
+    name: str | Err | None = None  # what nvmlSystemGetProcessName answers; None: read /proc
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    def render(self) -> str:
+        parts = [self.kind, f"pid={self.pid}", f"used={'-' if self.used_bytes is None else self.used_bytes}"]
+        if self.name is not None:
+            if isinstance(self.name, str) and (not self.name or any(c.isspace() for c in self.name)):
+                raise ValueError(f"process names in scenarios cannot hold spaces: {self.name!r}")
+            parts.append(f"name={self.name}")
+        if self.gpu_instance_id is not None:
+            parts.append(f"gi={self.gpu_instance_id}")
+        if self.compute_instance_id is not None:
+            parts.append(f"ci={self.compute_instance_id}")
+        return " ".join(parts)
+
+
+@dataclass
+class Xid:
+    code: int
+    after_s: float | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    def render(self) -> str:
+        parts = [str(self.code)]
+        if self.after_s is not None:
+            parts.append(f"after={_num(self.after_s)}")
+        if self.gpu_instance_id is not None:
+            parts.append(f"gi={self.gpu_instance_id}")
+        if self.compute_instance_id is not None:
+            parts.append(f"ci={self.compute_instance_id}")
+        return " ".join(parts)
+
+
+@dataclass
+class Device:
+    """Keys common to whole GPUs and MIG devices.  A key never set reads as NOT_SUPPORTED."""
+
+    values: dict[str, Value] = field(default_factory=dict)
+
+    def set(self, key: str, value: Value) -> Self:
+        self.values[key] = value
+        return self
+
+    def unset(self, *keys: str) -> Self:
+        """Remove keys, so that their NVML calls answer NOT_SUPPORTED."""
+        for k in keys:
+            self.values.pop(k, None)
+        return self
+
+    def error(self, key: str, err: str | Err) -> Self:
+        return self.set(key, err if isinstance(err, Err) else Err(err))
+
+    def identity(self, name: str, uuid: str) -> Self:
+        return self.set("name", name).set("uuid", uuid)
+
+    def utilization(self, gpu: int | Err, memory: int | Err) -> Self:
+        _check_range("util.gpu", gpu, 0, 100)
+        _check_range("util.memory", memory, 0, 100)
+        return self.set("util.gpu", gpu).set("util.memory", memory)
+
+    def memory(self, total: int | Err, used: int | Err, reserved: int | Err = 0, free: int | None = None) -> Self:
+        """``used`` is what NVML's v2 struct reports (allocations only); v1's used adds ``reserved``."""
+        self.set("memory.total", total).set("memory.used", used).set("memory.reserved", reserved)
+        if free is not None:
+            self.set("memory.free", free)
+        return self
+
+    def clocks(self, **mhz: int | Err) -> Self:
+        """``clocks(graphics=1980, sm=1980, memory=2619, video=1755, max_graphics=1980, ...)``."""
+        for k, v in mhz.items():
+            base = k.removeprefix("max_")
+            if base not in CLOCKS:
+                raise ValueError(f"unknown clock {k!r}; known: {CLOCKS} and max_<clock>")
+            self.set(f"clock.{'max.' if k.startswith('max_') else ''}{base}_mhz", v)
+        return self
+
+    def delay(self, ms: float) -> Self:
+        """Every call on this device blocks this long first, like a hung driver call."""
+        return self.set("delay_ms", ms)
+
+
+@dataclass
+class MigDevice(Device):
+    def instance(self, gpu_instance_id: int, compute_instance_id: int) -> MigDevice:
+        self.set("gpu_instance_id", gpu_instance_id).set("compute_instance_id", compute_instance_id)
+        return self
+
+
+@dataclass
+class Gpu(Device):
+    processes: list[Process] = field(default_factory=list)
+    xids: list[Xid] = field(default_factory=list)
+    migs: list[MigDevice] = field(default_factory=list)
+
+    def pci(self, bus_id: str, device_id: int | None = None, subsystem_id: int | None = None) -> Gpu:
+        self.set("pci.bus_id", bus_id)
+        if device_id is not None:
+            self.set("pci.device_id", f"0x{device_id:08X}")
+        if subsystem_id is not None:
+            self.set("pci.subsystem_id", f"0x{subsystem_id:08X}")
+        return self
+
+    def serial(self, serial: str | Err) -> Gpu:
+        self.set("serial", serial)
+        return self
+
+    def minor_number(self, n: int) -> Gpu:
+        self.set("minor_number", n)
+        return self
+
+    def codec(self, encoder: int | Err, decoder: int | Err, period_us: int = 167000) -> Gpu:
+        _check_range("encoder.util", encoder, 0, 100)
+        _check_range("decoder.util", decoder, 0, 100)
+        self.set("encoder.util", encoder).set("encoder.period_us", period_us)
+        self.set("decoder.util", decoder).set("decoder.period_us", period_us)
+        return self
+
+    def temperature(self, gpu: int | Err, memory: int | Err | None = None) -> Gpu:
+        self.set("temperature.gpu", gpu)
+        if memory is not None:
+            self.set("temperature.memory", memory)
+        return self
+
+    def thresholds(self, **celsius: int | Err) -> Gpu:
+        for k, v in celsius.items():
+            if k not in THRESHOLDS:
+                raise ValueError(f"unknown temperature threshold {k!r}; known: {THRESHOLDS}")
+            self.set(f"temperature.threshold.{k}", v)
+        return self
+
+    def fans(self, *percent: int | Err) -> Gpu:
+        """Fan speeds in percent, one per fan; no fans at all is a passively cooled card."""
+        if len(percent) > MAX_FANS:
+            raise ValueError(f"at most {MAX_FANS} fans")
+        for i in range(MAX_FANS):
+            self.values.pop(f"fan.{i}", None)
+        for i, p in enumerate(percent):
+            _check_range(f"fan.{i}", p, 0, 100)
+            self.set(f"fan.{i}", p)
+        if percent:
+            self.set("fan.count", len(percent))
+        else:
+            self.values.pop("fan.count", None)
+        return self
+
+    def power(self, usage_mw: int | Err, limit_mw: int | Err | None = None) -> Gpu:
+        self.set("power.usage_mw", usage_mw)
+        if limit_mw is not None:
+            self.set("power.limit_mw", limit_mw)
+        return self
+
+    def energy(self, millijoules: int | Counter | Err) -> Gpu:
+        return self.set("energy_mj", millijoules)
+
+    def pstate(self, p: int | Err) -> Gpu:
+        _check_range("pstate", p, 0, 32)
+        return self.set("pstate", p)
+
+    def clocks_event_reasons(self, *names: str) -> Gpu:
+        mask = 0
+        for n in names:
+            if n not in CLOCK_EVENT_REASONS:
+                raise ValueError(f"unknown clock event reason {n!r}; known: {sorted(CLOCK_EVENT_REASONS)}")
+            mask |= CLOCK_EVENT_REASONS[n]
+        return self.set("clocks_event_reasons", f"0x{mask:x}")
+
+    def pcie(
+        self,
+        *,
+        gen: int | Err | None = None,
+        max_gen: int | Err | None = None,
+        width: int | Err | None = None,
+        max_width: int | Err | None = None,
+        tx_kbps: int | Err | None = None,
+        rx_kbps: int | Err | None = None,
+        sample_ms: float | None = None,
+        replay: int | Counter | Err | None = None,
+        tx_bytes: int | Counter | Err | None = None,
+        rx_bytes: int | Counter | Err | None = None,
+    ) -> Gpu:
+        """``tx_kbps``/``rx_kbps`` are what nvmlDeviceGetPcieThroughput returns: KB per second."""
+        given = {
+            "gen": gen,
+            "max_gen": max_gen,
+            "width": width,
+            "max_width": max_width,
+            "tx_kbps": tx_kbps,
+            "rx_kbps": rx_kbps,
+            "sample_ms": sample_ms,
+            "replay": replay,
+            "tx_bytes": tx_bytes,
+            "rx_bytes": rx_bytes,
+        }
+        for k, v in given.items():
+            if v is not None:
+                self.set(f"pcie.{k}", v)
+        return self
+
+    def nvlink(
+        self,
+        link: int,
+        up: bool | Err = True,
+        tx_kib: int | Counter | Err | None = None,
+        rx_kib: int | Counter | Err | None = None,
+    ) -> Gpu:
+        """One NVLink link; its throughput counters are in KiB, as NVML's field values report them."""
+        if not 0 <= link < MAX_NVLINKS:
+            raise ValueError(f"NVLink link {link} is outside 0..{MAX_NVLINKS - 1}")
+        self.set(f"nvlink.{link}.state", up if isinstance(up, Err) else int(up))
+        if tx_kib is not None:
+            self.set(f"nvlink.{link}.tx_kib", tx_kib)
+        if rx_kib is not None:
+            self.set(f"nvlink.{link}.rx_kib", rx_kib)
+        return self
+
+    def ecc(
+        self,
+        corrected: int | Counter | Err,
+        uncorrected: int | Counter | Err,
+        corrected_volatile: int | Counter | Err | None = None,
+        uncorrected_volatile: int | Counter | Err | None = None,
+    ) -> Gpu:
+        """Aggregate (lifetime) counts; the volatile ones default to the same values."""
+        self.set("ecc.corrected.aggregate", corrected).set("ecc.uncorrected.aggregate", uncorrected)
+        self.set("ecc.corrected.volatile", corrected if corrected_volatile is None else corrected_volatile)
+        self.set("ecc.uncorrected.volatile", uncorrected if uncorrected_volatile is None else uncorrected_volatile)
+        return self
+
+    def remapped_rows(self, correctable: int = 0, uncorrectable: int = 0, pending: bool = False, failure: bool = False) -> Gpu:
+        self.set("rows.correctable", correctable).set("rows.uncorrectable", uncorrectable)
+        self.set("rows.pending", int(pending)).set("rows.failure", int(failure))
+        return self
+
+    def mig_mode(self, enabled: bool, pending: bool | None = None, max_devices: int | None = None) -> Gpu:
+        self.set("mig.mode", int(enabled))
+        if pending is not None:
+            self.set("mig.pending", int(pending))
+        if max_devices is not None:
+            self.set("mig.max_devices", max_devices)
+        return self
+
+    def add_mig(self, name: str, uuid: str, gpu_instance_id: int, compute_instance_id: int = 0) -> MigDevice:
+        mig = MigDevice()
+        mig.identity(name, uuid)
+        mig.instance(gpu_instance_id, compute_instance_id)
+        self.migs.append(mig)
+        return mig
+
+    def supported_events(self, mask: int | Err) -> Gpu:
+        return self.set("events.supported", mask if isinstance(mask, Err) else f"0x{mask:x}")
+
+    def lost(self, after_s: float | None = None, until_s: float | None = None) -> Gpu:
+        """Fall off the bus: now, or ``after_s`` seconds after the library first loaded the scenario."""
+        self.values.pop("state", None)
+        self.values.pop("lost_after_s", None)
+        self.values.pop("lost_until_s", None)
+        if after_s is None:
+            self.set("state", "lost")
+        else:
+            self.set("lost_after_s", after_s)
+            if until_s is not None:
+                self.set("lost_until_s", until_s)
+        return self
+
+    def recovered(self) -> Gpu:
+        for k in ("state", "lost_after_s", "lost_until_s"):
+            self.values.pop(k, None)
+        return self
+
+    def add_process(
+        self,
+        pid: int,
+        used_bytes: int | None,
+        *,
+        kind: Literal["compute", "graphics"] = "compute",
+        name: str | Err | None = None,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> Gpu:
+        self.processes.append(Process(pid, used_bytes, kind, name, gpu_instance_id, compute_instance_id))
+        return self
+
+    def add_xid(self, code: int, after_s: float | None = None, gpu_instance_id: int | None = None,
+                compute_instance_id: int | None = None) -> Gpu:
+        self.xids.append(Xid(code, after_s, gpu_instance_id, compute_instance_id))
+        return self
+
+
+@dataclass
+class Scenario:
+    """A whole node: the [system] section and GPUs 0..N-1."""
+
+    path: Path
+    driver_version: str | Err = "550.54.15"
+    nvml_version: str | Err = "12.550.54.15"
+    cuda_version: int | Err = 12040
+    init_error: str | None = None  # e.g. "DRIVER_NOT_LOADED", "NO_PERMISSION"
+    gpus: list[Gpu] = field(default_factory=list)
+    comment: str = ""
+
+    def add_gpu(self) -> Gpu:
+        g = Gpu()
+        self.gpus.append(g)
+        return g
+
+    def gpu(self, index: int) -> Gpu:
+        return self.gpus[index]
+
+    def render(self) -> str:
+        if self.init_error is not None and self.init_error not in NVML_ERRORS:
+            raise ValueError(f"unknown init_error {self.init_error!r}")
+        out: list[str] = []
+        if self.comment:
+            out += [f"# {line}".rstrip() for line in self.comment.splitlines()]
+        out += [
+            "[system]",
+            f"driver_version = {_render(self.driver_version)}",
+            f"nvml_version = {_render(self.nvml_version)}",
+            f"cuda_version = {_render(self.cuda_version)}",
+        ]
+        if self.init_error:
+            out.append(f"init_error = {self.init_error}")
+        for i, g in enumerate(self.gpus):
+            out += ["", f"[gpu {i}]"]
+            out += [f"{k} = {_render(v)}" for k, v in g.values.items()]
+            out += [f"process = {p.render()}" for p in g.processes]
+            out += [f"xid = {x.render()}" for x in g.xids]
+            for m, mig in enumerate(g.migs):
+                out += ["", f"[gpu {i} mig {m}]"]
+                out += [f"{k} = {_render(v)}" for k, v in mig.values.items()]
+        out += ["", "end", ""]
+        return "\n".join(out)
+
+    def write(self) -> Path:
+        """Write atomically (temp file + rename), as a careful tool would."""
+        text = self.render()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.path)
+        return self.path
+
+    def write_in_place(self) -> Path:
+        """Truncate and rewrite the same inode, as an editor or ``echo >`` would."""
+        with open(self.path, "w") as f:
+            f.write(self.render())
+        return self.path
