@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,29 @@ def nvml(fake_nvml_lib: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatc
 @pytest.fixture
 def live_process() -> Iterator[subprocess.Popen[bytes]]:
     """A real running process whose PID a scenario can list as a GPU process."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    proc = spawn_sleeper()
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def spawn_sleeper() -> subprocess.Popen[bytes]:
+    """A sleeping Python process, returned once /proc shows its command line.
+
+    Popen returns when exec has begun, slightly before the kernel fills in the new command line;
+    a lookup in that window reads an empty one.
+    """
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while b"sleep" not in cmdline.read_bytes():
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"process {proc.pid} did not start")
+        time.sleep(0.001)
+    return proc
 
 
 def pytest_report_header() -> list[str]:

@@ -7,6 +7,7 @@ from .build import BuildError, build_library, nvml_header
 from .runtime import SCENARIO_ENV, install_library, load_in_process, run_python, start, subprocess_env
 from .scenario import (
     CLOCK_EVENT_REASONS,
+    EVENT_XID_CRITICAL,
     GPU_IS_LOST,
     NOT_SUPPORTED,
     Counter,
@@ -22,6 +23,7 @@ __all__ = [
     "BuildError",
     "CLOCK_EVENT_REASONS",
     "Counter",
+    "EVENT_XID_CRITICAL",
     "Err",
     "GPU_IS_LOST",
     "Gpu",
