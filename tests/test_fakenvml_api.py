@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,11 +25,22 @@ def full_gpu(g: Gpu) -> Gpu:
     g.temperature(66, memory=71).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
     g.fans(30, 35)
     g.power(612345, 700000).energy(123456789)
-    g.clocks(graphics=1755, sm=1760, memory=2619, video=1500, max_graphics=1980, max_sm=1985, max_memory=2620,
-             max_video=1755)
+    g.clocks(
+        graphics=1755, sm=1760, memory=2619, video=1500, max_graphics=1980, max_sm=1985, max_memory=2620, max_video=1755
+    )
     g.pstate(2).clocks_event_reasons("sw_power_cap", "hw_thermal")
-    g.pcie(gen=4, max_gen=5, width=8, max_width=16, tx_kbps=123456, rx_kbps=654321, sample_ms=5, replay=17,
-           tx_bytes=1111, rx_bytes=2222)
+    g.pcie(
+        gen=4,
+        max_gen=5,
+        width=8,
+        max_width=16,
+        tx_kbps=123456,
+        rx_kbps=654321,
+        sample_ms=5,
+        replay=17,
+        tx_bytes=1111,
+        rx_bytes=2222,
+    )
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
     g.ecc(corrected=5, uncorrected=1, corrected_volatile=2, uncorrected_volatile=0)
     g.remapped_rows(correctable=3, uncorrectable=1, pending=True, failure=False)
@@ -123,8 +135,12 @@ def test_thermal_power_clocks(full: Any) -> None:
     assert N.nvmlDeviceGetEnforcedPowerLimit(h) == 700000
     assert N.nvmlDeviceGetPowerManagementLimit(h) == 700000
     assert N.nvmlDeviceGetTotalEnergyConsumption(h) == 123456789
-    clocks = {N.NVML_CLOCK_GRAPHICS: (1755, 1980), N.NVML_CLOCK_SM: (1760, 1985), N.NVML_CLOCK_MEM: (2619, 2620),
-              N.NVML_CLOCK_VIDEO: (1500, 1755)}
+    clocks = {
+        N.NVML_CLOCK_GRAPHICS: (1755, 1980),
+        N.NVML_CLOCK_SM: (1760, 1985),
+        N.NVML_CLOCK_MEM: (2619, 2620),
+        N.NVML_CLOCK_VIDEO: (1500, 1755),
+    }
     for c, (now, top) in clocks.items():
         assert N.nvmlDeviceGetClockInfo(h, c) == now
         assert N.nvmlDeviceGetMaxClockInfo(h, c) == top
@@ -228,7 +244,7 @@ def test_a_missing_value_reads_as_not_supported(scenario: Scenario, nvml: Any) -
     scenario.write()
     N.nvmlInit()
     h = N.nvmlDeviceGetHandleByIndex(0)
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: N.nvmlDeviceGetSerial(h),
         lambda: N.nvmlDeviceGetUtilizationRates(h),
         lambda: N.nvmlDeviceGetMemoryInfo(h),
@@ -265,14 +281,25 @@ def test_a_missing_value_reads_as_not_supported(scenario: Scenario, nvml: Any) -
 def test_any_value_can_be_an_error(scenario: Scenario, nvml: Any, err: str, exc: str) -> None:
     N = nvml
     g = full_gpu(scenario.add_gpu())
-    for key in ("util.gpu", "memory.used", "temperature.gpu", "fan.1", "power.usage_mw", "pcie.rx_kbps",
-                "nvlink.0.tx_kib", "temperature.memory", "ecc.uncorrected.aggregate", "serial", "rows.pending"):
+    for key in (
+        "util.gpu",
+        "memory.used",
+        "temperature.gpu",
+        "fan.1",
+        "power.usage_mw",
+        "pcie.rx_kbps",
+        "nvlink.0.tx_kib",
+        "temperature.memory",
+        "ecc.uncorrected.aggregate",
+        "serial",
+        "rows.pending",
+    ):
         g.error(key, err)
     scenario.write()
     N.nvmlInit()
     h = N.nvmlDeviceGetHandleByIndex(0)
     error = getattr(N, exc)
-    for call in (
+    broken_calls: tuple[Callable[[], object], ...] = (
         lambda: N.nvmlDeviceGetUtilizationRates(h),
         lambda: N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2),
         lambda: N.nvmlDeviceGetTemperature(h, 0),
@@ -282,15 +309,22 @@ def test_any_value_can_be_an_error(scenario: Scenario, nvml: Any, err: str, exc:
         lambda: N.nvmlDeviceGetTotalEccErrors(h, 1, 1),
         lambda: N.nvmlDeviceGetSerial(h),
         lambda: N.nvmlDeviceGetRemappedRows(h),
-    ):
+    )
+    for call in broken_calls:
         with pytest.raises(error):
             call()
     # Values next to the broken ones still read.
     assert N.nvmlDeviceGetFanSpeed_v2(h, 0) == 30
     assert N.nvmlDeviceGetPcieThroughput(h, N.NVML_PCIE_UTIL_TX_BYTES) == 123456
     code = getattr(N, f"NVML_ERROR_{err}")
-    fv = N.nvmlDeviceGetFieldValues(h, [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0), N.NVML_FI_DEV_MEMORY_TEMP,
-                                        (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0)])
+    fv = N.nvmlDeviceGetFieldValues(
+        h,
+        [
+            (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0),
+            N.NVML_FI_DEV_MEMORY_TEMP,
+            (N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 0),
+        ],
+    )
     assert [v.nvmlReturn for v in fv] == [code, code, N.NVML_SUCCESS]
 
 
@@ -312,7 +346,7 @@ def test_a_lost_gpu_fails_every_call_and_the_others_carry_on(scenario: Scenario,
     scenario.gpu(0).lost()
     scenario.write()
     assert N.nvmlDeviceGetCount() == 2  # the driver still counts it
-    for call in (
+    lost_calls: tuple[Callable[[], object], ...] = (
         lambda: N.nvmlDeviceGetHandleByIndex(0),
         lambda: N.nvmlDeviceGetHandleByUUID(UUID0),
         lambda: N.nvmlDeviceGetName(h0),
@@ -320,7 +354,8 @@ def test_a_lost_gpu_fails_every_call_and_the_others_carry_on(scenario: Scenario,
         lambda: N.nvmlDeviceGetPcieThroughput(h0, 0),
         lambda: N.nvmlDeviceGetFieldValues(h0, [N.NVML_FI_DEV_MEMORY_TEMP]),
         lambda: N.nvmlDeviceGetComputeRunningProcesses(h0),
-    ):
+    )
+    for call in lost_calls:
         with pytest.raises(N.NVMLError_GpuIsLost):
             call()
     h1 = N.nvmlDeviceGetHandleByIndex(1)
@@ -340,7 +375,7 @@ def test_a_gpu_can_be_lost_after_a_delay_and_return(scenario: Scenario, nvml: An
     h = N.nvmlDeviceGetHandleByIndex(0)
     t0 = time.monotonic()
     assert N.nvmlDeviceGetPowerUsage(h) == 612345
-    seen = []
+    seen: list[str] = []
     while time.monotonic() - t0 < 5 and seen[-1:] != ["back"]:
         try:
             N.nvmlDeviceGetPowerUsage(h)
@@ -388,8 +423,9 @@ def test_init_is_reference_counted(scenario: Scenario, nvml: Any) -> None:
         N.nvmlDeviceGetCount()
 
 
-@pytest.mark.parametrize(("err", "exc"), [("DRIVER_NOT_LOADED", "NVMLError_DriverNotLoaded"),
-                                          ("NO_PERMISSION", "NVMLError_NoPermission")])
+@pytest.mark.parametrize(
+    ("err", "exc"), [("DRIVER_NOT_LOADED", "NVMLError_DriverNotLoaded"), ("NO_PERMISSION", "NVMLError_NoPermission")]
+)
 def test_init_failures(scenario: Scenario, nvml: Any, err: str, exc: str) -> None:
     N = nvml
     full_gpu(scenario.add_gpu())
@@ -484,8 +520,12 @@ def test_moving_counters_advance_at_their_rate(scenario: Scenario, nvml: Any) ->
 
     def read() -> tuple[float, list[int]]:
         fv = N.nvmlDeviceGetFieldValues(h, [(N.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0)])
-        vals = [N.nvmlDeviceGetTotalEnergyConsumption(h), N.nvmlDeviceGetPcieReplayCounter(h), fv[0].value.ullVal,
-                N.nvmlDeviceGetTotalEccErrors(h, 0, 1)]
+        vals = [
+            N.nvmlDeviceGetTotalEnergyConsumption(h),
+            N.nvmlDeviceGetPcieReplayCounter(h),
+            fv[0].value.ullVal,
+            N.nvmlDeviceGetTotalEccErrors(h, 0, 1),
+        ]
         return time.monotonic(), vals
 
     t0, a = read()

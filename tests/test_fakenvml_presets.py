@@ -64,15 +64,15 @@ def test_workstation(load: Any) -> None:
     N = load(SCENARIO_DIR / "workstation-2x-consumer.scn")
     for i in range(2):
         h = N.nvmlDeviceGetHandleByIndex(i)
-        for call in (
-            lambda: N.nvmlDeviceGetTotalEccErrors(h, 0, 1),
-            lambda: N.nvmlDeviceGetNvLinkState(h, 0),
-            lambda: N.nvmlDeviceGetTotalEnergyConsumption(h),
-            lambda: N.nvmlDeviceGetSerial(h),
-            lambda: N.nvmlDeviceGetRemappedRows(h),
+        for fn, args in (
+            (N.nvmlDeviceGetTotalEccErrors, (0, 1)),
+            (N.nvmlDeviceGetNvLinkState, (0,)),
+            (N.nvmlDeviceGetTotalEnergyConsumption, ()),
+            (N.nvmlDeviceGetSerial, ()),
+            (N.nvmlDeviceGetRemappedRows, ()),
         ):
             with pytest.raises(N.NVMLError_NotSupported):
-                call()
+                fn(h, *args)
         fv = N.nvmlDeviceGetFieldValues(h, [N.NVML_FI_DEV_MEMORY_TEMP])
         assert fv[0].nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED
     h0, h1 = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)

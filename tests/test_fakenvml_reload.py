@@ -13,7 +13,9 @@ from tests.fakenvml import Counter, Scenario
 
 
 def gpu(scenario: Scenario, util: int, mem: int) -> None:
-    g = scenario.add_gpu().identity(f"gpu{len(scenario.gpus)}", f"GPU-00000000-0000-0000-0000-{len(scenario.gpus):012d}")
+    g = scenario.add_gpu().identity(
+        f"gpu{len(scenario.gpus)}", f"GPU-00000000-0000-0000-0000-{len(scenario.gpus):012d}"
+    )
     g.utilization(util, mem).memory(1000, util * 10)
 
 
@@ -67,7 +69,9 @@ def test_counters_keep_counting_across_reloads(scenario: Scenario, nvml: Any) ->
     assert N.nvmlDeviceGetTotalEnergyConsumption(h) == 5
 
 
-def test_a_broken_rewrite_is_ignored_and_reported(scenario: Scenario, nvml: Any, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_broken_rewrite_is_ignored_and_reported(
+    scenario: Scenario, nvml: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
     N = nvml
     gpu(scenario, 10, 20)
     scenario.write()

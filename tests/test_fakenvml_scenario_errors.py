@@ -34,8 +34,13 @@ HEADER = "[system]\ndriver_version = 550.54.15\n"
     ],
 )
 def test_malformed_line_fails_init_with_file_and_line(
-    nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
-    body: str, line: int, message: str,
+    nvml: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    body: str,
+    line: int,
+    message: str,
 ) -> None:
     N = nvml
     path = tmp_path / "broken.scn"
@@ -48,8 +53,9 @@ def test_malformed_line_fails_init_with_file_and_line(
     assert message in err, err
 
 
-def test_missing_scenario_file(nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                               capfd: pytest.CaptureFixture[str]) -> None:
+def test_missing_scenario_file(
+    nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     N = nvml
     path = tmp_path / "nope.scn"
     monkeypatch.setenv("FAKE_NVML_SCENARIO", str(path))

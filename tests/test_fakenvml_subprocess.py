@@ -42,7 +42,7 @@ def test_no_library_at_all_then_the_driver_is_installed(scenario: Scenario, tmp_
     one_gpu(scenario)
     empty = tmp_path / "driver"
     empty.mkdir()
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import pynvml as N, sys
         try:
             N.nvmlInit()
@@ -52,8 +52,14 @@ def test_no_library_at_all_then_the_driver_is_installed(scenario: Scenario, tmp_
         N.nvmlInit()
         print(N.nvmlDeviceGetCount())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], env=subprocess_env(scenario.path, library_dir=empty),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=subprocess_env(scenario.path, library_dir=empty),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdin is not None
     assert proc.stdout.readline().strip() == "not found"
     shutil.copy(build_library(), empty / SONAME)

@@ -43,8 +43,13 @@ def test_gpustat_reports_what_the_scenario_says(scenario: Scenario, live_pids: l
     g.add_process(c, 300 * MIB, kind="graphics")
     scenario.write()
 
-    out = subprocess.run([sys.executable, "-m", "gpustat", "--json"], env=subprocess_env(scenario.path),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpustat", "--json"],
+        env=subprocess_env(scenario.path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     gpus = json.loads(out.stdout)["gpus"]
     assert json.loads(out.stdout)["driver_version"] == "550.54.15"

@@ -20,17 +20,17 @@ from .scenario import (
 )
 
 __all__ = [
-    "BuildError",
     "CLOCK_EVENT_REASONS",
-    "Counter",
     "EVENT_XID_CRITICAL",
-    "Err",
     "GPU_IS_LOST",
+    "NOT_SUPPORTED",
+    "SCENARIO_ENV",
+    "BuildError",
+    "Counter",
+    "Err",
     "Gpu",
     "MigDevice",
-    "NOT_SUPPORTED",
     "Process",
-    "SCENARIO_ENV",
     "Scenario",
     "Xid",
     "build_library",

@@ -37,11 +37,21 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
     g.temperature(55 + util // 10, memory=62 + util // 10)
     g.thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
     g.power(power_mw, 700000).energy(Counter(3_600_000_000 + i * 1_000_000, power_mw))
-    g.clocks(graphics=1980, sm=1980, memory=2619, video=1755,
-             max_graphics=1980, max_sm=1980, max_memory=2619, max_video=1755)
+    g.clocks(
+        graphics=1980, sm=1980, memory=2619, video=1755, max_graphics=1980, max_sm=1980, max_memory=2619, max_video=1755
+    )
     g.pstate(0).clocks_event_reasons()
-    g.pcie(gen=5, max_gen=5, width=16, max_width=16, tx_kbps=1_800_000, rx_kbps=3_200_000,
-           replay=0, tx_bytes=Counter(0, 1_800_000 * 1000), rx_bytes=Counter(0, 3_200_000 * 1000))
+    g.pcie(
+        gen=5,
+        max_gen=5,
+        width=16,
+        max_width=16,
+        tx_kbps=1_800_000,
+        rx_kbps=3_200_000,
+        replay=0,
+        tx_bytes=Counter(0, 1_800_000 * 1000),
+        rx_bytes=Counter(0, 3_200_000 * 1000),
+    )
     for link in range(nvlinks):
         g.nvlink(link, True, tx_kib=Counter(0, 1_100_000), rx_kib=Counter(0, 1_050_000))
     g.ecc(corrected=0, uncorrected=0).remapped_rows()
@@ -52,7 +62,9 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
 def h100_training() -> Scenario:
     s = Scenario(SCENARIO_DIR / "h100-8x-training.scn", comment="8x H100 SXM with NVLink, busy training one job.")
     for i in range(8):
-        g = h100_sxm(s.add_gpu(), "h100", i, util=94 + i % 5, mem_used=71 * GIB + i * 37 * MIB, power_mw=610000 + 7000 * i)
+        g = h100_sxm(
+            s.add_gpu(), "h100", i, util=94 + i % 5, mem_used=71 * GIB + i * 37 * MIB, power_mw=610000 + 7000 * i
+        )
         g.add_process(10_000 + i, 70 * GIB + i * 37 * MIB, name="python3")
     return s
 
@@ -71,8 +83,16 @@ def workstation() -> Scenario:
     g.utilization(37, 12).memory(24564 * MIB, 9 * GIB, reserved=340 * MIB).codec(8, 3)
     g.temperature(61).thresholds(shutdown=98, slowdown=95, gpu_max=90).fans(45)
     g.power(182000, 450000)
-    g.clocks(graphics=2520, sm=2520, memory=10501, video=1965,
-             max_graphics=3120, max_sm=3120, max_memory=10501, max_video=2415)
+    g.clocks(
+        graphics=2520,
+        sm=2520,
+        memory=10501,
+        video=1965,
+        max_graphics=3120,
+        max_sm=3120,
+        max_memory=10501,
+        max_video=2415,
+    )
     g.pstate(2).clocks_event_reasons("sw_power_cap")
     g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=95_000, rx_kbps=410_000, replay=3)
     g.add_process(2301, 412 * MIB, kind="graphics", name="/usr/lib/xorg/Xorg")
@@ -85,8 +105,9 @@ def workstation() -> Scenario:
     g.temperature(34).thresholds(shutdown=98, slowdown=95, gpu_max=93)
     g.set("fan.count", 1).set("fan.0", NOT_SUPPORTED)
     g.power(13000, 170000)
-    g.clocks(graphics=210, sm=210, memory=405, video=555,
-             max_graphics=2100, max_sm=2100, max_memory=7501, max_video=1950)
+    g.clocks(
+        graphics=210, sm=210, memory=405, video=555, max_graphics=2100, max_sm=2100, max_memory=7501, max_video=1950
+    )
     g.pstate(8).clocks_event_reasons("gpu_idle")
     g.pcie(gen=1, max_gen=4, width=4, max_width=16, tx_kbps=0, rx_kbps=0, replay=0)
     return s
@@ -102,12 +123,22 @@ def pcie_degraded() -> Scenario:
     g.utilization(38, 9).memory(40960 * MIB, 30 * GIB, reserved=420 * MIB).codec(0, 0)
     g.temperature(51, memory=58).thresholds(shutdown=90, slowdown=87, mem_max=95, gpu_max=85)
     g.power(118000, 250000).energy(Counter(1_000_000, 118000))
-    g.clocks(graphics=1410, sm=1410, memory=1215, video=1290,
-             max_graphics=1410, max_sm=1410, max_memory=1215, max_video=1290)
+    g.clocks(
+        graphics=1410, sm=1410, memory=1215, video=1290, max_graphics=1410, max_sm=1410, max_memory=1215, max_video=1290
+    )
     g.pstate(0).clocks_event_reasons()
     # Gen1 x8 carries 250 MB/s x 8 lanes = 2 GB/s per direction; this card moves ~1.9 GB/s.
-    g.pcie(gen=1, max_gen=4, width=8, max_width=16, tx_kbps=310_000, rx_kbps=1_860_000,
-           replay=Counter(40, 0.5), tx_bytes=Counter(0, 310_000 * 1000), rx_bytes=Counter(0, 1_860_000 * 1000))
+    g.pcie(
+        gen=1,
+        max_gen=4,
+        width=8,
+        max_width=16,
+        tx_kbps=310_000,
+        rx_kbps=1_860_000,
+        replay=Counter(40, 0.5),
+        tx_bytes=Counter(0, 310_000 * 1000),
+        rx_bytes=Counter(0, 1_860_000 * 1000),
+    )
     g.ecc(corrected=2, uncorrected=0).remapped_rows(correctable=1)
     g.mig_mode(False)
     g.add_process(7001, 30 * GIB, name="python3")
@@ -138,8 +169,9 @@ def a100_mig() -> Scenario:
     g.memory(81920 * MIB, 52 * GIB, reserved=600 * MIB)
     g.temperature(47, memory=55).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
     g.power(210000, 400000).energy(Counter(9_000_000, 210000))
-    g.clocks(graphics=1410, sm=1410, memory=1593, video=1275,
-             max_graphics=1410, max_sm=1410, max_memory=1593, max_video=1275)
+    g.clocks(
+        graphics=1410, sm=1410, memory=1593, video=1275, max_graphics=1410, max_sm=1410, max_memory=1593, max_video=1275
+    )
     g.pstate(0).clocks_event_reasons()
     g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=120_000, rx_kbps=640_000)
     for link in range(12):
@@ -158,8 +190,9 @@ def a100_mig() -> Scenario:
     g.utilization(0, 0).memory(81920 * MIB, 0, reserved=600 * MIB)
     g.temperature(33, memory=36).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
     g.power(61000, 400000).energy(Counter(2_000_000, 61000))
-    g.clocks(graphics=210, sm=210, memory=1593, video=795,
-             max_graphics=1410, max_sm=1410, max_memory=1593, max_video=1275)
+    g.clocks(
+        graphics=210, sm=210, memory=1593, video=795, max_graphics=1410, max_sm=1410, max_memory=1593, max_video=1275
+    )
     g.pstate(0).clocks_event_reasons("gpu_idle")
     g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=0, rx_kbps=0)
     g.ecc(corrected=0, uncorrected=0).remapped_rows()

@@ -71,7 +71,9 @@ def start(
     )
 
 
-def run_python(code: str, scenario: Path, *, library_dir: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_python(
+    code: str, scenario: Path, *, library_dir: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet in a fresh interpreter against the fake."""
     return subprocess.run(
         [sys.executable, "-c", code],

@@ -12,7 +12,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Self, Union
+from typing import Literal, Self
 
 NVML_ERRORS = frozenset(
     {
@@ -95,7 +95,7 @@ class Counter:
         return f"{self.start} {sign}{_num(abs(self.per_second))}/s"
 
 
-Value = Union[int, float, str, Err, Counter]
+Value = int | float | str | Err | Counter
 
 
 def _num(v: float) -> str:
@@ -354,7 +354,9 @@ class Gpu(Device):
         self.set("ecc.uncorrected.volatile", uncorrected if uncorrected_volatile is None else uncorrected_volatile)
         return self
 
-    def remapped_rows(self, correctable: int = 0, uncorrectable: int = 0, pending: bool = False, failure: bool = False) -> Gpu:
+    def remapped_rows(
+        self, correctable: int = 0, uncorrectable: int = 0, pending: bool = False, failure: bool = False
+    ) -> Gpu:
         self.set("rows.correctable", correctable).set("rows.uncorrectable", uncorrectable)
         self.set("rows.pending", int(pending)).set("rows.failure", int(failure))
         return self
@@ -408,8 +410,13 @@ class Gpu(Device):
         self.processes.append(Process(pid, used_bytes, kind, name, gpu_instance_id, compute_instance_id))
         return self
 
-    def add_xid(self, code: int, after_s: float | None = None, gpu_instance_id: int | None = None,
-                compute_instance_id: int | None = None) -> Gpu:
+    def add_xid(
+        self,
+        code: int,
+        after_s: float | None = None,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> Gpu:
         self.xids.append(Xid(code, after_s, gpu_instance_id, compute_instance_id))
         return self
 
