@@ -1,0 +1,50 @@
+"""The interface between the poller and whatever reads the GPUs (NVML, or the simulator)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .snapshot import GpuReading, GpuStatic
+
+# Called with (function, error) for every failed query, e.g. ("nvmlDeviceGetPowerUsage", "timeout").
+ErrorSink = Callable[[str, str], None]
+
+
+class BackendUnavailable(Exception):
+    """The GPU library cannot be used at all: not installed, driver not loaded, no permission."""
+
+    def __init__(self, reason: str, hint: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.hint = hint
+
+
+class GpuLost(Exception):
+    """This GPU stopped answering (fell off the bus, or otherwise unreadable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemInfo:
+    driver_version: str | None
+    cuda_version: str | None
+    gpu_count: int
+
+
+class Backend(Protocol):
+    """Reads GPUs.  Implementations must be safe to call from several threads, one GPU per thread."""
+
+    def open(self) -> SystemInfo:
+        """Initialise and count GPUs.  Raises BackendUnavailable with a reason a person understands."""
+        ...
+
+    def close(self) -> None: ...
+
+    def read_static(self, index: int) -> GpuStatic:
+        """Slow-changing facts of GPU ``index``.  Raises GpuLost."""
+        ...
+
+    def read_gpu(self, static: GpuStatic) -> GpuReading:
+        """Everything that changes, for one poll.  Raises GpuLost."""
+        ...

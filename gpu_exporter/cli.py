@@ -1,0 +1,141 @@
+"""The ``gpu-exporter`` command: the daemon, or ``--once`` for a single look."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .backend import Backend, ErrorSink
+from .config import DEFAULT_PORT, ConfigError, Settings, load_settings
+from .logs import configure_logging
+
+# flag dest -> Settings field
+_FLAGS = {
+    "web_listen_address": "listen_address",
+    "poll_interval": "poll_interval",
+    "poll_static_refresh_interval": "static_refresh_interval",
+    "poll_gpu_timeout": "gpu_timeout",
+    "simulate": "simulate",
+    "simulate_gpus": "simulate_gpus",
+    "log_format": "log_format",
+    "log_level": "log_level",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-exporter",
+        description="Prometheus exporter and alerting daemon for NVIDIA GPUs.",
+        epilog="Every flag can also be set as GPU_EXPORTER_<SETTING> in the environment or as <setting> in the "
+        "--config YAML file (e.g. poll_interval: 10s); flags win over the environment, which wins over the file.",
+    )
+    p.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
+    p.add_argument("--config", type=Path, help="YAML settings file (or GPU_EXPORTER_CONFIG)")
+    p.add_argument(
+        "--web.listen-address",
+        dest="web_listen_address",
+        metavar="HOST:PORT",
+        help=f"address to serve /metrics on (default :{DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--poll.interval", dest="poll_interval", metavar="DURATION", help="time between polls, e.g. 5s (default 5s)"
+    )
+    p.add_argument(
+        "--poll.static-refresh-interval",
+        dest="poll_static_refresh_interval",
+        metavar="DURATION",
+        help="time between re-reads of names, limits and link maxima (default 5m)",
+    )
+    p.add_argument(
+        "--poll.gpu-timeout",
+        dest="poll_gpu_timeout",
+        metavar="DURATION",
+        help="how long a poll waits for one GPU before reporting it down (default 10s)",
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_const",
+        const=True,
+        default=None,
+        help="simulate GPUs with realistic workloads instead of reading NVML",
+    )
+    p.add_argument(
+        "--simulate.gpus", dest="simulate_gpus", type=int, metavar="N", help="number of simulated GPUs (default 4)"
+    )
+    p.add_argument("--log.format", dest="log_format", choices=["auto", "json", "console"])
+    p.add_argument("--log.level", dest="log_level", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--once", action="store_true", help="take one snapshot, print it and exit (0 ok, 1 findings, 2 error)"
+    )
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output of --once")
+    return p  # fmt: skip
+
+
+def make_backend(settings: Settings, errors: ErrorSink) -> Backend:
+    if settings.simulate:
+        from .simulated import SimulatedBackend
+
+        return SimulatedBackend(settings.simulate_gpus)
+    from .nvml_backend import NvmlBackend
+
+    return NvmlBackend(errors)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
+    config = args.config or (Path(os.environ["GPU_EXPORTER_CONFIG"]) if os.environ.get("GPU_EXPORTER_CONFIG") else None)
+    try:
+        settings = load_settings(cli, config)
+    except ConfigError as e:
+        print(f"gpu-exporter: {e}", file=sys.stderr)
+        return 2
+    configure_logging(
+        settings.log_format, "warning" if args.once and settings.log_level == "info" else settings.log_level
+    )
+    if args.once:
+        return run_once(settings, args.format)
+    return run_daemon(settings)
+
+
+def run_once(settings: Settings, fmt: str) -> int:
+    from .once import as_json, as_table, findings
+    from .poller import Poller
+
+    poller = Poller(make_backend(settings, lambda f, e: None), errors=lambda f, e: None,
+                    gpu_timeout_s=settings.gpu_timeout)  # fmt: skip
+    try:
+        snapshot = poller.poll()
+    finally:
+        poller.close()
+    if not snapshot.nvml_up:
+        print(f"gpu-exporter: cannot read the GPUs: {snapshot.nvml_error}", file=sys.stderr)
+        print("hint: is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
+              "gpu-exporter --once --simulate", file=sys.stderr)  # fmt: skip
+        return 2
+    print(as_json(snapshot) if fmt == "json" else as_table(snapshot))
+    return 1 if findings(snapshot) else 0
+
+
+def run_daemon(settings: Settings) -> int:
+    from .daemon import Daemon
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        daemon = Daemon(settings, lambda errors: make_backend(settings, errors))
+        daemon.start()
+    except OSError as e:
+        print(f"gpu-exporter: cannot listen on {settings.listen_address}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    stop.wait()
+    daemon.stop()
+    return 0

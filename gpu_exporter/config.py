@@ -1,0 +1,120 @@
+"""Settings: CLI flags > environment (GPU_EXPORTER_*) > YAML file (--config) > defaults.
+
+Any bad value, unknown key or unreadable file raises ConfigError, whose message names the
+setting, the value and what is allowed; the CLI turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from .http_server import parse_listen_address
+
+DEFAULT_PORT = 9445
+ENV_PREFIX = "GPU_EXPORTER_"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class ConfigError(Exception):
+    pass
+
+
+def parse_duration(v: Any) -> Any:
+    """Seconds as a number, or a string like ``500ms``, ``15s``, ``5m``, ``1h``."""
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if not m:
+            raise ValueError(f"{v!r} is not a duration; write seconds (e.g. 5) or a string like 500ms, 15s, 5m, 1h")
+        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return v
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    listen_address: str = Field(f":{DEFAULT_PORT}", description="HOST:PORT to serve /metrics on")
+    poll_interval: Duration = Field(5.0, gt=0, le=3600, description="seconds between polls of the GPUs")
+    static_refresh_interval: Duration = Field(300.0, gt=0, description="seconds between re-reads of static facts")
+    gpu_timeout: Duration = Field(10.0, gt=0, le=600, description="seconds a poll waits for one GPU")
+    simulate: bool = Field(False, description="simulate GPUs instead of reading NVML")
+    simulate_gpus: int = Field(4, ge=1, le=1024, description="how many GPUs --simulate makes")
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("listen_address")
+    @classmethod
+    def _valid_address(cls, v: str) -> str:
+        parse_listen_address(v)
+        return v
+
+
+def _yaml_mapping(path: Path) -> None:
+    """YamlConfigSettingsSource silently ignores missing files and odd shapes; we don't."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings, not a {type(data).__name__}")
+
+
+def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
+    """Settings from every source.  ``cli`` holds only the flags actually given."""
+    if config_file is not None:
+        _yaml_mapping(config_file)
+
+    class _Sourced(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if config_file is not None:
+                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            return tuple(sources)
+
+    try:
+        return _Sourced(**(cli or {}))
+    except ValidationError as e:
+        raise ConfigError(_describe(e, config_file)) from e
+
+
+def _describe(e: ValidationError, config_file: Path | None) -> str:
+    known = ", ".join(Settings.model_fields)
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "settings"
+        if err["type"] == "extra_forbidden":
+            where = f" in {config_file}" if config_file else ""
+            lines.append(f"unknown setting {key!r}{where}; known settings: {known}")
+            continue
+        value = err.get("input")
+        msg = err["msg"].removeprefix("Value error, ")
+        env = ENV_PREFIX + key.upper()
+        lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {value!r}: {msg}")
+    return "; ".join(lines)

@@ -1,0 +1,112 @@
+"""Wires the poller, the snapshot readers and the HTTP server together."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import structlog
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from .backend import Backend
+from .config import Settings
+from .exposition import Exposition
+from .http_server import HttpServer
+from .metrics import SelfMetrics, SnapshotCollector
+from .poller import Poller
+from .snapshot import NodeSnapshot
+
+log = structlog.get_logger(__name__)
+
+
+class Daemon:
+    def __init__(self, settings: Settings, make_backend: Callable[[Callable[[str, str], None]], Backend]) -> None:
+        self.settings = settings
+        registry = CollectorRegistry()
+        self.metrics = SelfMetrics(registry)
+        self.collector = SnapshotCollector()
+        registry.register(self.collector)
+        self.exposition = Exposition(registry)
+        self.poller = Poller(
+            make_backend(self.metrics.count_error),
+            errors=self.metrics.count_error,
+            static_refresh_s=settings.static_refresh_interval,
+            gpu_timeout_s=settings.gpu_timeout,
+        )
+        self.latest: NodeSnapshot | None = None
+        self._last_success: float | None = None  # monotonic
+        self.listeners: list[Callable[[NodeSnapshot], None]] = []
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        self._http: HttpServer | None = None
+        self.exposition.render()  # self-metrics are served even before the first poll ends
+
+    def poll_once(self) -> NodeSnapshot:
+        snapshot = self.poller.poll()
+        self.publish(snapshot)
+        return snapshot
+
+    def _poll_job(self) -> None:
+        try:
+            self.poll_once()
+        except Exception:  # the scheduler would swallow it; say so and poll again next time
+            log.exception("poll_failed")
+
+    def publish(self, snapshot: NodeSnapshot) -> None:
+        self.latest = snapshot
+        self.collector.snapshot = snapshot
+        self.metrics.nvml_up.set(1 if snapshot.nvml_up else 0)
+        self.metrics.poll_duration.observe(snapshot.duration_seconds)
+        if snapshot.nvml_up:
+            self.metrics.last_success.set(snapshot.taken_at)
+            self._last_success = time.monotonic()
+        self.exposition.render()
+        for listener in self.listeners:
+            try:
+                listener(snapshot)
+            except Exception:
+                log.exception("snapshot_listener_failed")
+
+    def readiness(self) -> tuple[bool, str]:
+        snap = self.latest
+        if snap is None:
+            return False, "not ready: the first poll has not finished"
+        if not snap.nvml_up:
+            return False, f"not ready: NVML is unavailable: {snap.nvml_error}"
+        stale_after = max(3 * self.settings.poll_interval, 10.0)
+        age = time.monotonic() - self._last_success if self._last_success is not None else float("inf")
+        if age > stale_after:
+            return False, f"not ready: the last successful poll was {age:.0f} s ago (limit {stale_after:g} s)"
+        return True, f"ready: {len(snap.gpus)} GPUs, last poll {age:.1f} s ago"
+
+    def start(self) -> None:
+        self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness)
+        self._http.start()
+        self._scheduler.add_job(
+            self._poll_job,
+            "interval",
+            seconds=self.settings.poll_interval,
+            coalesce=True,
+            max_instances=1,
+            next_run_time=datetime.now(),
+            id="poll",
+        )
+        self._scheduler.start()
+        log.info("listening", address=self.settings.listen_address, port=self._http.port,
+                 poll_interval_s=self.settings.poll_interval)  # fmt: skip
+
+    @property
+    def port(self) -> int:
+        assert self._http is not None
+        return self._http.port
+
+    def stop(self) -> None:
+        """Stops within a couple of seconds even if a poll is stuck in the driver."""
+        self._scheduler.shutdown(wait=False)
+        if self._http is not None:
+            self._http.stop()
+        closer = threading.Thread(target=self.poller.close, daemon=True)
+        closer.start()
+        closer.join(timeout=1.5)

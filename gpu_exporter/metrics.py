@@ -1,0 +1,222 @@
+"""Snapshot -> Prometheus metric families, and the exporter's own health metrics.
+
+Every metric the exporter can emit is declared in ``METRICS`` (name, type, help); the README's
+metrics reference is checked against it.  Values the GPU does not support are absent from the
+snapshot and so are left out here, never written as 0 or NaN.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .snapshot import GpuReading, NodeSnapshot
+
+GPU_LABELS = ("gpu", "uuid")
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str  # as exposed; counters include their _total suffix
+    type: str  # "gauge", "counter", "histogram" or "info"
+    help: str
+
+
+_DEFS = [
+    MetricDef("gpu_up", "gauge", "1 when the GPU answered the last poll, 0 when it is lost or unreadable."),
+    MetricDef("gpu_info", "gauge", "Constant 1; the labels describe the GPU and its driver."),
+    MetricDef("gpu_utilization_ratio", "gauge", "Fraction of the last sample period in which a kernel ran (0-1)."),
+    MetricDef("gpu_memory_copy_utilization_ratio", "gauge", "Fraction of the last sample period in which memory was read or written (0-1)."),
+    MetricDef("gpu_encoder_utilization_ratio", "gauge", "Video encoder utilization (0-1)."),
+    MetricDef("gpu_decoder_utilization_ratio", "gauge", "Video decoder utilization (0-1)."),
+    MetricDef("gpu_memory_total_bytes", "gauge", "Total installed GPU memory in bytes."),
+    MetricDef("gpu_memory_used_bytes", "gauge", "GPU memory allocated by processes, in bytes (excludes driver-reserved memory where the driver reports it separately)."),
+    MetricDef("gpu_memory_free_bytes", "gauge", "GPU memory free for allocation, in bytes."),
+    MetricDef("gpu_memory_reserved_bytes", "gauge", "GPU memory reserved by the driver and firmware, in bytes."),
+    MetricDef("gpu_temperature_celsius", "gauge", "Temperature in degrees Celsius, by sensor (gpu die, memory)."),
+    MetricDef("gpu_temperature_threshold_celsius", "gauge", "Temperature thresholds in degrees Celsius (slowdown, shutdown, gpu_max, mem_max)."),
+    MetricDef("gpu_fan_speed_ratio", "gauge", "Fan speed as a fraction of its maximum (0-1), per fan."),
+    MetricDef("gpu_power_usage_watts", "gauge", "Power draw in watts."),
+    MetricDef("gpu_power_limit_watts", "gauge", "Enforced power limit in watts."),
+    MetricDef("gpu_energy_consumed_joules_total", "counter", "Energy consumed since the driver was loaded, in joules."),
+    MetricDef("gpu_clock_hertz", "gauge", "Current clock frequency in hertz, per clock domain."),
+    MetricDef("gpu_clock_max_hertz", "gauge", "Maximum clock frequency in hertz, per clock domain."),
+    MetricDef("gpu_performance_state", "gauge", "Performance state (0 = P0, the fastest, up to 15)."),
+    MetricDef("gpu_clock_event_active", "gauge", "1 while a clock event reason (throttling) is active, per reason."),
+    MetricDef("gpu_pcie_tx_bytes_per_second", "gauge", "PCIe transmit throughput in bytes per second, sampled by the driver (NVML KB/s x 1024)."),
+    MetricDef("gpu_pcie_rx_bytes_per_second", "gauge", "PCIe receive throughput in bytes per second, sampled by the driver (NVML KB/s x 1024)."),
+    MetricDef("gpu_pcie_tx_bytes_total", "counter", "PCIe bytes transmitted (may wrap)."),
+    MetricDef("gpu_pcie_rx_bytes_total", "counter", "PCIe bytes received (may wrap)."),
+    MetricDef("gpu_pcie_link_generation", "gauge", "Current PCIe link generation (idle cards may train down)."),
+    MetricDef("gpu_pcie_link_max_generation", "gauge", "Maximum PCIe link generation of the card and slot."),
+    MetricDef("gpu_pcie_link_width", "gauge", "Current PCIe link width in lanes."),
+    MetricDef("gpu_pcie_link_max_width", "gauge", "Maximum PCIe link width in lanes."),
+    MetricDef("gpu_pcie_link_max_bytes_per_second", "gauge", "Usable bandwidth of one direction of the link at its current generation and width: transfer rate per lane (2.5/5/8/16/32/64 GT/s) x line-code efficiency (8b/10b for Gen1-2, 128b/130b for Gen3-5, 242/256 for Gen6) / 8 x lanes."),
+    MetricDef("gpu_pcie_replay_errors_total", "counter", "PCIe replay counter (link-level retransmissions)."),
+    MetricDef("gpu_nvlink_tx_bytes_total", "counter", "NVLink data bytes transmitted, per link (NVML KiB x 1024)."),
+    MetricDef("gpu_nvlink_rx_bytes_total", "counter", "NVLink data bytes received, per link (NVML KiB x 1024)."),
+    MetricDef("gpu_nvlink_up", "gauge", "1 when the NVLink link is active, per link."),
+    MetricDef("gpu_ecc_errors_total", "counter", "ECC memory errors over the device lifetime, by type (corrected, uncorrected)."),
+    MetricDef("gpu_remapped_rows_total", "counter", "Memory rows remapped, by cause (correctable, uncorrectable)."),
+    MetricDef("gpu_row_remap_pending", "gauge", "1 when a row remap is pending and the GPU needs a reset."),
+    MetricDef("gpu_row_remap_failure", "gauge", "1 when a row remap has failed."),
+    MetricDef("gpu_xid_errors_total", "counter", "XID error events seen since the exporter started, by XID code."),
+    MetricDef("gpu_process_memory_used_bytes", "gauge", "GPU memory used by a process, in bytes."),
+    MetricDef("gpu_exporter_build_info", "gauge", "Constant 1; labels give the exporter's version."),
+    MetricDef("gpu_exporter_nvml_up", "gauge", "1 when NVML is initialised and answering."),
+    MetricDef("gpu_exporter_poll_duration_seconds", "histogram", "Wall time of one poll of all GPUs."),
+    MetricDef("gpu_exporter_last_poll_success_timestamp_seconds", "gauge", "Unix time of the last poll in which NVML answered."),
+    MetricDef("gpu_exporter_nvml_errors_total", "counter", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query)."),
+]  # fmt: skip
+METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
+
+
+def _gauge(name: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, METRICS[name].help, labels=[*GPU_LABELS, *extra])
+
+
+def _counter(name: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(name.removesuffix("_total"), METRICS[name].help, labels=[*GPU_LABELS, *extra])
+
+
+# Metrics with one value per GPU: name -> how to read it from a reading.
+_SCALARS: list[tuple[str, Callable[[GpuReading], float | int | bool | None]]] = [
+    ("gpu_utilization_ratio", lambda g: g.utilization_ratio),
+    ("gpu_memory_copy_utilization_ratio", lambda g: g.memory_copy_utilization_ratio),
+    ("gpu_encoder_utilization_ratio", lambda g: g.encoder_utilization_ratio),
+    ("gpu_decoder_utilization_ratio", lambda g: g.decoder_utilization_ratio),
+    ("gpu_memory_total_bytes", lambda g: g.memory_total_bytes),
+    ("gpu_memory_used_bytes", lambda g: g.memory_used_bytes),
+    ("gpu_memory_free_bytes", lambda g: g.memory_free_bytes),
+    ("gpu_memory_reserved_bytes", lambda g: g.memory_reserved_bytes),
+    ("gpu_power_usage_watts", lambda g: g.power_usage_watts),
+    ("gpu_power_limit_watts", lambda g: g.power_limit_watts),
+    ("gpu_energy_consumed_joules_total", lambda g: g.energy_consumed_joules_total),
+    ("gpu_performance_state", lambda g: g.performance_state),
+    ("gpu_pcie_tx_bytes_per_second", lambda g: g.pcie_tx_bytes_per_second),
+    ("gpu_pcie_rx_bytes_per_second", lambda g: g.pcie_rx_bytes_per_second),
+    ("gpu_pcie_tx_bytes_total", lambda g: g.pcie_tx_bytes_total),
+    ("gpu_pcie_rx_bytes_total", lambda g: g.pcie_rx_bytes_total),
+    ("gpu_pcie_link_generation", lambda g: g.pcie_link_generation),
+    ("gpu_pcie_link_max_generation", lambda g: g.static.pcie_max_generation if g.static else None),
+    ("gpu_pcie_link_width", lambda g: g.pcie_link_width),
+    ("gpu_pcie_link_max_width", lambda g: g.static.pcie_max_width if g.static else None),
+    ("gpu_pcie_link_max_bytes_per_second", lambda g: g.pcie_link_max_bytes_per_second),
+    ("gpu_pcie_replay_errors_total", lambda g: g.pcie_replay_errors_total),
+    ("gpu_row_remap_pending", lambda g: g.row_remap_pending),
+    ("gpu_row_remap_failure", lambda g: g.row_remap_failure),
+]
+
+# Metrics with one value per GPU and one extra label: (name, label, how to read the mapping).
+_LABELLED: list[tuple[str, str, Callable[[GpuReading], Iterable[tuple[str, float | int | bool | None]]]]] = [
+    ("gpu_temperature_celsius", "sensor", lambda g: g.temperature_celsius.items()),
+    ("gpu_temperature_threshold_celsius", "threshold",
+     lambda g: g.static.temperature_thresholds_celsius.items() if g.static else ()),
+    ("gpu_fan_speed_ratio", "fan", lambda g: g.fan_speed_ratio.items()),
+    ("gpu_clock_hertz", "clock", lambda g: g.clock_hertz.items()),
+    ("gpu_clock_max_hertz", "clock", lambda g: g.static.clock_max_hertz.items() if g.static else ()),
+    ("gpu_clock_event_active", "reason", lambda g: g.clock_event_active.items()),
+    ("gpu_nvlink_tx_bytes_total", "link", lambda g: ((str(n.link), n.tx_bytes_total) for n in g.nvlinks)),
+    ("gpu_nvlink_rx_bytes_total", "link", lambda g: ((str(n.link), n.rx_bytes_total) for n in g.nvlinks)),
+    ("gpu_nvlink_up", "link", lambda g: ((str(n.link), n.up) for n in g.nvlinks)),
+    ("gpu_ecc_errors_total", "type", lambda g: g.ecc_errors_total.items()),
+    ("gpu_remapped_rows_total", "cause", lambda g: g.remapped_rows_total.items()),
+    ("gpu_xid_errors_total", "xid", lambda g: ((str(x), n) for x, n in sorted(g.xid_errors_total.items()))),
+]  # fmt: skip
+
+
+def gpu_families(snapshot: NodeSnapshot) -> Iterator[Metric]:
+    """The per-GPU metric families of one snapshot.  A lost GPU only gets ``gpu_up 0``."""
+    gpus = snapshot.gpus
+    up = _gauge("gpu_up")
+    for g in gpus:
+        up.add_metric([str(g.index), g.uuid], 1 if g.up else 0)
+    yield up
+    live = [g for g in gpus if g.up]
+    info = _gauge("gpu_info", ("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode"))
+    for g in live:
+        s = g.static
+        if s is not None:
+            info.add_metric(
+                [str(g.index), g.uuid, s.name, s.pci_bus_id, snapshot.driver_version or "",
+                 snapshot.cuda_version or "", s.serial or "", s.mig_mode],
+                1,
+            )  # fmt: skip
+    yield info
+    for name, read in _SCALARS:
+        fam = _counter(name) if METRICS[name].type == "counter" else _gauge(name)
+        for g in live:
+            v = read(g)
+            if v is not None:
+                fam.add_metric([str(g.index), g.uuid], float(v))
+        yield fam
+    for name, label, items in _LABELLED:
+        fam = _counter(name, (label,)) if METRICS[name].type == "counter" else _gauge(name, (label,))
+        for g in live:
+            for key, v in items(g):
+                if v is not None:
+                    fam.add_metric([str(g.index), g.uuid, key], float(v))
+        yield fam
+    procs = _gauge("gpu_process_memory_used_bytes", ("pid", "process"))
+    for g in live:
+        for p in g.processes:
+            if p.used_memory_bytes is not None:
+                procs.add_metric([str(g.index), g.uuid, str(p.pid), p.name], float(p.used_memory_bytes))
+    yield procs
+
+
+class SnapshotCollector(Collector):
+    """A custom collector over the latest snapshot; it never touches NVML."""
+
+    def __init__(self) -> None:
+        self.snapshot: NodeSnapshot | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.snapshot
+        if snapshot is not None:
+            yield from gpu_families(snapshot)
+
+
+def _package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class SelfMetrics:
+    """The exporter's own health, in the registry that /metrics renders."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        d = METRICS
+        build = Gauge("gpu_exporter_build_info", d["gpu_exporter_build_info"].help,
+                      ["version", "python_version", "nvidia_ml_py_version"], registry=registry)  # fmt: skip
+        build.labels(__version__, platform.python_version(), _package_version("nvidia-ml-py")).set(1)
+        self.nvml_up = Gauge("gpu_exporter_nvml_up", d["gpu_exporter_nvml_up"].help, registry=registry)
+        self.poll_duration = Histogram(
+            "gpu_exporter_poll_duration_seconds",
+            d["gpu_exporter_poll_duration_seconds"].help,
+            buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "gpu_exporter_last_poll_success_timestamp_seconds",
+            d["gpu_exporter_last_poll_success_timestamp_seconds"].help,
+            registry=registry,
+        )
+        self.nvml_errors = Counter(
+            "gpu_exporter_nvml_errors",
+            d["gpu_exporter_nvml_errors_total"].help,
+            ["function", "error"],
+            registry=registry,
+        )
+
+    def count_error(self, function: str, error: str) -> None:
+        self.nvml_errors.labels(function, error).inc()

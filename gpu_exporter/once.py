@@ -1,0 +1,118 @@
+"""``gpu-exporter --once``: one look at the local GPUs, as a table or as JSON.
+
+The JSON is built from the same metric families as /metrics, so scripts and dashboards share
+one vocabulary: each key is a metric name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .metrics import GPU_LABELS, gpu_families
+from .snapshot import GpuReading, NodeSnapshot
+
+GIB = 1024**3
+
+
+def findings(snapshot: NodeSnapshot) -> list[str]:
+    """Problems worth a non-zero exit status."""
+    out = []
+    for g in snapshot.gpus:
+        if not g.up:
+            out.append(f"GPU {g.index} ({g.uuid or 'uuid unknown'}) is not answering: {g.error}")
+    return out
+
+
+def as_json(snapshot: NodeSnapshot) -> str:
+    gpus: dict[str, dict[str, Any]] = {}
+    for fam in gpu_families(snapshot):
+        for s in fam.samples:
+            gpu = gpus.setdefault(s.labels["gpu"], {"gpu": s.labels["gpu"], "uuid": s.labels["uuid"]})
+            extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS}
+            value: Any = int(s.value) if float(s.value).is_integer() else s.value
+            if fam.name == "gpu_info":
+                gpu["gpu_info"] = extra
+            elif not extra:
+                gpu[s.name] = value
+            elif len(extra) == 1:
+                gpu.setdefault(s.name, {})[next(iter(extra.values()))] = value
+            else:
+                gpu.setdefault(s.name, []).append({**extra, "value": value})
+    doc = {
+        "nvml_up": snapshot.nvml_up,
+        "driver_version": snapshot.driver_version,
+        "cuda_version": snapshot.cuda_version,
+        "gpus": sorted(gpus.values(), key=lambda g: int(g["gpu"])),
+        "findings": findings(snapshot),
+    }
+    return json.dumps(doc, indent=2)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 100:.0f}%"
+
+
+def _bytes_rate(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if v >= size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v:.0f} B/s"
+
+
+def _gpu_block(g: GpuReading) -> list[str]:
+    s = g.static
+    if not g.up or s is None:
+        return [f"GPU {g.index}  {g.uuid or 'uuid unknown'}  NOT ANSWERING: {g.error}"]
+    lines = [f"GPU {g.index}  {s.name}  {s.uuid}  {s.pci_bus_id}"]
+    mem = "n/a"
+    if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
+        mem = (f"{g.memory_used_bytes / GIB:.1f} / {g.memory_total_bytes / GIB:.1f} GiB "
+               f"({_pct(g.memory_used_ratio)})")  # fmt: skip
+    lines.append(f"  utilization  {_pct(g.utilization_ratio):>5}   memory {mem}")
+    temp = g.temperature_celsius.get("gpu")
+    temp_s = "n/a" if temp is None else f"{temp:.0f} C"
+    if "memory" in g.temperature_celsius:
+        temp_s += f" (memory {g.temperature_celsius['memory']:.0f} C)"
+    power = "n/a" if g.power_usage_watts is None else f"{g.power_usage_watts:.0f} W"
+    if g.power_usage_watts is not None and g.power_limit_watts is not None:
+        power += f" / {g.power_limit_watts:.0f} W"
+    lines.append(f"  temperature  {temp_s}   power {power}")
+    if g.clock_hertz:
+        clocks = "  ".join(f"{k} {v / 1e6:.0f} MHz" for k, v in g.clock_hertz.items())
+        lines.append(f"  clocks       {clocks}")
+    link = "n/a"
+    if g.pcie_link_generation is not None and g.pcie_link_width is not None:
+        link = f"Gen{g.pcie_link_generation} x{g.pcie_link_width}"
+        if s.pcie_max_generation is not None and s.pcie_max_width is not None:
+            link += f" (max Gen{s.pcie_max_generation} x{s.pcie_max_width})"
+    lines.append(
+        f"  pcie         {link}   tx {_bytes_rate(g.pcie_tx_bytes_per_second)}"
+        f"   rx {_bytes_rate(g.pcie_rx_bytes_per_second)}"
+    )
+    active = [r for r, on in g.clock_event_active.items() if on]
+    if active:
+        lines.append(f"  clock events {', '.join(active)}")
+    if g.processes:
+        lines.append("  processes")
+        for p in g.processes:
+            used = "n/a" if p.used_memory_bytes is None else f"{p.used_memory_bytes / GIB:.2f} GiB"
+            lines.append(f"    {p.pid:>8}  {p.name:<20} {used:>10}  {p.kind}")
+    else:
+        lines.append("  processes    none")
+    return lines
+
+
+def as_table(snapshot: NodeSnapshot) -> str:
+    head = (
+        f"driver {snapshot.driver_version or 'n/a'}   CUDA {snapshot.cuda_version or 'n/a'}   {len(snapshot.gpus)} GPUs"
+    )
+    out = [head, ""]
+    for g in snapshot.gpus:
+        out += [*_gpu_block(g), ""]
+    problems = findings(snapshot)
+    out.append("Findings:" if problems else "Findings: none")
+    out += [f"  - {p}" for p in problems]
+    return "\n".join(out)

@@ -1,0 +1,409 @@
+"""A backend that invents plausible GPUs, for ``gpu-exporter --simulate``.
+
+It lets people try the exporter, its dashboards and its alerts on a machine with no GPU.  Each GPU
+plays a workload profile chosen by its index (see ``PROFILES``), so a small node already shows
+something on every panel and trips the usual alerts now and then.
+
+Gauges are pure functions of the seed and the time elapsed on ``clock`` since the backend was made:
+a few sinusoids with seeded phases, so they drift smoothly and repeat exactly for the same inputs.
+Counters (energy, PCIe and NVLink bytes) integrate those rates between polls, so they only grow.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .backend import GpuLost, SystemInfo
+from .snapshot import GpuReading, GpuStatic, NvLinkReading, ProcessReading, pcie_link_bytes_per_second
+
+PROFILES = ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle")
+"""Workload of GPU ``i`` is ``PROFILES[i % len(PROFILES)]``."""
+
+LOST_PERIOD_SECONDS = 600.0
+LOST_WINDOW_SECONDS = (300.0, 360.0)
+"""A "lost" GPU does not answer while ``elapsed % LOST_PERIOD_SECONDS`` is in ``[start, end)``."""
+
+MEMORY_CREEP_PERIOD_SECONDS = 1200.0
+"""A "memory-creep" GPU leaks from ~50% to ~97% of its memory over this long, then restarts."""
+
+DRIVER_VERSION = "550.54.15 (simulated)"
+CUDA_VERSION = "12.4"
+
+_MIB = 1024**2
+_NVLINK_BYTES_PER_SECOND = 25e9  # one H100 NVLink4 link, one direction: 900 GB/s over 18 links, both ways
+_AMBIENT_CELSIUS = 28.0
+_CLOCK_EVENT_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+_THRESHOLDS = MappingProxyType({"shutdown": 92.0, "slowdown": 89.0, "gpu_max": 87.0, "mem_max": 95.0})
+# Bus numbers of the eight GPUs of an HGX H100 board; more GPUs move on to further PCI domains.
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+_UUID_NAMESPACE = uuid.UUID("0f5c7c1e-4f6b-4a55-9d0e-5a1b9e3c7d21")
+
+
+@dataclass(frozen=True, slots=True)
+class _Model:
+    """What NVML reports for one product; figures taken from real cards."""
+
+    name: str
+    memory_total_bytes: int
+    memory_reserved_bytes: int
+    clock_max_mhz: Mapping[str, float]
+    clock_idle_mhz: Mapping[str, float]
+    pcie_generation: int
+    pcie_width: int
+    power_limit_watts: float
+    power_idle_watts: float
+    thermal_rise_celsius: float  # above ambient at the power limit
+    fan_count: int = 0
+    nvlink_count: int = 0
+
+
+_H100 = _Model(
+    name="NVIDIA H100 80GB HBM3",
+    memory_total_bytes=81559 * _MIB,
+    memory_reserved_bytes=512 * _MIB,
+    clock_max_mhz=MappingProxyType({"graphics": 1980, "sm": 1980, "memory": 2619, "video": 1755}),
+    clock_idle_mhz=MappingProxyType({"graphics": 345, "sm": 345, "memory": 2619, "video": 765}),
+    pcie_generation=5,
+    pcie_width=16,
+    power_limit_watts=700.0,
+    power_idle_watts=70.0,
+    thermal_rise_celsius=40.0,
+    nvlink_count=18,
+)
+# A PCIe card, to show a Gen4 link that really can be saturated.
+_L40S = _Model(
+    name="NVIDIA L40S",
+    memory_total_bytes=46068 * _MIB,
+    memory_reserved_bytes=496 * _MIB,
+    clock_max_mhz=MappingProxyType({"graphics": 2520, "sm": 2520, "memory": 9001, "video": 1965}),
+    clock_idle_mhz=MappingProxyType({"graphics": 210, "sm": 210, "memory": 405, "video": 1185}),
+    pcie_generation=4,
+    pcie_width=16,
+    power_limit_watts=350.0,
+    power_idle_watts=35.0,
+    thermal_rise_celsius=45.0,
+)
+# A blower-cooled workstation card, so that the fan metrics have something to show.
+_RTX6000 = _Model(
+    name="NVIDIA RTX 6000 Ada Generation",
+    memory_total_bytes=49140 * _MIB,
+    memory_reserved_bytes=496 * _MIB,
+    clock_max_mhz=MappingProxyType({"graphics": 2505, "sm": 2505, "memory": 10001, "video": 1965}),
+    clock_idle_mhz=MappingProxyType({"graphics": 210, "sm": 210, "memory": 405, "video": 1185}),
+    pcie_generation=4,
+    pcie_width=16,
+    power_limit_watts=300.0,
+    power_idle_watts=20.0,
+    thermal_rise_celsius=50.0,
+    fan_count=1,
+)
+_MODEL_OF_PROFILE = {"pcie-bound": _L40S, "idle": _RTX6000}
+
+
+def _clamp(value: float, low: float = 0.0, high: float = 1.0) -> float:
+    return min(high, max(low, value))
+
+
+class _Wiggle:
+    """Smooth deterministic noise in [-1, 1]: three incommensurate sinusoids with seeded phases."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._terms = [
+            (2 * math.pi / (period * rng.uniform(0.8, 1.25)), rng.uniform(0, 2 * math.pi), weight)
+            for period, weight in ((53.0, 0.25), (241.0, 0.35), (1307.0, 0.4))
+        ]
+
+    def __call__(self, t: float) -> float:
+        return sum(weight * math.sin(omega * t + phase) for omega, phase, weight in self._terms)
+
+    def between(self, t: float, low: float, high: float) -> float:
+        return low + (high - low) * (0.5 + 0.5 * self(t))
+
+
+@dataclass(frozen=True, slots=True)
+class _Load:
+    """What the workload asks of the GPU at one instant, as fractions; turned into readings later."""
+
+    utilization: float
+    memory_copy: float
+    memory_used: float  # of total memory; ignored when there is no process
+    power: float  # 0: idle power, 1: power limit
+    pcie_rx: float  # of the link's capacity at its maximum generation
+    pcie_tx: float
+    nvlink: float  # of one link's bandwidth, per direction
+    process: str | None  # name of the one process using the GPU
+    decoder: float = 0.0
+    restarts: int = 0  # how often that process has been restarted: it gets a new pid each time
+
+
+def _load(profile: str, w: Mapping[str, _Wiggle], t: float, creep_offset: float) -> _Load:
+    if profile in ("training", "lost"):
+        return _Load(
+            utilization=w["util"].between(t, 0.90, 0.99),
+            memory_copy=w["copy"].between(t, 0.35, 0.55),
+            memory_used=w["mem"].between(t, 0.85, 0.90),
+            # Peaks brush the power limit, so sw_power_cap flickers as on real training nodes.
+            power=w["power"].between(t, 0.80, 0.99),
+            pcie_rx=w["rx"].between(t, 0.12, 0.25),
+            pcie_tx=w["tx"].between(t, 0.04, 0.10),
+            nvlink=w["nvlink"].between(t, 0.30, 0.60),
+            process="python3",
+        )
+    if profile == "idle-allocated":
+        # A forgotten notebook kernel: most of the memory held, nothing running.
+        return _Load(
+            utilization=w["util"].between(t, 0.0, 0.03),
+            memory_copy=w["copy"].between(t, 0.0, 0.01),
+            memory_used=w["mem"].between(t, 0.70, 0.72),
+            power=w["power"].between(t, 0.05, 0.08),
+            pcie_rx=w["rx"].between(t, 1e-5, 5e-5),
+            pcie_tx=w["tx"].between(t, 1e-5, 5e-5),
+            nvlink=0.0,
+            process="python3",
+        )
+    if profile == "memory-creep":
+        # An inference server that leaks: memory climbs steadily, then it is restarted and starts over.
+        restarts, into = divmod(t + creep_offset, MEMORY_CREEP_PERIOD_SECONDS)
+        return _Load(
+            utilization=w["util"].between(t, 0.55, 0.80),
+            memory_copy=w["copy"].between(t, 0.20, 0.35),
+            memory_used=0.50 + 0.47 * into / MEMORY_CREEP_PERIOD_SECONDS,
+            power=w["power"].between(t, 0.45, 0.65),
+            pcie_rx=w["rx"].between(t, 0.03, 0.08),
+            pcie_tx=w["tx"].between(t, 0.02, 0.05),
+            nvlink=w["nvlink"].between(t, 0.02, 0.05),
+            process="tritonserver",
+            restarts=int(restarts),
+        )
+    if profile == "pcie-bound":
+        # Streams and decodes video faster than the link can feed it: the GPU mostly waits.
+        return _Load(
+            utilization=w["util"].between(t, 0.20, 0.40),
+            memory_copy=w["copy"].between(t, 0.10, 0.20),
+            memory_used=w["mem"].between(t, 0.30, 0.40),
+            power=w["power"].between(t, 0.35, 0.50),
+            pcie_rx=w["rx"].between(t, 0.85, 0.95),
+            pcie_tx=w["tx"].between(t, 0.05, 0.10),
+            nvlink=0.0,
+            process="python3",
+            decoder=w["codec"].between(t, 0.30, 0.50),
+        )
+    if profile == "idle":
+        return _Load(
+            utilization=0.0,
+            memory_copy=0.0,
+            memory_used=0.0,
+            power=w["power"].between(t, 0.0, 0.02),
+            pcie_rx=w["rx"].between(t, 1e-6, 5e-6),
+            pcie_tx=w["tx"].between(t, 1e-6, 5e-6),
+            nvlink=0.0,
+            process=None,
+        )
+    raise AssertionError(f"unknown profile {profile!r}")
+
+
+class _SimulatedGpu:
+    """One GPU: fixed identity, seeded noise, and the counters it has accumulated so far."""
+
+    def __init__(self, index: int, seed: int) -> None:
+        # Seeded by (seed, index) alone, so GPU i looks the same however many GPUs there are.
+        rng = random.Random(f"gpu-exporter-simulated/{seed}/{index}")
+        self.profile = PROFILES[index % len(PROFILES)]
+        self.model = model = _MODEL_OF_PROFILE.get(self.profile, _H100)
+        domain, slot = divmod(index, len(_HGX_BUSES))
+        self.static = GpuStatic(
+            index=index,
+            uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{seed}/{index}')}",
+            name=model.name,
+            pci_bus_id=f"{domain:08X}:{_HGX_BUSES[slot]:02X}:00.0",
+            serial=f"1652{rng.randrange(10**9):09d}",
+            mig_mode="disabled",
+            clock_max_hertz=MappingProxyType({k: v * 1e6 for k, v in model.clock_max_mhz.items()}),
+            pcie_max_generation=model.pcie_generation,
+            pcie_max_width=model.pcie_width,
+            temperature_thresholds_celsius=_THRESHOLDS,
+            fan_count=model.fan_count,
+            nvlink_count=model.nvlink_count,
+        )
+        self._wiggles = {name: _Wiggle(rng) for name in ("util", "copy", "mem", "power", "rx", "tx", "nvlink", "codec")}
+        self._creep_offset = rng.uniform(0, MEMORY_CREEP_PERIOD_SECONDS)
+        self._pid = rng.randrange(2000, 400_000)
+        self._link_shares = [(rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1)) for _ in range(model.nvlink_count)]
+        self._replay_errors = rng.choice((0, 0, 0, 1, 3))
+        self._ecc_corrected = rng.choice((0, 0, 1, 2))
+
+        # Counters start as if the driver had been loaded days ago, as they would on a real node.
+        uptime = rng.uniform(2, 30) * 86400
+        self._lock = threading.Lock()
+        self._last_t: float | None = None
+        self._energy_joules = uptime * (model.power_idle_watts + model.power_limit_watts) / 3
+        link = pcie_link_bytes_per_second(model.pcie_generation, model.pcie_width) or 0.0
+        self._pcie_tx = uptime * link * rng.uniform(0.01, 0.05)
+        self._pcie_rx = uptime * link * rng.uniform(0.02, 0.10)
+        self._nvlink_tx = [uptime * _NVLINK_BYTES_PER_SECOND * 0.1 * tx for tx, _ in self._link_shares]
+        self._nvlink_rx = [uptime * _NVLINK_BYTES_PER_SECOND * 0.1 * rx for _, rx in self._link_shares]
+
+    def lost_at(self, t: float) -> bool:
+        start, end = LOST_WINDOW_SECONDS
+        return self.profile == "lost" and start <= t % LOST_PERIOD_SECONDS < end
+
+    def read(self, static: GpuStatic, t: float) -> GpuReading:
+        model, w = self.model, self._wiggles
+        load = _load(self.profile, w, t, self._creep_offset)
+        busy = load.utilization >= 0.05
+        has_process = load.process is not None
+
+        total, reserved = model.memory_total_bytes, model.memory_reserved_bytes
+        # An empty card still shows a few MiB used: the driver's own bookkeeping.
+        used = min(int(load.memory_used * total) // _MIB * _MIB, total - reserved) if has_process else 4 * _MIB
+
+        power_fraction = _clamp(load.power)
+        power = model.power_idle_watts + (model.power_limit_watts - model.power_idle_watts) * power_fraction
+        power_capped = power_fraction >= 0.95
+        gpu_temp = _AMBIENT_CELSIUS + model.thermal_rise_celsius * power / model.power_limit_watts
+        memory_temp = gpu_temp + 4 + 6 * power / model.power_limit_watts
+
+        # With no process the driver drops to P8; with a context held it stays in P0 but idles its clocks.
+        pstate = 0 if has_process else 8
+        throttle = 1 - 0.12 * _clamp((power_fraction - 0.9) / 0.1)  # clocks give way near the power limit
+        clocks = {
+            name: mhz * throttle if busy else model.clock_idle_mhz[name] for name, mhz in model.clock_max_mhz.items()
+        }
+        clocks["memory"] = model.clock_max_mhz["memory"] if pstate == 0 else model.clock_idle_mhz["memory"]
+        events = dict.fromkeys(_CLOCK_EVENT_REASONS, False)
+        events["gpu_idle"] = not busy
+        events["sw_power_cap"] = power_capped
+
+        # Real links fall back to Gen1 when there is next to no traffic, and retrain under load.
+        traffic = max(load.pcie_rx, load.pcie_tx)
+        generation = model.pcie_generation if traffic >= 0.01 else 1
+        full_link = pcie_link_bytes_per_second(model.pcie_generation, model.pcie_width) or 0.0
+        rx_rate, tx_rate = _clamp(load.pcie_rx) * full_link, _clamp(load.pcie_tx) * full_link
+        link_rates = [
+            (load.nvlink * _NVLINK_BYTES_PER_SECOND * tx, load.nvlink * _NVLINK_BYTES_PER_SECOND * rx)
+            for tx, rx in self._link_shares
+        ]
+
+        with self._lock:
+            # Rectangle rule on the current rate: exact enough, and counters cannot go down.
+            last = t if self._last_t is None else self._last_t
+            dt = max(0.0, t - last)
+            self._last_t = elapsed = max(t, last)
+            self._energy_joules += power * dt
+            self._pcie_tx += tx_rate * dt
+            self._pcie_rx += rx_rate * dt
+            for link, (link_tx, link_rx) in enumerate(link_rates):
+                self._nvlink_tx[link] += link_tx * dt
+                self._nvlink_rx[link] += link_rx * dt
+            energy, pcie_tx_total, pcie_rx_total = self._energy_joules, int(self._pcie_tx), int(self._pcie_rx)
+            nvlinks = tuple(
+                NvLinkReading(link, True, int(self._nvlink_tx[link]), int(self._nvlink_rx[link]))
+                for link in range(model.nvlink_count)
+            )
+
+        # Rare slow errors give the error panels something to show on hot cards, and stay put otherwise.
+        hot = self.profile in ("training", "lost", "pcie-bound")
+        corrected = self._ecc_corrected + (int(elapsed // 14400) if hot else 0)
+        replays = self._replay_errors + (int(elapsed // 10800) if self.profile == "pcie-bound" else 0)
+
+        processes: tuple[ProcessReading, ...] = ()
+        if load.process is not None:
+            processes = (ProcessReading(self._pid + 7 * load.restarts, load.process, used, "compute"),)
+
+        return GpuReading(
+            index=static.index,
+            uuid=self.static.uuid,
+            up=True,
+            static=static,
+            utilization_ratio=_clamp(load.utilization),
+            memory_copy_utilization_ratio=_clamp(load.memory_copy),
+            encoder_utilization_ratio=0.0,
+            decoder_utilization_ratio=_clamp(load.decoder),
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_free_bytes=total - used - reserved,
+            memory_reserved_bytes=reserved,
+            temperature_celsius=MappingProxyType({"gpu": round(gpu_temp, 1), "memory": round(memory_temp, 1)}),
+            fan_speed_ratio=MappingProxyType(
+                {str(fan): 0.3 + 0.6 * _clamp((gpu_temp - 35) / 45) for fan in range(model.fan_count)}
+            ),
+            power_usage_watts=round(power, 3),
+            power_limit_watts=model.power_limit_watts,
+            energy_consumed_joules_total=energy,
+            clock_hertz=MappingProxyType({name: round(mhz) * 1e6 for name, mhz in clocks.items()}),
+            performance_state=pstate,
+            clock_event_active=MappingProxyType(events),
+            pcie_tx_bytes_per_second=tx_rate,
+            pcie_rx_bytes_per_second=rx_rate,
+            pcie_tx_bytes_total=pcie_tx_total,
+            pcie_rx_bytes_total=pcie_rx_total,
+            pcie_link_generation=generation,
+            pcie_link_width=model.pcie_width,
+            pcie_replay_errors_total=replays,
+            nvlinks=nvlinks,
+            ecc_errors_total=MappingProxyType({"corrected": corrected, "uncorrected": 0}),
+            remapped_rows_total=MappingProxyType({"correctable": 0, "uncorrectable": 0}),
+            row_remap_pending=False,
+            row_remap_failure=False,
+            xid_errors_total=MappingProxyType({}),
+            processes=processes,
+        )
+
+
+class SimulatedBackend:
+    """A ``Backend`` with ``gpus`` invented GPUs; see ``PROFILES`` for what each one does.
+
+    Deterministic: the same ``seed`` and the same sequence of ``clock`` values give the same readings.
+    """
+
+    def __init__(self, gpus: int = 4, *, clock: Callable[[], float] = time.monotonic, seed: int = 0) -> None:
+        if gpus < 1:
+            raise ValueError(f"the simulator needs at least one GPU, got gpus={gpus}")
+        self._clock = clock
+        self._start = clock()
+        self._gpus = [_SimulatedGpu(index, seed) for index in range(gpus)]
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self._gpus)
+
+    def profile(self, index: int) -> str:
+        """The workload GPU ``index`` plays, one of ``PROFILES``."""
+        return self._gpu(index).profile
+
+    def open(self) -> SystemInfo:
+        return SystemInfo(driver_version=DRIVER_VERSION, cuda_version=CUDA_VERSION, gpu_count=len(self._gpus))
+
+    def close(self) -> None:
+        pass
+
+    def read_static(self, index: int) -> GpuStatic:
+        gpu = self._gpu(index)
+        self._raise_if_lost(gpu, self._elapsed())
+        return gpu.static
+
+    def read_gpu(self, static: GpuStatic) -> GpuReading:
+        gpu = self._gpu(static.index)
+        t = self._elapsed()
+        self._raise_if_lost(gpu, t)
+        return gpu.read(static, t)
+
+    def _elapsed(self) -> float:
+        return self._clock() - self._start
+
+    def _gpu(self, index: int) -> _SimulatedGpu:
+        if not 0 <= index < len(self._gpus):
+            raise IndexError(f"no simulated GPU {index}: there are {len(self._gpus)}")
+        return self._gpus[index]
+
+    @staticmethod
+    def _raise_if_lost(gpu: _SimulatedGpu, t: float) -> None:
+        if gpu.lost_at(t):
+            raise GpuLost(f"GPU {gpu.static.index} has fallen off the bus (simulated)")

@@ -1,0 +1,127 @@
+"""Immutable snapshots of a node's GPUs: the one thing metrics, rules and ``--once`` read.
+
+Values are already in base units (ratios 0-1, bytes, celsius, watts, joules, hertz). ``None`` (or
+a missing key) means the GPU does not support the value; it is left out of every output, never
+shown as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+_EMPTY: Mapping[str, float] = MappingProxyType({})
+
+# Per-lane transfer rate (GT/s) and line-code efficiency for each PCIe generation.
+_PCIE_LANE = {1: (2.5, 8 / 10), 2: (5.0, 8 / 10), 3: (8.0, 128 / 130), 4: (16.0, 128 / 130), 5: (32.0, 128 / 130),
+              6: (64.0, 242 / 256)}  # fmt: skip
+
+
+def pcie_link_bytes_per_second(generation: int | None, width: int | None) -> float | None:
+    """Usable bandwidth of one direction of a link: GT/s x encoding efficiency / 8 bits x lanes."""
+    if generation is None or width is None or generation not in _PCIE_LANE or width <= 0:
+        return None
+    gts, efficiency = _PCIE_LANE[generation]
+    return gts * 1e9 * efficiency / 8 * width
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    pid: int
+    name: str
+    used_memory_bytes: int | None  # None: the driver does not say (WDDM, no permission)
+    kind: str = "compute"  # or "graphics"
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkReading:
+    link: int
+    up: bool | None
+    tx_bytes_total: int | None = None
+    rx_bytes_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatic:
+    """Facts that rarely change, read at discovery and refreshed on a slow interval."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    serial: str | None = None
+    mig_mode: str = "unsupported"  # "enabled", "disabled" or "unsupported"
+    clock_max_hertz: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
+    temperature_thresholds_celsius: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    fan_count: int = 0
+    nvlink_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one poll.  ``up`` False means it did not answer; only identity is then known."""
+
+    index: int
+    uuid: str
+    up: bool
+    static: GpuStatic | None = None
+    error: str | None = None  # why it is down, in words
+    utilization_ratio: float | None = None
+    memory_copy_utilization_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    temperature_celsius: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # sensor -> value
+    fan_speed_ratio: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # fan index -> ratio
+    power_usage_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_consumed_joules_total: float | None = None
+    clock_hertz: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    performance_state: int | None = None
+    clock_event_active: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_tx_bytes_total: int | None = None
+    pcie_rx_bytes_total: int | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_width: int | None = None
+    pcie_replay_errors_total: int | None = None
+    nvlinks: tuple[NvLinkReading, ...] = ()
+    ecc_errors_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # corrected/uncorrected
+    remapped_rows_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    xid_errors_total: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    processes: tuple[ProcessReading, ...] = ()
+
+    @property
+    def pcie_link_max_bytes_per_second(self) -> float | None:
+        return pcie_link_bytes_per_second(self.pcie_link_generation, self.pcie_link_width)
+
+    @property
+    def memory_used_ratio(self) -> float | None:
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Every GPU of the node at one poll."""
+
+    taken_at: float  # unix seconds, when the poll started
+    duration_seconds: float
+    nvml_up: bool
+    nvml_error: str | None = None  # why NVML is down, in words a person understands
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    gpus: tuple[GpuReading, ...] = ()
+
+    def gpu(self, index: int) -> GpuReading | None:
+        return next((g for g in self.gpus if g.index == index), None)

@@ -1,0 +1,362 @@
+"""The simulator: plausible, bounded, moving values, one behaviour per profile, and deterministic."""
+
+from __future__ import annotations
+
+import re
+import threading
+from itertools import pairwise
+
+import pytest
+
+from gpu_exporter.backend import GpuLost
+from gpu_exporter.simulated import (
+    LOST_PERIOD_SECONDS,
+    LOST_WINDOW_SECONDS,
+    PROFILES,
+    SimulatedBackend,
+)
+from gpu_exporter.snapshot import GpuReading
+
+DAY = 86400
+STEP = 30
+REASONS = {"gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+Day = dict[str, list[GpuReading]]
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, now: float = 12345.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def read_all(backend: SimulatedBackend) -> list[GpuReading | None]:
+    """One poll of every GPU; None for a GPU that is lost."""
+    out: list[GpuReading | None] = []
+    for index in range(backend.gpu_count):
+        try:
+            out.append(backend.read_gpu(backend.read_static(index)))
+        except GpuLost:
+            out.append(None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def day() -> Day:
+    """A simulated day of every profile, polled every 30 s, by profile name (lost polls left out)."""
+    clock = FakeClock()
+    backend = SimulatedBackend(len(PROFILES), clock=clock, seed=7)
+    readings: Day = {backend.profile(i): [] for i in range(backend.gpu_count)}
+    for _ in range(DAY // STEP):
+        for index, reading in enumerate(read_all(backend)):
+            if reading is not None:
+                readings[backend.profile(index)].append(reading)
+        clock.advance(STEP)
+    return readings
+
+
+def test_needs_at_least_one_gpu() -> None:
+    for gpus in (0, -1):
+        with pytest.raises(ValueError, match="at least one GPU"):
+            SimulatedBackend(gpus)
+
+
+def test_open_describes_the_system() -> None:
+    backend = SimulatedBackend(3, clock=FakeClock())
+    info = backend.open()
+    assert info.gpu_count == 3
+    assert info.driver_version and "simulated" in info.driver_version
+    assert info.cuda_version == "12.4"
+    backend.close()
+
+
+@pytest.mark.parametrize("gpus", [1, 4, 16])
+def test_any_number_of_gpus_with_distinct_identities(gpus: int) -> None:
+    backend = SimulatedBackend(gpus, clock=FakeClock())
+    statics = [backend.read_static(i) for i in range(gpus)]
+    assert [s.index for s in statics] == list(range(gpus))
+    assert len({s.uuid for s in statics}) == gpus
+    assert len({s.pci_bus_id for s in statics}) == gpus
+    assert len({s.serial for s in statics}) == gpus
+    for s in statics:
+        assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", s.uuid)
+        assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:00\.0", s.pci_bus_id)
+    assert all(r is not None and r.up for r in read_all(backend))
+
+
+def test_a_gpu_looks_the_same_whatever_the_gpu_count() -> None:
+    small, large = SimulatedBackend(1, clock=FakeClock()), SimulatedBackend(16, clock=FakeClock())
+    assert small.read_static(0) == large.read_static(0)
+
+
+def test_out_of_range_index_is_an_error() -> None:
+    backend = SimulatedBackend(2, clock=FakeClock())
+    with pytest.raises(IndexError):
+        backend.read_static(2)
+
+
+def test_profiles_cycle_by_index() -> None:
+    backend = SimulatedBackend(13, clock=FakeClock())
+    assert [backend.profile(i) for i in range(13)] == [PROFILES[i % len(PROFILES)] for i in range(13)]
+    assert PROFILES == ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle")
+
+
+def test_static_facts_match_the_models() -> None:
+    backend = SimulatedBackend(len(PROFILES), clock=FakeClock())
+    statics = {backend.profile(i): backend.read_static(i) for i in range(backend.gpu_count) if i != 4}
+    h100 = statics["training"]
+    assert h100.name == "NVIDIA H100 80GB HBM3"
+    assert (h100.pcie_max_generation, h100.pcie_max_width, h100.nvlink_count, h100.fan_count) == (5, 16, 18, 0)
+    l40s = statics["pcie-bound"]
+    assert (l40s.name, l40s.pcie_max_generation, l40s.pcie_max_width, l40s.nvlink_count) == ("NVIDIA L40S", 4, 16, 0)
+    assert statics["idle"].fan_count >= 1
+    for s in statics.values():
+        assert s.mig_mode == "disabled"
+        assert s.serial
+        assert set(s.clock_max_hertz) == {"graphics", "sm", "memory", "video"}
+        assert all(100e6 < hz < 20e9 for hz in s.clock_max_hertz.values())
+        assert dict(s.temperature_thresholds_celsius) == {"shutdown": 92, "slowdown": 89, "gpu_max": 87, "mem_max": 95}
+
+
+def test_every_field_the_simulator_promises_is_filled(day: Day) -> None:
+    for profile, readings in day.items():
+        r = readings[0]
+        assert r.up and r.static is not None and r.uuid == r.static.uuid and r.index == r.static.index, profile
+        for name in GpuReading.__slots__:
+            if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio"):
+                assert getattr(r, name) is not None, (profile, name)
+        assert set(r.temperature_celsius) == {"gpu", "memory"}
+        assert set(r.clock_hertz) == {"graphics", "sm", "memory", "video"}
+        assert set(r.clock_event_active) == REASONS
+        assert dict(r.ecc_errors_total).keys() == {"corrected", "uncorrected"}
+        assert dict(r.remapped_rows_total) == {"correctable": 0, "uncorrectable": 0}
+        assert not r.row_remap_pending and not r.row_remap_failure
+        assert dict(r.xid_errors_total) == {}
+        assert len(r.nvlinks) == r.static.nvlink_count
+        assert set(r.fan_speed_ratio) == {str(f) for f in range(r.static.fan_count)}
+
+
+def test_values_stay_within_physical_ranges_all_day(day: Day) -> None:
+    for profile, readings in day.items():
+        assert len(readings) > DAY // STEP * 0.85, profile
+        for r in readings:
+            assert r.static is not None
+            ctx = (profile, r)
+            ratios = [r.utilization_ratio, r.memory_copy_utilization_ratio, r.encoder_utilization_ratio]
+            ratios += [r.decoder_utilization_ratio, *r.fan_speed_ratio.values()]
+            assert all(x is not None and 0 <= x <= 1 for x in ratios), ctx
+            assert r.memory_total_bytes and r.memory_used_bytes is not None and r.memory_reserved_bytes is not None
+            assert 0 < r.memory_used_bytes <= r.memory_total_bytes, ctx
+            assert r.memory_free_bytes == r.memory_total_bytes - r.memory_used_bytes - r.memory_reserved_bytes, ctx
+            assert r.memory_free_bytes >= 0, ctx
+            assert r.power_usage_watts is not None and r.power_limit_watts is not None
+            assert 0 < r.power_usage_watts <= r.power_limit_watts, ctx
+            thresholds = r.static.temperature_thresholds_celsius
+            assert 20 < r.temperature_celsius["gpu"] < thresholds["gpu_max"], ctx
+            assert 20 < r.temperature_celsius["memory"] < thresholds["mem_max"], ctx
+            for name, hz in r.clock_hertz.items():
+                assert 0 < hz <= r.static.clock_max_hertz[name], ctx
+            assert r.performance_state in (0, 8), ctx
+            assert r.pcie_link_width == r.static.pcie_max_width, ctx
+            assert r.pcie_link_generation is not None and r.static.pcie_max_generation is not None
+            assert 1 <= r.pcie_link_generation <= r.static.pcie_max_generation, ctx
+            link = r.pcie_link_max_bytes_per_second
+            assert link and r.pcie_rx_bytes_per_second is not None and r.pcie_tx_bytes_per_second is not None
+            assert 0 < r.pcie_rx_bytes_per_second <= link and 0 < r.pcie_tx_bytes_per_second <= link, ctx
+            assert all(n.up for n in r.nvlinks), ctx
+            assert r.ecc_errors_total["uncorrected"] == 0, ctx
+
+
+def test_counters_never_decrease(day: Day) -> None:
+    for profile, readings in day.items():
+        for before, after in pairwise(readings):
+            ctx = (profile, after)
+            assert before.energy_consumed_joules_total is not None and after.energy_consumed_joules_total is not None
+            assert after.energy_consumed_joules_total > before.energy_consumed_joules_total, ctx
+            assert before.pcie_tx_bytes_total is not None and after.pcie_tx_bytes_total is not None
+            assert before.pcie_rx_bytes_total is not None and after.pcie_rx_bytes_total is not None
+            assert after.pcie_tx_bytes_total >= before.pcie_tx_bytes_total, ctx
+            assert after.pcie_rx_bytes_total >= before.pcie_rx_bytes_total, ctx
+            for a, b in zip(before.nvlinks, after.nvlinks, strict=True):
+                assert a.tx_bytes_total is not None and a.rx_bytes_total is not None
+                assert b.tx_bytes_total is not None and b.rx_bytes_total is not None
+                assert b.tx_bytes_total >= a.tx_bytes_total and b.rx_bytes_total >= a.rx_bytes_total, ctx
+            for key in ("corrected", "uncorrected"):
+                assert after.ecc_errors_total[key] >= before.ecc_errors_total[key], ctx
+            assert before.pcie_replay_errors_total is not None and after.pcie_replay_errors_total is not None
+            assert after.pcie_replay_errors_total >= before.pcie_replay_errors_total, ctx
+
+
+def test_energy_follows_power(day: Day) -> None:
+    readings = day["training"]
+    first, last = readings[0], readings[-1]
+    assert first.energy_consumed_joules_total is not None and last.energy_consumed_joules_total is not None
+    mean_power = (last.energy_consumed_joules_total - first.energy_consumed_joules_total) / (DAY - STEP)
+    powers = [r.power_usage_watts for r in readings if r.power_usage_watts is not None]
+    assert mean_power == pytest.approx(sum(powers) / len(powers), rel=0.02)
+
+
+def test_values_move_over_time(day: Day) -> None:
+    for profile in ("training", "memory-creep", "pcie-bound"):
+        readings = day[profile]
+        assert len({r.utilization_ratio for r in readings}) > 100, profile
+        assert len({r.power_usage_watts for r in readings}) > 100, profile
+        assert len({r.memory_used_bytes for r in readings}) > 10, profile
+
+
+def test_processes_account_for_used_memory(day: Day) -> None:
+    for profile, readings in day.items():
+        for r in readings[::50]:
+            if profile == "idle":
+                assert r.processes == ()
+                continue
+            assert r.processes and all(p.kind == "compute" and p.name for p in r.processes), profile
+            held = sum(p.used_memory_bytes or 0 for p in r.processes)
+            assert r.memory_used_bytes is not None
+            assert held == pytest.approx(r.memory_used_bytes, rel=0.05), profile
+
+
+def test_training_is_busy_everywhere(day: Day) -> None:
+    for r in day["training"]:
+        assert r.utilization_ratio is not None and r.utilization_ratio >= 0.9
+        assert r.memory_used_ratio is not None and 0.84 <= r.memory_used_ratio <= 0.91
+        assert r.pcie_link_generation == 5 and r.performance_state == 0
+        assert r.nvlinks and not r.clock_event_active["gpu_idle"]
+    assert any(r.clock_event_active["sw_power_cap"] for r in day["training"])
+    assert not all(r.clock_event_active["sw_power_cap"] for r in day["training"])
+
+
+def test_idle_allocated_holds_memory_but_does_nothing(day: Day) -> None:
+    for r in day["idle-allocated"]:
+        assert r.processes
+        assert r.utilization_ratio is not None and r.utilization_ratio < 0.1
+        assert r.memory_used_ratio is not None and r.memory_used_ratio > 0.5
+        assert r.clock_event_active["gpu_idle"]
+
+
+def test_memory_creep_climbs_then_drops_back(day: Day) -> None:
+    ratios = [r.memory_used_ratio for r in day["memory-creep"]]
+    assert all(x is not None for x in ratios)
+    values = [x for x in ratios if x is not None]
+    peak = next(i for i, x in enumerate(values) if x > 0.9)
+    assert min(values[peak:]) < 0.55
+    climbs = sum(b >= a for a, b in pairwise(values))
+    assert climbs > 0.95 * (len(values) - 1)  # steady growth, only the restarts go down
+    pids = {p.pid for r in day["memory-creep"] for p in r.processes}
+    assert len(pids) >= DAY // 1200 - 1  # each restart is a new process
+
+
+def test_pcie_bound_saturates_its_link_not_its_gpu(day: Day) -> None:
+    for r in day["pcie-bound"]:
+        link = r.pcie_link_max_bytes_per_second
+        assert link is not None and r.pcie_rx_bytes_per_second is not None
+        assert (r.pcie_link_generation, r.pcie_link_width) == (4, 16)
+        assert r.pcie_rx_bytes_per_second / link > 0.8
+        assert r.utilization_ratio is not None and r.utilization_ratio < 0.5
+
+
+def test_idle_gpu_rests(day: Day) -> None:
+    for r in day["idle"]:
+        assert r.processes == () and r.utilization_ratio == 0
+        assert r.performance_state == 8 and r.pcie_link_generation == 1
+        assert r.clock_event_active["gpu_idle"] and not r.clock_event_active["sw_power_cap"]
+        assert r.power_usage_watts is not None and r.power_limit_watts is not None
+        assert r.power_usage_watts < 0.15 * r.power_limit_watts
+        assert r.static is not None
+        assert r.clock_hertz["graphics"] < 0.2 * r.static.clock_max_hertz["graphics"]
+
+
+def test_lost_gpu_drops_out_in_its_window_and_recovers() -> None:
+    clock = FakeClock()
+    backend = SimulatedBackend(6, clock=clock)
+    lost = PROFILES.index("lost")
+    static = backend.read_static(lost)
+    start, end = LOST_WINDOW_SECONDS
+    for cycle in range(3):
+        base = cycle * LOST_PERIOD_SECONDS
+        clock.now = 12345.0 + base + start - 1
+        assert backend.read_gpu(static).up
+        for offset in (start, (start + end) / 2, end - 1):
+            clock.now = 12345.0 + base + offset
+            with pytest.raises(GpuLost):
+                backend.read_gpu(static)
+            with pytest.raises(GpuLost):
+                backend.read_static(lost)
+            # Only that GPU is lost.
+            assert backend.read_gpu(backend.read_static(0)).up
+        clock.now = 12345.0 + base + end
+        assert backend.read_static(lost) == static
+        assert backend.read_gpu(static).up
+
+
+def test_lost_gpu_is_down_a_tenth_of_the_time() -> None:
+    clock = FakeClock()
+    backend = SimulatedBackend(5, clock=clock)
+    down = 0
+    for _ in range(DAY // STEP):
+        down += read_all(backend)[4] is None
+        clock.advance(STEP)
+    assert down == DAY // STEP // 10
+
+
+def test_same_seed_and_clock_give_identical_readings() -> None:
+    def run(seed: int) -> list[list[GpuReading | None]]:
+        clock = FakeClock()
+        backend = SimulatedBackend(8, clock=clock, seed=seed)
+        polls = []
+        for step in range(200):
+            polls.append(read_all(backend))
+            clock.advance(7 + step % 13)
+        return polls
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+    first, other = SimulatedBackend(2, seed=3), SimulatedBackend(2, seed=4)
+    assert first.read_static(0).uuid != other.read_static(0).uuid
+
+
+def test_start_time_does_not_matter_only_elapsed_time() -> None:
+    early, late = FakeClock(0.0), FakeClock(1e6)
+    a, b = SimulatedBackend(4, clock=early), SimulatedBackend(4, clock=late)
+    for _ in range(20):
+        assert read_all(a) == read_all(b)
+        early.advance(30)
+        late.advance(30)
+
+
+def test_concurrent_reads_keep_counters_monotonic() -> None:
+    clock = FakeClock()
+    backend = SimulatedBackend(8, clock=clock)
+    statics = [backend.read_static(i) for i in range(backend.gpu_count)]
+    totals: dict[int, list[float]] = {i: [] for i in range(backend.gpu_count)}
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            clock.advance(0.5)
+
+    def poll(index: int) -> None:
+        for _ in range(300):
+            try:
+                energy = backend.read_gpu(statics[index]).energy_consumed_joules_total
+            except GpuLost:
+                continue
+            totals[index].append(-1.0 if energy is None else energy)  # checked below: asserts here would be lost
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    pollers = [threading.Thread(target=poll, args=(i,)) for i in range(backend.gpu_count)]
+    for t in pollers:
+        t.start()
+    for t in pollers:
+        t.join()
+    stop.set()
+    ticker.join()
+    for index, values in totals.items():
+        assert values and values[0] > 0 and values == sorted(values), index
