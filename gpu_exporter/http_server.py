@@ -23,8 +23,10 @@ Readiness = Callable[[], tuple[bool, str]]
 def parse_listen_address(address: str) -> tuple[str, int]:
     """``HOST:PORT``, ``:PORT`` (all interfaces) or ``[v6]:PORT``, as Prometheus exporters take it."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"listen address {address!r} must be HOST:PORT with a port from 1 to 65535, e.g. :9445")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(
+            f"listen address {address!r} must be HOST:PORT with a port from 0 to 65535 (0: any free port), e.g. :9445"
+        )
     host = host.strip("[]")
     return host or "0.0.0.0", int(port)
 

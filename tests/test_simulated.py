@@ -359,4 +359,6 @@ def test_concurrent_reads_keep_counters_monotonic() -> None:
     stop.set()
     ticker.join()
     for index, values in totals.items():
-        assert values and values[0] > 0 and values == sorted(values), index
+        # The free-running ticker can carry the "lost" GPU through its whole run inside the lost window.
+        assert values or backend.profile(index) == "lost", index
+        assert all(v > 0 for v in values) and values == sorted(values), index

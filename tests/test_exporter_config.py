@@ -1,0 +1,81 @@
+"""Configuration: precedence of the sources, and a clear exit 2 on every kind of bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_exporter.cli import main
+from gpu_exporter.config import ConfigError, load_settings
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s.listen_address == ":9445" and s.poll_interval == 5.0 and not s.simulate
+
+
+def test_precedence_cli_over_env_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("poll_interval: 30s\nlog_level: debug\nsimulate_gpus: 7\nlisten_address: ':1111'\n")
+    monkeypatch.setenv("GPU_EXPORTER_POLL_INTERVAL", "10s")
+    monkeypatch.setenv("GPU_EXPORTER_SIMULATE_GPUS", "3")
+    s = load_settings({"poll_interval": "2s"}, cfg)
+    assert s.poll_interval == 2.0  # flag
+    assert s.simulate_gpus == 3  # env beats the file
+    assert s.log_level == "debug"  # file beats the default
+    assert s.listen_address == ":1111"
+
+
+@pytest.mark.parametrize("text,seconds", [("500ms", 0.5), ("15s", 15), ("2m", 120), ("1h", 3600), ("7", 7)])
+def test_durations(text: str, seconds: float) -> None:
+    assert load_settings({"poll_interval": text}).poll_interval == seconds
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "yaml_text", "needles"),
+    [
+        (["--poll.interval=-1s"], {}, None, ["poll_interval", "-1s", "duration"]),
+        (["--poll.interval", "0"], {}, None, ["poll_interval", "greater than 0"]),
+        (["--web.listen-address", "localhost"], {}, None, ["listen_address", "'localhost'", "HOST:PORT"]),
+        (["--web.listen-address", ":99999"], {}, None, ["listen_address", "0 to 65535"]),
+        ([], {"GPU_EXPORTER_LOG_FORMAT": "xml"}, None, ["log_format", "'xml'", "'auto', 'json' or 'console'"]),
+        ([], {"GPU_EXPORTER_SIMULATE_GPUS": "lots"}, None, ["simulate_gpus", "'lots'", "integer"]),
+        ([], {}, "poll_intervall: 5s\n", ["unknown setting 'poll_intervall'", "poll_interval"]),
+        ([], {}, "- a\n- list\n", ["must hold a mapping"]),
+        ([], {}, "poll_interval: [unclosed\n", ["not valid YAML"]),
+        (["--simulate.gpus", "0"], {}, None, ["simulate_gpus", "greater than or equal to 1"]),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str], env: dict[str, str], yaml_text: str | None, needles: list[str],
+) -> None:  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if yaml_text is not None:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml_text)
+        argv = [*argv, "--config", str(cfg)]
+    assert main([*argv, "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-exporter: ")
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+def test_unreadable_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", str(tmp_path / "missing.yaml"), "--once"]) == 2
+    assert f"cannot read config file {tmp_path / 'missing.yaml'}" in capsys.readouterr().err
+
+
+def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--log.format", "xml"])
+    assert e.value.code == 2
+    assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_config_error_type() -> None:
+    with pytest.raises(ConfigError):
+        load_settings({"gpu_timeout": "forever"})

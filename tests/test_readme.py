@@ -1,0 +1,29 @@
+"""The README's metrics reference lists exactly the metrics the code can emit."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpu_exporter.metrics import METRICS
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_metrics_reference_matches_the_code() -> None:
+    text = README.read_text()
+    section = text.split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| (\w+) \|", section, flags=re.MULTILINE)
+    documented = dict(rows)
+    assert len(rows) == len(documented), "a metric is listed twice"
+    assert documented.keys() == METRICS.keys()
+    assert {n: METRICS[n].type for n in documented} == documented
+
+
+def test_readme_leads_with_the_two_commands() -> None:
+    first_block = README.read_text().split("```sh", 1)[1].split("```", 1)[0]
+    commands = [line for line in first_block.splitlines() if line and not line.startswith("#")]
+    assert commands == [
+        "bash .ci/setup && .venv/bin/gpu-exporter --simulate",
+        "bash .ci/setup && .venv/bin/python -m pytest",
+    ]
