@@ -25,7 +25,7 @@ log = structlog.get_logger(__name__)
 class Daemon:
     def __init__(self, settings: Settings, make_backend: Callable[[Callable[[str, str], None]], Backend]) -> None:
         self.settings = settings
-        registry = CollectorRegistry()
+        self.registry = registry = CollectorRegistry()
         self.metrics = SelfMetrics(registry)
         self.collector = SnapshotCollector()
         registry.register(self.collector)

@@ -49,6 +49,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = f"gpu-exporter/{__version__}"
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; with Nagle on, a small (gzipped) body waits ~40 ms
+    # for the client's delayed ACK.
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         self._serve(send_body=True)

@@ -11,7 +11,8 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
-    json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    # Logs go to stderr; readable lines only when a person is watching both streams.
+    json_lines = fmt == "json" or (fmt == "auto" and not (sys.stdout.isatty() and sys.stderr.isatty()))
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
     )
