@@ -13,6 +13,7 @@ Writes benchmarks/results/core.md and core.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -50,12 +51,9 @@ def scenario(path: Path) -> Scenario:
 
 def machine() -> dict[str, Any]:
     cpu = "unknown"
-    try:
-        cpu = next(
-            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError):
+        models = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        cpu = models[0].split(":", 1)[1].strip() if models else cpu
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
@@ -168,7 +166,7 @@ def bench_http(path: Path, seconds: int) -> dict[str, Any]:
 
 
 def rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0

@@ -67,6 +67,20 @@ def test_a_scrape_never_waits_on_nvml(scenario: Scenario) -> None:
             assert value(samples, "gpu_up", gpu="0") == 1
 
 
+def test_sigterm_is_prompt_even_with_a_gpu_stuck_in_the_driver(scenario: Scenario) -> None:
+    s = preset("pcie-degraded", scenario.path)
+    s.write()
+    with run_daemon(s.path, "--poll.interval", "200ms", "--poll.gpu-timeout", "30s") as d:
+        wait_for(lambda: value(d.metrics(), "gpu_up", gpu="0") == 1, what="first poll")
+        s.gpu(0).delay(20_000)
+        s.write()
+        time.sleep(0.6)  # a poll is now stuck in the driver for 20 s
+        t0 = time.monotonic()
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(timeout=10) == 0
+        assert time.monotonic() - t0 < 2.0
+
+
 def test_nvml_missing_at_start_then_the_driver_appears(scenario: Scenario, tmp_path: Path) -> None:
     preset("pcie-degraded", scenario.path).write()
     driver_dir = tmp_path / "driver"
