@@ -73,7 +73,7 @@ _DEFS = [
     MetricDef("gpu_exporter_nvml_up", "gauge", "1 when NVML is initialised and answering."),
     MetricDef("gpu_exporter_poll_duration_seconds", "histogram", "Wall time of one poll of all GPUs."),
     MetricDef("gpu_exporter_last_poll_success_timestamp_seconds", "gauge", "Unix time of the last poll in which NVML answered."),
-    MetricDef("gpu_exporter_nvml_errors_total", "counter", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query)."),
+    MetricDef("gpu_exporter_nvml_errors_total", "counter", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh)."),
 ]  # fmt: skip
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
