@@ -124,8 +124,9 @@ def run_once(settings: Settings, fmt: str) -> int:
         print("hint: is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
               "gpu-exporter --once --simulate", file=sys.stderr)  # fmt: skip
         return 2
-    print(as_json(snapshot) if fmt == "json" else as_table(snapshot))
-    return 1 if findings(snapshot) else 0
+    problems = findings(snapshot, settings.rules)
+    print(as_json(snapshot, problems) if fmt == "json" else as_table(snapshot, problems))
+    return 1 if problems else 0
 
 
 def run_daemon(settings: Settings) -> int:

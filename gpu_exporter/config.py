@@ -6,7 +6,6 @@ setting, the value and what is allowed; the CLI turns it into exit status 2.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,34 +18,25 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .durations import parse_duration
 from .http_server import parse_listen_address
+from .rules_config import AlertingSettings, RulesSettings
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 class ConfigError(Exception):
     pass
 
 
-def parse_duration(v: Any) -> Any:
-    """Seconds as a number, or a string like ``500ms``, ``15s``, ``5m``, ``1h``."""
-    if isinstance(v, str):
-        m = _DURATION.match(v)
-        if not m:
-            raise ValueError(f"{v!r} is not a duration; write seconds (e.g. 5) or a string like 500ms, 15s, 5m, 1h")
-        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    return v
-
-
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
 
     listen_address: str = Field(f":{DEFAULT_PORT}", description="HOST:PORT to serve /metrics on")
     poll_interval: Duration = Field(5.0, gt=0, le=3600, description="seconds between polls of the GPUs")
@@ -56,6 +46,9 @@ class Settings(BaseSettings):
     simulate_gpus: int = Field(4, ge=1, le=1024, description="how many GPUs --simulate makes")
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    node_name: str | None = Field(None, description="the node label on alerts (default: $NODE_NAME, else the hostname)")
+    rules: RulesSettings = RulesSettings()
+    alerting: AlertingSettings = AlertingSettings()
 
     @field_validator("listen_address")
     @classmethod
@@ -104,17 +97,29 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
         raise ConfigError(_describe(e, config_file)) from e
 
 
+def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys allowed where ``loc`` points, for "unknown setting" messages."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    fields = getattr(model, "model_fields", {})
+    return [f.alias or name for name, f in fields.items()]
+
+
 def _describe(e: ValidationError, config_file: Path | None) -> str:
-    known = ", ".join(Settings.model_fields)
     lines = []
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "settings"
         if err["type"] == "extra_forbidden":
             where = f" in {config_file}" if config_file else ""
-            lines.append(f"unknown setting {key!r}{where}; known settings: {known}")
+            known = ", ".join(_known_keys(tuple(err["loc"])))
+            lines.append(f"unknown setting {key!r}{where}; known here: {known}")
             continue
         value = err.get("input")
         msg = err["msg"].removeprefix("Value error, ")
-        env = ENV_PREFIX + key.upper()
+        env = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
         lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {value!r}: {msg}")
     return "; ".join(lines)

@@ -11,11 +11,13 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
+from .alerts import RuleEngine, node_name
 from .backend import Backend
 from .config import Settings
 from .exposition import Exposition
 from .http_server import HttpServer
-from .metrics import SelfMetrics, SnapshotCollector
+from .metrics import AlertsCollector, SelfMetrics, SnapshotCollector
+from .notify import Notifier, Receiver
 from .poller import Poller
 from .snapshot import NodeSnapshot
 
@@ -29,6 +31,16 @@ class Daemon:
         self.metrics = SelfMetrics(registry)
         self.collector = SnapshotCollector()
         registry.register(self.collector)
+        alerting = settings.alerting
+        self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
+                                 resend_interval=alerting.resend_interval,
+                                 resolved_retention=alerting.resolved_retention)  # fmt: skip
+        receivers = [Receiver(r, "alertmanager", alerting.queue_size, self.metrics.count_notification)
+                     for r in alerting.alertmanagers]  # fmt: skip
+        receivers += [Receiver(r, "webhook", alerting.queue_size, self.metrics.count_notification)
+                      for r in alerting.webhooks]  # fmt: skip
+        self.notifier = Notifier(receivers, resend_interval=alerting.resend_interval, generator_url=self.alerts_url)
+        registry.register(AlertsCollector(self.engine.active, lambda: [(r.name, len(r)) for r in receivers]))
         self.exposition = Exposition(registry)
         self.poller = Poller(
             make_backend(self.metrics.count_error),
@@ -54,9 +66,18 @@ class Daemon:
         except Exception:  # the scheduler would swallow it; say so and poll again next time
             log.exception("poll_failed")
 
+    def alerts_url(self) -> str:
+        base = self.settings.alerting.external_url
+        if not base:
+            port = self._http.port if self._http is not None else 0
+            base = f"http://{self.engine.node}:{port}"
+        return base.rstrip("/") + "/alerts"
+
     def publish(self, snapshot: NodeSnapshot) -> None:
         self.latest = snapshot
         self.collector.snapshot = snapshot
+        # Rules see the snapshot before it is rendered, so /metrics and the alerts agree.
+        self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.taken_at)
         self.metrics.nvml_up.set(1 if snapshot.nvml_up else 0)
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
         if snapshot.nvml_up:
@@ -82,8 +103,9 @@ class Daemon:
         return True, f"ready: {len(snap.gpus)} GPUs, last poll {age:.1f} s ago"
 
     def start(self) -> None:
-        self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness)
+        self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness, self.engine.active)
         self._http.start()
+        self.notifier.start()
         self._scheduler.add_job(
             self._poll_job,
             "interval",
@@ -107,6 +129,7 @@ class Daemon:
         self._scheduler.shutdown(wait=False)
         if self._http is not None:
             self._http.stop()
+        self.notifier.stop()
         closer = threading.Thread(target=self.poller.close, daemon=True)
         closer.start()
         closer.join(timeout=1.5)

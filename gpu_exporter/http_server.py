@@ -13,11 +13,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import structlog
 
 from . import __version__
+from .alerts import Alert
+from .alerts_page import alerts_html, alerts_json
 from .exposition import CONTENT_TYPE, Exposition
 
 log = structlog.get_logger(__name__)
 
 Readiness = Callable[[], tuple[bool, str]]
+ActiveAlerts = Callable[[], list[Alert]]
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -36,6 +39,7 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     exposition: Exposition
     readiness: Readiness
+    active_alerts: ActiveAlerts
 
     def __init__(self, address: tuple[str, int]) -> None:
         if ":" in address[0]:
@@ -76,6 +80,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/readyz":
             ok, why = self.server.readiness()
             self._reply(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8", send_body)
+        elif path == "/api/v1/alerts":
+            self._reply(200, alerts_json(self.server.active_alerts()), "application/json", send_body)
+        elif path == "/alerts":
+            self._reply(200, alerts_html(self.server.active_alerts()), "text/html; charset=utf-8", send_body)
         elif path == "/":
             self._reply(200, _landing_page(), "text/html; charset=utf-8", send_body)
         else:
@@ -99,17 +107,20 @@ def _landing_page() -> bytes:
     return (
         "<!doctype html><html><head><title>gpu-exporter</title></head><body>"
         f"<h1>gpu-exporter {html.escape(__version__)}</h1>"
-        "<ul><li><a href='/metrics'>metrics</a></li><li><a href='/healthz'>healthz</a></li>"
+        "<ul><li><a href='/metrics'>metrics</a></li><li><a href='/alerts'>alerts</a></li>"
+        "<li><a href='/api/v1/alerts'>alerts (JSON)</a></li><li><a href='/healthz'>healthz</a></li>"
         "<li><a href='/readyz'>readyz</a></li></ul></body></html>\n"
     ).encode()
 
 
 class HttpServer:
-    def __init__(self, address: str, exposition: Exposition, readiness: Readiness) -> None:
+    def __init__(self, address: str, exposition: Exposition, readiness: Readiness,
+                 active_alerts: ActiveAlerts = list) -> None:  # fmt: skip
         host, port = parse_listen_address(address)
         self._server = _Server((host, port))
         self._server.exposition = exposition
         self._server.readiness = readiness
+        self._server.active_alerts = active_alerts
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property

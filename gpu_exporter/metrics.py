@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .alerts import Alert
 from .snapshot import GpuReading, NodeSnapshot
 
 GPU_LABELS = ("gpu", "uuid")
@@ -73,6 +74,9 @@ _DEFS = [
     MetricDef("gpu_exporter_nvml_up", "gauge", "1 when NVML is initialised and answering."),
     MetricDef("gpu_exporter_poll_duration_seconds", "histogram", "Wall time of one poll of all GPUs."),
     MetricDef("gpu_exporter_last_poll_success_timestamp_seconds", "gauge", "Unix time of the last poll in which NVML answered."),
+    MetricDef("gpu_exporter_alerts", "gauge", "Pending and firing alerts, like Prometheus's ALERTS: the number of alerts with these labels."),
+    MetricDef("gpu_exporter_notifications_total", "counter", "Alert notifications by receiver and outcome (sent, retried, rejected, dropped)."),
+    MetricDef("gpu_exporter_notification_queue_length", "gauge", "Notifications waiting for a receiver that is slow or down."),
     MetricDef("gpu_exporter_nvml_errors_total", "counter", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh)."),
 ]  # fmt: skip
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
@@ -172,6 +176,31 @@ def gpu_families(snapshot: NodeSnapshot) -> Iterator[Metric]:
     yield procs
 
 
+class AlertsCollector(Collector):
+    """The rule engine's pending and firing alerts, and the receivers' queues, at render time."""
+
+    def __init__(self, alerts: Callable[[], Iterable[Alert]], queues: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        self._alerts = alerts
+        self._queues = queues
+
+    def collect(self) -> Iterator[Metric]:
+        fam = GaugeMetricFamily("gpu_exporter_alerts", METRICS["gpu_exporter_alerts"].help,
+                                labels=["alertname", "alertstate", "severity", "gpu", "uuid"])  # fmt: skip
+        counts: dict[tuple[str, ...], int] = {}
+        for a in self._alerts():
+            labels = a.label_dict
+            alert_key = (labels["alertname"], a.state, labels["severity"], labels["gpu"], labels["uuid"])
+            counts[alert_key] = counts.get(alert_key, 0) + 1
+        for label_values, n in sorted(counts.items()):
+            fam.add_metric(list(label_values), n)
+        yield fam
+        queue = GaugeMetricFamily("gpu_exporter_notification_queue_length",
+                                  METRICS["gpu_exporter_notification_queue_length"].help, labels=["receiver"])  # fmt: skip
+        for name, length in self._queues():
+            queue.add_metric([name], length)
+        yield queue
+
+
 class SnapshotCollector(Collector):
     """A custom collector over the latest snapshot; it never touches NVML."""
 
@@ -211,6 +240,12 @@ class SelfMetrics:
             d["gpu_exporter_last_poll_success_timestamp_seconds"].help,
             registry=registry,
         )
+        self.notifications = Counter(
+            "gpu_exporter_notifications",
+            d["gpu_exporter_notifications_total"].help,
+            ["receiver", "outcome"],
+            registry=registry,
+        )
         self.nvml_errors = Counter(
             "gpu_exporter_nvml_errors",
             d["gpu_exporter_nvml_errors_total"].help,
@@ -220,3 +255,6 @@ class SelfMetrics:
 
     def count_error(self, function: str, error: str) -> None:
         self.nvml_errors.labels(function, error).inc()
+
+    def count_notification(self, receiver: str, outcome: str) -> None:
+        self.notifications.labels(receiver, outcome).inc()

@@ -9,22 +9,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .alerts import RuleEngine, holding_now
 from .metrics import GPU_LABELS, gpu_families
+from .rules_config import RulesSettings
 from .snapshot import GpuReading, NodeSnapshot
 
 GIB = 1024**3
 
 
-def findings(snapshot: NodeSnapshot) -> list[str]:
-    """Problems worth a non-zero exit status."""
-    out = []
-    for g in snapshot.gpus:
-        if not g.up:
-            out.append(f"GPU {g.index} ({g.uuid or 'uuid unknown'}) is not answering: {g.error}")
-    return out
+def findings(snapshot: NodeSnapshot, rules: RulesSettings | None = None) -> list[str]:
+    """The alert rules whose condition holds right now (``for`` is not waited out), in words."""
+    engine = RuleEngine(rules or RulesSettings(), node="")
+    return [f"{c.alertname} ({c.severity}) on GPU {g.index}: {c.description or c.summary}"
+            for g, c in holding_now(engine, snapshot)]  # fmt: skip
 
 
-def as_json(snapshot: NodeSnapshot) -> str:
+def as_json(snapshot: NodeSnapshot, problems: list[str]) -> str:
     gpus: dict[str, dict[str, Any]] = {}
     for fam in gpu_families(snapshot):
         for s in fam.samples:
@@ -44,7 +44,7 @@ def as_json(snapshot: NodeSnapshot) -> str:
         "driver_version": snapshot.driver_version,
         "cuda_version": snapshot.cuda_version,
         "gpus": sorted(gpus.values(), key=lambda g: int(g["gpu"])),
-        "findings": findings(snapshot),
+        "findings": problems,
     }
     return json.dumps(doc, indent=2)
 
@@ -105,14 +105,13 @@ def _gpu_block(g: GpuReading) -> list[str]:
     return lines
 
 
-def as_table(snapshot: NodeSnapshot) -> str:
+def as_table(snapshot: NodeSnapshot, problems: list[str]) -> str:
     head = (
         f"driver {snapshot.driver_version or 'n/a'}   CUDA {snapshot.cuda_version or 'n/a'}   {len(snapshot.gpus)} GPUs"
     )
     out = [head, ""]
     for g in snapshot.gpus:
         out += [*_gpu_block(g), ""]
-    problems = findings(snapshot)
     out.append("Findings:" if problems else "Findings: none")
     out += [f"  - {p}" for p in problems]
     return "\n".join(out)

@@ -45,6 +45,16 @@ def test_durations(text: str, seconds: float) -> None:
         ([], {}, "- a\n- list\n", ["must hold a mapping"]),
         ([], {}, "poll_interval: [unclosed\n", ["not valid YAML"]),
         (["--simulate.gpus", "0"], {}, None, ["simulate_gpus", "greater than or equal to 1"]),
+        ([], {}, "rules:\n  GpuMemoryHot: {}\n", ["unknown setting 'rules.GpuMemoryHot'", "GpuMemoryHigh"]),
+        ([], {}, "rules:\n  GpuLost:\n    for: -5m\n", ["rules.GpuLost.for", "cannot be negative"]),
+        (
+            [],
+            {},
+            "rules:\n  GpuMemoryHigh:\n    warning: 1.5\n",
+            ["rules.GpuMemoryHigh.warning", "1.5", "less than or equal to 1"],
+        ),
+        ([], {}, "rules:\n  GpuMemoryHigh:\n    warning: 0.99\n", ["warning <= critical"]),
+        ([], {}, "alerting:\n  alertmanagers:\n    - url: am:9093\n", ["alerting.alertmanagers.0.url", "https?"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(

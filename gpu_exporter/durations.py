@@ -1,0 +1,21 @@
+"""Durations as people write them in flags and YAML: ``500ms``, ``15s``, ``5m``, ``1h`` or seconds."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(v: Any) -> Any:
+    """Seconds from a string; numbers pass through for the field's own checks."""
+    if isinstance(v, str):
+        if v.strip().startswith("-"):
+            raise ValueError(f"{v!r}: a duration cannot be negative")
+        m = _DURATION.match(v)
+        if not m:
+            raise ValueError(f"{v!r} is not a duration; write seconds (e.g. 5) or a string like 500ms, 15s, 5m, 1h")
+        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return v

@@ -1,0 +1,240 @@
+"""The alert rules: for each GPU, whether each alert's condition holds, and whether it has cleared.
+
+A rule answers with ``Check``s.  ``fire`` starts (or keeps) an alert pending; a firing alert
+ends only when ``clear`` holds, which is a stricter condition than "not fire", so a value
+hovering at the threshold does not flap.  The same rules exist as PromQL in ``alerts/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .rules_config import RulesSettings
+from .snapshot import GpuReading
+from .window import IncreaseTracker, SampleWindow
+
+THERMAL_REASONS = ("hw_thermal", "sw_thermal")
+
+
+@dataclass(frozen=True)
+class Check:
+    alertname: str
+    severity: str
+    fire: bool
+    clear: bool
+    summary: str
+    description: str
+    value: float | None = None
+    extra_labels: tuple[tuple[str, str], ...] = ()
+    for_seconds: float = 0.0
+
+
+@dataclass
+class GpuHistory:
+    """What the windowed rules remember of one GPU between snapshots."""
+
+    utilization: SampleWindow
+    ecc_uncorrected: IncreaseTracker = field(default_factory=IncreaseTracker)
+    xids: dict[int, IncreaseTracker] = field(default_factory=dict)
+
+    def observe(self, g: GpuReading, now: float) -> None:
+        if not g.up:
+            return
+        if g.utilization_ratio is not None:
+            self.utilization.add(now, g.utilization_ratio)
+        else:
+            self.utilization.trim(now)
+        if (n := g.ecc_errors_total.get("uncorrected")) is not None:
+            self.ecc_uncorrected.observe(now, n)
+        for code, count in g.xid_errors_total.items():
+            self.xids.setdefault(code, IncreaseTracker(from_zero=True)).observe(now, count)
+
+
+def _gpu(g: GpuReading) -> str:
+    name = g.static.name if g.static else "GPU"
+    return f"GPU {g.index} ({name})"
+
+
+def _pct(v: float) -> str:
+    return f"{v * 100:.0f}%"
+
+
+def _holds_memory(g: GpuReading) -> bool:
+    return any((p.used_memory_bytes or 0) > 0 for p in g.processes)
+
+
+Rule = Callable[[GpuReading, GpuHistory, float, RulesSettings], Iterator[Check]]
+
+
+def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuUnderutilized
+    mean = h.utilization.mean(now, r.window) if g.up else None
+    holds = g.up and _holds_memory(g)
+    if mean is None:
+        yield Check("GpuUnderutilized", "warning", False, True, "", "", for_seconds=r.for_)
+        return
+    window = f"{r.window / 60:g} min"
+    yield Check(
+        "GpuUnderutilized", "warning",
+        fire=holds and mean < r.threshold,
+        clear=not holds or mean > r.clear_threshold,
+        summary=f"{_gpu(g)} is allocated but idle",
+        description=f"{len(g.processes)} process(es) hold GPU memory but utilization averaged {_pct(mean)} over "
+                    f"the last {window} (threshold {_pct(r.threshold)}).",
+        value=mean, for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def idle(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuIdle
+    mean = h.utilization.mean(now, r.window) if g.up else None
+    if mean is None:
+        yield Check("GpuIdle", "info", False, True, "", "", for_seconds=r.for_)
+        return
+    busy = bool(g.processes) or mean >= r.threshold
+    yield Check(
+        "GpuIdle", "info", fire=not busy, clear=busy,
+        summary=f"{_gpu(g)} is unused",
+        description=f"No processes and utilization averaged {_pct(mean)} over the last {r.window / 60:g} min.",
+        value=mean, for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def memory_high(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuMemoryHigh
+    ratio = g.memory_used_ratio if g.up else None
+    for severity, level, clear_level in (("warning", r.warning, r.warning_clear),
+                                         ("critical", r.critical, r.critical_clear)):  # fmt: skip
+        if ratio is None:
+            yield Check("GpuMemoryHigh", severity, False, True, "", "", for_seconds=r.for_)
+            continue
+        used = (g.memory_used_bytes or 0) / 2**30
+        total = (g.memory_total_bytes or 0) / 2**30
+        yield Check(
+            "GpuMemoryHigh", severity, fire=ratio > level, clear=ratio < clear_level,
+            summary=f"{_gpu(g)} memory is {_pct(ratio)} full",
+            description=f"{used:.1f} of {total:.1f} GiB used ({_pct(ratio)}); threshold {_pct(level)}.",
+            value=ratio, for_seconds=r.for_,
+        )  # fmt: skip
+
+
+def pcie_bottleneck(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuPcieBottleneck
+    cap = g.pcie_link_max_bytes_per_second if g.up else None
+    rates = [x for x in (g.pcie_tx_bytes_per_second, g.pcie_rx_bytes_per_second) if x is not None]
+    util = g.utilization_ratio
+    if not cap or not rates or util is None:
+        yield Check("GpuPcieBottleneck", "warning", False, True, "", "", for_seconds=r.for_)
+        return
+    load = max(rates) / cap
+    yield Check(
+        "GpuPcieBottleneck", "warning",
+        fire=load >= r.threshold and util < r.utilization_below,
+        clear=load < r.clear_threshold or util >= r.utilization_below,
+        summary=f"{_gpu(g)} is starved by its PCIe link",
+        description=f"PCIe at {_pct(load)} of the Gen{g.pcie_link_generation} x{g.pcie_link_width} link "
+                    f"({max(rates) / 1e9:.2f} of {cap / 1e9:.2f} GB/s; threshold {_pct(r.threshold)}) while GPU "
+                    f"utilization is {_pct(util)} (below {_pct(r.utilization_below)}).",
+        value=load, for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def pcie_link_degraded(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuPcieLinkDegraded
+    s = g.static
+    gen, width, util = g.pcie_link_generation, g.pcie_link_width, g.utilization_ratio
+    if not g.up or s is None or None in (gen, width, util, s.pcie_max_generation, s.pcie_max_width):
+        yield Check("GpuPcieLinkDegraded", "warning", False, True, "", "", for_seconds=r.for_)
+        return
+    assert gen is not None and width is not None and util is not None
+    assert s.pcie_max_generation is not None and s.pcie_max_width is not None
+    degraded = gen < s.pcie_max_generation or width < s.pcie_max_width
+    loaded = util >= r.min_utilization
+    yield Check(
+        "GpuPcieLinkDegraded", "warning",
+        fire=degraded and loaded,
+        clear=not degraded or not loaded,
+        summary=f"{_gpu(g)} PCIe link runs below its capability under load",
+        description=f"Link at Gen{gen} x{width}, the card supports Gen{s.pcie_max_generation} x{s.pcie_max_width}, "
+                    f"with GPU utilization {_pct(util)} (load threshold {_pct(r.min_utilization)}).",
+        value=float(gen), for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def lost(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuLost
+    yield Check(
+        "GpuLost", "critical", fire=not g.up, clear=g.up,
+        summary=f"GPU {g.index} stopped answering",
+        description=f"GPU {g.index} ({g.uuid or 'uuid unknown'}) does not answer NVML: {g.error}.",
+        value=0.0 if not g.up else 1.0, for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def xid(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuXidError
+    for code, tracker in sorted(h.xids.items()):
+        if code not in r.codes:
+            continue
+        recent = tracker.increased_within(now, r.window)
+        yield Check(
+            "GpuXidError", "critical", fire=recent, clear=not recent,
+            summary=f"{_gpu(g)} reported XID {code}",
+            description=f"XID {code} seen (critical XIDs: {', '.join(map(str, r.codes))}); "
+                        f"{g.xid_errors_total.get(code, 0)} since the exporter started.",
+            value=float(code), extra_labels=(("xid", str(code)),), for_seconds=r.for_,
+        )  # fmt: skip
+
+
+def thermal(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuThermalThrottling
+    if not g.up or not g.clock_event_active:
+        yield Check("GpuThermalThrottling", "warning", False, True, "", "", for_seconds=r.for_)
+        return
+    active = [x for x in THERMAL_REASONS if g.clock_event_active.get(x)]
+    temp = g.temperature_celsius.get("gpu")
+    yield Check(
+        "GpuThermalThrottling", "warning", fire=bool(active), clear=not active,
+        summary=f"{_gpu(g)} is throttled by temperature",
+        description=f"Thermal slowdown active ({', '.join(active) or 'none'}); GPU at "
+                    f"{'n/a' if temp is None else f'{temp:.0f} C'}.",
+        value=temp, for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def ecc_uncorrectable(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuEccUncorrectable
+    recent = h.ecc_uncorrected.increased_within(now, r.window)
+    count = g.ecc_errors_total.get("uncorrected")
+    yield Check(
+        "GpuEccUncorrectable", "critical", fire=recent, clear=not recent,
+        summary=f"{_gpu(g)} had an uncorrectable ECC error",
+        description=f"Uncorrectable ECC errors rose within the last {r.window / 60:g} min (lifetime total {count}).",
+        value=None if count is None else float(count), for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    for alertname, severity, flag, rule, what in (
+        ("GpuRowRemapFailure", "critical", g.row_remap_failure, cfg.GpuRowRemapFailure,
+         "a memory row remap failed; the GPU needs service"),
+        ("GpuRowRemapPending", "warning", g.row_remap_pending, cfg.GpuRowRemapPending,
+         "a memory row remap is pending; reset the GPU when its jobs allow"),
+    ):  # fmt: skip
+        on = bool(g.up and flag)
+        yield Check(alertname, severity, fire=on, clear=not on, summary=f"{_gpu(g)}: {what}",
+                    description=f"{_gpu(g)}: {what}.", value=1.0 if on else 0.0,
+                    for_seconds=rule.for_)  # fmt: skip
+
+
+# Every rule; a rule may answer for several severities or label sets of its alert, and the
+# engine drops the answers of alerts that are switched off.
+RULES: tuple[Rule, ...] = (
+    underutilized, idle, memory_high, pcie_bottleneck, pcie_link_degraded, lost, xid, thermal,
+    ecc_uncorrectable, row_remap,
+)  # fmt: skip
+
+
+def is_enabled(cfg: RulesSettings, alertname: str) -> bool:
+    return bool(getattr(cfg, alertname).enabled)

@@ -1,0 +1,308 @@
+"""The rule engine on scripted traces: each yields exactly the expected alerts and no others.
+
+Time is the snapshots' own ``taken_at``; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from gpu_exporter.alerts import FIRING, PENDING, RESOLVED, Alert, RuleEngine, holding_now
+from gpu_exporter.config import load_settings
+from gpu_exporter.rules_config import RulesSettings
+from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, ProcessReading
+from gpu_exporter.window import IncreaseTracker, SampleWindow
+
+GIB = 1024**3
+STEP = 15.0  # seconds between polls in the traces
+T0 = 1_800_000_000.0
+
+STATIC = GpuStatic(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0",
+                   pcie_max_generation=5, pcie_max_width=16)  # fmt: skip
+GEN5_X16 = 32e9 * 128 / 130 / 8 * 16
+
+
+def gpu(**kw: Any) -> GpuReading:
+    """A healthy, busy GPU; keyword arguments override."""
+    base: dict[str, Any] = dict(
+        index=0, uuid="GPU-0", up=True, static=STATIC, utilization_ratio=0.95, memory_total_bytes=80 * GIB,
+        memory_used_bytes=60 * GIB, pcie_tx_bytes_per_second=2e9, pcie_rx_bytes_per_second=4e9,
+        pcie_link_generation=5, pcie_link_width=16,
+        clock_event_active=MappingProxyType(dict.fromkeys(("gpu_idle", "hw_thermal", "sw_thermal"), False)),
+        ecc_errors_total=MappingProxyType({"corrected": 0, "uncorrected": 0}), row_remap_pending=False,
+        row_remap_failure=False, processes=(ProcessReading(100, "python3", 59 * GIB),),
+        temperature_celsius=MappingProxyType({"gpu": 70.0}),
+    )  # fmt: skip
+    base.update(kw)
+    return GpuReading(**base)
+
+
+def snap(t: float, *gpus: GpuReading, nvml_up: bool = True) -> NodeSnapshot:
+    return NodeSnapshot(taken_at=t, duration_seconds=0.05, nvml_up=nvml_up, gpus=gpus)
+
+
+def run(trace: Iterable[GpuReading], rules: RulesSettings | None = None) -> tuple[RuleEngine, list[list[Alert]]]:
+    """Feed one reading per poll; return the engine and what it sent after each poll."""
+    engine = RuleEngine(rules or load_settings().rules, "node-a", resend_interval=3600)
+    sent = [engine.evaluate(snap(T0 + i * STEP, g)).to_send for i, g in enumerate(trace)]
+    return engine, sent
+
+
+def fired(sent: list[list[Alert]]) -> set[str]:
+    return {a.label_dict["alertname"] + "/" + a.label_dict["severity"] for batch in sent for a in batch
+            if a.state == FIRING}  # fmt: skip
+
+
+def minutes(n: float) -> int:
+    return int(n * 60 / STEP)
+
+
+def fast_rules(**overrides: dict[str, Any]) -> RulesSettings:
+    return load_settings({"rules": overrides}).rules
+
+
+# -- the labelled scenario suite ------------------------------------------------------------------
+IDLE_CARD = dict(utilization_ratio=0.0, processes=(), memory_used_bytes=0, pcie_tx_bytes_per_second=0.0,
+                 pcie_rx_bytes_per_second=0.0, pcie_link_generation=1)  # fmt: skip
+
+
+def trace_idle_card() -> list[GpuReading]:
+    return [gpu(**IDLE_CARD)] * minutes(90)
+
+
+def trace_allocated_but_idle() -> list[GpuReading]:
+    quiet = dict(pcie_tx_bytes_per_second=1e6, pcie_rx_bytes_per_second=1e6, pcie_link_generation=1)
+    return [gpu(utilization_ratio=0.02, **quiet)] * minutes(70)
+
+
+def trace_healthy_training() -> list[GpuReading]:
+    return [gpu(utilization_ratio=0.9 + 0.01 * (i % 9)) for i in range(minutes(90))]
+
+
+def trace_memory_creep() -> list[GpuReading]:
+    n = minutes(40)
+    return [gpu(memory_used_bytes=int((0.5 + 0.45 * i / n) * 80 * GIB)) for i in range(n)] + [
+        gpu(memory_used_bytes=int(0.95 * 80 * GIB))
+    ] * minutes(10)
+
+
+def trace_one_poll_spike() -> list[GpuReading]:
+    return [gpu()] * minutes(5) + [gpu(memory_used_bytes=int(0.99 * 80 * GIB))] + [gpu()] * minutes(10)
+
+
+def trace_memory_hovering() -> list[GpuReading]:
+    # Above 90% long enough to fire, then wobbling between 88% and 91%: must stay one alert.
+    above = [gpu(memory_used_bytes=int(0.91 * 80 * GIB))] * minutes(6)
+    wobble = [gpu(memory_used_bytes=int((0.88 if i % 2 else 0.91) * 80 * GIB)) for i in range(minutes(30))]
+    return above + wobble
+
+
+def trace_pcie_starved() -> list[GpuReading]:
+    return [gpu(utilization_ratio=0.3, pcie_rx_bytes_per_second=0.9 * GEN5_X16)] * minutes(10)
+
+
+def trace_pcie_busy() -> list[GpuReading]:
+    return [gpu(utilization_ratio=0.97, pcie_rx_bytes_per_second=0.9 * GEN5_X16)] * minutes(10)
+
+
+def trace_degraded_link_under_load() -> list[GpuReading]:
+    return [gpu(pcie_link_generation=1, pcie_link_width=8)] * minutes(10)
+
+
+def trace_degraded_link_at_idle() -> list[GpuReading]:
+    return [gpu(**{**IDLE_CARD, "pcie_link_width": 8})] * minutes(10)
+
+
+def trace_lost_mid_run() -> list[GpuReading]:
+    return [gpu()] * minutes(5) + [GpuReading(index=0, uuid="GPU-0", up=False, error="GPU is lost")] * minutes(5)
+
+
+def trace_xid_79() -> list[GpuReading]:
+    return [gpu()] * 4 + [gpu(xid_errors_total=MappingProxyType({79: 1}))] * 4
+
+
+def trace_thermal() -> list[GpuReading]:
+    hot = MappingProxyType({"gpu_idle": False, "hw_thermal": True, "sw_thermal": False})
+    return [gpu()] * 4 + [gpu(clock_event_active=hot, temperature_celsius=MappingProxyType({"gpu": 91.0}))] * minutes(8)
+
+
+SUITE: list[tuple[str, Callable[[], list[GpuReading]], set[str]]] = [
+    ("idle card", trace_idle_card, set()),  # GpuIdle is off by default
+    ("allocated but idle", trace_allocated_but_idle, {"GpuUnderutilized/warning"}),
+    ("healthy training", trace_healthy_training, set()),
+    ("memory creeping to 95%", trace_memory_creep, {"GpuMemoryHigh/warning"}),
+    ("one-poll spike to 99%", trace_one_poll_spike, set()),
+    ("memory hovering around 90%", trace_memory_hovering, {"GpuMemoryHigh/warning"}),
+    ("PCIe saturated, GPU starving", trace_pcie_starved, {"GpuPcieBottleneck/warning"}),
+    ("PCIe saturated, GPU busy", trace_pcie_busy, set()),
+    ("degraded link under load", trace_degraded_link_under_load, {"GpuPcieLinkDegraded/warning"}),
+    ("degraded link at idle", trace_degraded_link_at_idle, set()),
+    ("GPU lost mid-run", trace_lost_mid_run, {"GpuLost/critical"}),
+    ("XID 79", trace_xid_79, {"GpuXidError/critical"}),
+    ("thermal throttling", trace_thermal, {"GpuThermalThrottling/warning"}),
+]
+
+
+@pytest.mark.parametrize(("name", "trace", "expected"), SUITE, ids=[s[0] for s in SUITE])
+def test_scenario_yields_exactly_the_expected_alerts(
+    name: str, trace: Callable[[], list[GpuReading]], expected: set[str]
+) -> None:
+    _, sent = run(trace())
+    assert fired(sent) == expected
+
+
+def test_idle_card_with_gpu_idle_enabled() -> None:
+    _, sent = run(trace_idle_card(), fast_rules(GpuIdle={"enabled": True}))
+    assert fired(sent) == {"GpuIdle/info"}
+
+
+def test_hovering_memory_does_not_flap() -> None:
+    _, sent = run(trace_memory_hovering())
+    transitions = [(a.state, i) for i, batch in enumerate(sent) for a in batch
+                   if a.label_dict["alertname"] == "GpuMemoryHigh"]  # fmt: skip
+    assert [s for s, _ in transitions] == [FIRING]  # fired once, never resolved and re-fired
+
+
+def test_memory_high_critical_level() -> None:
+    _, sent = run([gpu(memory_used_bytes=int(0.99 * 80 * GIB))] * minutes(6))
+    assert fired(sent) == {"GpuMemoryHigh/warning", "GpuMemoryHigh/critical"}
+
+
+# -- the state machine ---------------------------------------------------------------------------
+def test_pending_then_firing_after_for_then_resolved_on_clear() -> None:
+    rules = fast_rules(GpuMemoryHigh={"for": "60s"})
+    engine = RuleEngine(rules, "node-a", resend_interval=3600, resolved_retention=5000)
+    full, ok = gpu(memory_used_bytes=int(0.95 * 80 * GIB)), gpu(memory_used_bytes=int(0.5 * 80 * GIB))
+
+    def state(t: float, g: GpuReading) -> tuple[str | None, list[str]]:
+        sent = engine.evaluate(snap(T0 + t, g)).to_send
+        warn = [a for a in engine.active() if a.label_dict["severity"] == "warning"]
+        return (warn[0].state if warn else None), [a.state for a in sent]
+
+    assert state(0, full) == (PENDING, [])
+    assert state(30, full) == (PENDING, [])
+    assert state(60, full) == (FIRING, [FIRING])
+    assert state(90, full) == (FIRING, [])  # not re-sent before the resend interval
+    assert state(120, gpu(memory_used_bytes=int(0.87 * 80 * GIB))) == (FIRING, [])  # below 90%, above the clear
+    assert state(150, ok) == (None, [RESOLVED])
+    resolved = engine.evaluate(snap(T0 + 150 + 3600, ok)).to_send
+    assert [a.state for a in resolved] == [RESOLVED]  # re-sent once more within the retention
+    assert engine.evaluate(snap(T0 + 150 + 7200, ok)).to_send == []  # then forgotten
+
+
+def test_pending_alert_that_stops_holding_is_dropped_silently() -> None:
+    engine = RuleEngine(fast_rules(), "n", resend_interval=3600)
+    engine.evaluate(snap(T0, gpu(memory_used_bytes=int(0.95 * 80 * GIB))))
+    assert [a.state for a in engine.active()] == [PENDING]
+    assert engine.evaluate(snap(T0 + 15, gpu())).to_send == []
+    assert engine.active() == []
+
+
+def test_firing_alerts_are_resent_every_interval() -> None:
+    engine = RuleEngine(fast_rules(GpuLost={"for": "0s"}), "n", resend_interval=60)
+    lost = GpuReading(index=0, uuid="GPU-0", up=False, error="lost")
+    sends = [len(engine.evaluate(snap(T0 + t, lost)).to_send) for t in range(0, 181, 15)]
+    assert sends == [1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_labels_and_annotations() -> None:
+    _, sent = run(trace_pcie_starved())
+    alert = next(a for batch in sent for a in batch)
+    assert alert.label_dict == {"alertname": "GpuPcieBottleneck", "severity": "warning", "gpu": "0",
+                                "uuid": "GPU-0", "node": "node-a"}  # fmt: skip
+    ann = dict(alert.annotations)
+    assert "GPU 0 (NVIDIA H100 80GB HBM3)" in ann["summary"]
+    assert "90%" in ann["description"] and "threshold 80%" in ann["description"] and "30%" in ann["description"]
+
+
+def test_nvml_down_keeps_alerts_as_they_are() -> None:
+    engine = RuleEngine(fast_rules(GpuMemoryHigh={"for": "0s"}), "n", resend_interval=3600)
+    engine.evaluate(snap(T0, gpu(memory_used_bytes=int(0.95 * 80 * GIB))))
+    before = engine.active()
+    assert engine.evaluate(snap(T0 + 15, nvml_up=False)).to_send == []
+    assert engine.active() == before
+
+
+def test_disabled_rule_never_fires() -> None:
+    _, sent = run(trace_pcie_starved(), fast_rules(GpuPcieBottleneck={"enabled": False}))
+    assert fired(sent) == set()
+
+
+def test_xid_outside_the_critical_list_does_not_fire_and_the_alert_ages_out() -> None:
+    rules = fast_rules(GpuXidError={"window": "2m"})
+    trace = [gpu()] * 2 + [gpu(xid_errors_total=MappingProxyType({13: 1, 79: 1}))] * minutes(5)
+    _, sent = run(trace, rules)
+    states = [(a.label_dict["xid"], a.state) for batch in sent for a in batch]
+    assert states == [("79", FIRING), ("79", RESOLVED)]
+
+
+def test_ecc_uncorrectable_fires_on_increase_not_on_a_lifetime_count() -> None:
+    old = gpu(ecc_errors_total=MappingProxyType({"corrected": 0, "uncorrected": 3}))
+    new = gpu(ecc_errors_total=MappingProxyType({"corrected": 0, "uncorrected": 4}))
+    _, sent = run([old] * 10)
+    assert fired(sent) == set()  # three errors from before the exporter started: a baseline
+    _, sent = run([old] * 3 + [new] * 3)
+    assert fired(sent) == {"GpuEccUncorrectable/critical"}
+
+
+def test_row_remap_alerts() -> None:
+    _, sent = run([gpu(row_remap_pending=True, row_remap_failure=True)] * 2)
+    assert fired(sent) == {"GpuRowRemapPending/warning", "GpuRowRemapFailure/critical"}
+
+
+def test_a_lost_gpu_resolves_its_other_alerts() -> None:
+    trace = [gpu(memory_used_bytes=int(0.95 * 80 * GIB))] * minutes(6) + [
+        GpuReading(index=0, uuid="GPU-0", up=False, error="lost")
+    ] * 2
+    _, sent = run(trace, fast_rules(GpuLost={"for": "0s"}))
+    states = {(a.label_dict["alertname"], a.state) for batch in sent for a in batch}
+    assert ("GpuMemoryHigh", RESOLVED) in states and ("GpuLost", FIRING) in states
+
+
+def test_holding_now_ignores_for() -> None:
+    engine = RuleEngine(fast_rules(), "n")
+    found = holding_now(engine, snap(T0, gpu(utilization_ratio=0.3, pcie_rx_bytes_per_second=0.9 * GEN5_X16)))
+    assert {c.alertname for _, c in found} == {"GpuPcieBottleneck"}
+
+
+# -- windowed statistics ---------------------------------------------------------------------------
+def test_sample_window_mean_and_trim() -> None:
+    w = SampleWindow(horizon=60)
+    for t, v in ((0, 1.0), (10, 0.0), (20, 0.5), (70, 0.0)):
+        w.add(t, v)
+    assert len(w) == 3  # the sample at t=0 fell out of the 60 s horizon
+    assert w.mean(70, 61) == pytest.approx((0.0 + 0.5 + 0.0) / 3)
+    assert w.mean(70, 60) == pytest.approx(0.25)  # (now - window, now], as Prometheus 3 ranges
+    assert w.mean(200, 60) is None
+
+
+def test_increase_tracker() -> None:
+    t = IncreaseTracker()
+    t.observe(0, 5)
+    assert t.last_increase_at is None  # a baseline
+    t.observe(10, 5)
+    t.observe(20, 6)
+    assert t.increased_within(30, 15) and not t.increased_within(40, 15)
+    t.observe(30, 0)  # a reset is not an increase
+    assert t.last_increase_at == 20
+    z = IncreaseTracker(from_zero=True)
+    z.observe(0, 1)
+    assert z.last_increase_at == 0
+
+
+def test_underutilized_needs_the_window_average_not_one_sample() -> None:
+    # Busy for 25 minutes, then idle for 10: the 30-minute average is still far above 10%.
+    trace = [gpu(utilization_ratio=0.9)] * minutes(25) + [gpu(utilization_ratio=0.0)] * minutes(10)
+    _, sent = run(trace)
+    assert "GpuUnderutilized/warning" not in fired(sent)
+
+
+def test_rule_engine_is_deterministic_for_a_trace() -> None:
+    a = run(trace_memory_creep())[1]
+    b = run(trace_memory_creep())[1]
+    assert [[replace(x) for x in batch] for batch in a] == b
