@@ -30,6 +30,7 @@ _FLAGS = {
     "simulate_gpus": "simulate_gpus",
     "log_format": "log_format",
     "log_level": "log_level",
+    "node_name": "node_name",
 }
 
 
@@ -76,6 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log.format", dest="log_format", choices=["auto", "json", "console"])
     p.add_argument("--log.level", dest="log_level", choices=["debug", "info", "warning", "error"])
     p.add_argument(
+        "--node.name",
+        dest="node_name",
+        metavar="NAME",
+        help="the node label on alerts (default: $NODE_NAME, else the hostname)",
+    )
+    p.add_argument(
+        "--alerting.alertmanager-url",
+        dest="alertmanager_urls",
+        action="append",
+        metavar="URL",
+        help="send alerts to this Alertmanager (repeatable; receiver options go in --config)",
+    )
+    p.add_argument(
+        "--alerting.webhook-url",
+        dest="webhook_urls",
+        action="append",
+        metavar="URL",
+        help="send alerts to this webhook in Alertmanager's payload format (repeatable)",
+    )
+    p.add_argument(
         "--once", action="store_true", help="take one snapshot, print it and exit (0 ok, 1 findings, 2 error)"
     )
     p.add_argument("--format", choices=["table", "json"], default="table", help="output of --once")
@@ -95,6 +116,10 @@ def make_backend(settings: Settings, errors: ErrorSink) -> Backend:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
+    receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
+    alerting = {k: [{"url": u} for u in urls] for k, urls in receivers.items() if urls}
+    if alerting:
+        cli["alerting"] = alerting
     config = args.config or (Path(os.environ["GPU_EXPORTER_CONFIG"]) if os.environ.get("GPU_EXPORTER_CONFIG") else None)
     try:
         settings = load_settings(cli, config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -33,9 +34,11 @@ class WebhookReceiver:
     status: int = 200
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    scheme: str = "http"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"{self.scheme}://127.0.0.1:{self.port}/hook"
 
     def alerts(self) -> list[dict[str, Any]]:
         """Every alert of every webhook payload received, in order."""
@@ -44,8 +47,8 @@ class WebhookReceiver:
 
 
 @contextmanager
-def webhook_receiver() -> Iterator[WebhookReceiver]:
-    rec = WebhookReceiver()
+def webhook_receiver(ssl_context: ssl.SSLContext | None = None) -> Iterator[WebhookReceiver]:
+    rec = WebhookReceiver(scheme="https" if ssl_context else "http")
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -63,6 +66,8 @@ def webhook_receiver() -> Iterator[WebhookReceiver]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if ssl_context is not None:
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
     rec.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

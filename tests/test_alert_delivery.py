@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import ssl
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +167,75 @@ def test_alertmanager_outage_loses_nothing(scenario: Scenario, tmp_path: Path) -
             assert value(d.metrics(), "gpu_exporter_notifications_total", outcome="dropped") is None
             d.proc.send_signal(signal.SIGTERM)
             assert d.proc.wait(timeout=5) == 0
+
+
+def _make_ca_and_server_cert(d: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a server certificate for 127.0.0.1, made with openssl."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=test CA")  # fmt: skip
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
+    )
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "ext.cnf")  # fmt: skip
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
+def test_custom_ca(tmp_path: Path) -> None:
+    ca, cert, key = _make_ca_and_server_cert(tmp_path)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    with webhook_receiver(ssl_context=ctx) as hook:
+        assert hook.url.startswith("https://")
+        outcomes: list[str] = []
+        trusting = Receiver(ReceiverSettings(url=hook.url, ca_file=str(ca)), "webhook", 10,
+                            lambda n, o: outcomes.append(o))  # fmt: skip
+        trusting.start()
+        trusting.submit(b"{}")
+        wait_for(lambda: outcomes == ["sent"], what="delivery over TLS with the custom CA")
+        trusting.stop()
+        untrusting_outcomes: list[str] = []
+        untrusting = Receiver(ReceiverSettings(url=hook.url), "webhook", 10,
+                              lambda n, o: untrusting_outcomes.append(o))  # fmt: skip
+        untrusting.start()
+        untrusting.submit(b"{}")
+        wait_for(lambda: "retried" in untrusting_outcomes, what="a refused certificate")
+        untrusting.stop()
+        assert len(hook.requests) == 1
+
+
+def test_a_hanging_receiver_blocks_neither_polls_nor_scrapes(scenario: Scenario, tmp_path: Path) -> None:
+    s = preset("pcie-degraded", scenario.path)
+    s.write()
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
+        cfg = write_config(tmp_path / "c.yaml", {"webhooks": [{"url": url, "timeout": "30s"}]})
+        with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
+            wait_for(lambda: value(d.metrics(), "gpu_exporter_notification_queue_length") == 1,
+                     what="a notification stuck in delivery")  # fmt: skip
+            polls = value(d.metrics(), "gpu_exporter_poll_duration_seconds_count") or 0
+            t0 = time.monotonic()
+            wait_for(lambda: (value(d.metrics(), "gpu_exporter_poll_duration_seconds_count") or 0) >= polls + 5,
+                     what="polls going on")  # fmt: skip
+            assert time.monotonic() - t0 < 5
+            healthy(s)
+            s.write()
+            wait_for(lambda: value(d.metrics(), "gpu_exporter_alerts", alertname="GpuPcieLinkDegraded") is None,
+                     what="the rule engine moving on")  # fmt: skip
+
+
+def test_receivers_from_flags(scenario: Scenario, tmp_path: Path) -> None:
+    s = preset("pcie-degraded", scenario.path)
+    s.write()
+    with webhook_receiver() as hook:
+        cfg = write_config(tmp_path / "c.yaml", {})  # fast rules only; the receiver comes from the flag
+        with run_daemon(s.path, "--config", str(cfg), "--alerting.webhook-url", hook.url, "--node.name", "n7"):
+            wait_for(lambda: "GpuPcieLinkDegraded" in names(hook.alerts(), "firing"), what="the firing alert")
+            assert hook.alerts()[0]["labels"]["node"] == "n7"

@@ -89,3 +89,19 @@ def test_bad_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_config_error_type() -> None:
     with pytest.raises(ConfigError):
         load_settings({"gpu_timeout": "forever"})
+
+
+def test_nested_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_EXPORTER_RULES__GPUMEMORYHIGH__WARNING", "0.95")
+    monkeypatch.setenv("GPU_EXPORTER_ALERTING__ALERTMANAGERS", '[{"url": "http://am:9093"}]')
+    s = load_settings()
+    assert s.rules.GpuMemoryHigh.warning == 0.95
+    assert [r.url for r in s.alerting.alertmanagers] == ["http://am:9093"]
+
+
+def test_rule_settings_from_yaml(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rules:\n  GpuIdle: {enabled: true, for: 2h}\n  GpuXidError: {codes: [79]}\n")
+    s = load_settings(None, cfg)
+    assert s.rules.GpuIdle.enabled and s.rules.GpuIdle.for_ == 7200 and s.rules.GpuXidError.codes == [79]
+    assert s.rules.GpuMemoryHigh.warning == 0.90  # untouched rules keep their defaults
