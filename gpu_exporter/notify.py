@@ -107,7 +107,12 @@ class Receiver:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+            left = len(self._queue)
         self._thread.join(timeout)
+        if left:
+            # Firing alerts are re-sent by the next daemon, and Alertmanager expires the rest by
+            # their endsAt; still, say what did not go out.
+            log.warning("notifications_undelivered_at_shutdown", receiver=self.name, count=left)
 
     def __len__(self) -> int:
         with self._cond:
