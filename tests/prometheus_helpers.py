@@ -60,15 +60,21 @@ class Prometheus:
 
 @contextmanager
 def prometheus(targets: Sequence[str], workdir: Path, rule_files: Sequence[Path] = (),
-               interval: str = "1s") -> Iterator[Prometheus]:  # fmt: skip
-    """Prometheus scraping ``targets`` (host:port) and evaluating ``rule_files`` every ``interval``."""
+               interval: str = "1s", labels: dict[str, str] | None = None) -> Iterator[Prometheus]:  # fmt: skip
+    """Prometheus scraping ``targets`` (host:port) and evaluating ``rule_files`` every ``interval``.
+
+    ``labels`` are attached to every scraped series, as the ServiceMonitor's relabelling attaches
+    ``node`` in a cluster.
+    """
     binary = shutil.which("prometheus")
     assert binary, "Prometheus is missing: apt-get install prometheus (bash .ci/setup does it)"
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [{"targets": list(targets)}]}],
+        "scrape_configs": [
+            {"job_name": "gpu-exporter", "static_configs": [{"targets": list(targets), "labels": labels or {}}]}
+        ],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
