@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from gpu_exporter.durations import parse_duration
