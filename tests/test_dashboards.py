@@ -1,0 +1,576 @@
+"""The Grafana dashboards under deploy/grafana/, checked without a Grafana server.
+
+- Every query (and every PromQL selector in a template variable) parses with promql-parser once
+  the dashboard variables are substituted, uses only metric names from README's metrics
+  reference, and filters every selector by the node/gpu/namespace/pod variables.
+- Every query returns data from a real Prometheus that scraped the real daemon running against
+  the fake NVML on a scenario made to fill every panel.
+- The JSON round-trips through grafana-foundation-sdk (the Grafana 11.x build) losing nothing.
+- Units fit the metric family of each query, and the thresholds of the memory, PCIe and
+  utilization panels are the alert rules' defaults from ``RulesSettings``.
+- Every panel and target uses the ``datasource`` variable, and the provisioning files point
+  Grafana at the dashboards' directory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import promql_parser as pp
+import pytest
+import yaml
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.cog.runtime import Runtime
+from grafana_foundation_sdk.models import prometheus as sdk_prometheus
+from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel, VariableModel
+
+from gpu_exporter.metrics import METRICS
+from gpu_exporter.rules_config import RulesSettings
+from tests.alerting_helpers import webhook_receiver
+from tests.exporter_helpers import run_daemon, wait_for
+from tests.fakenvml import Counter, Scenario
+from tests.fakenvml.presets import GIB, MIB, preset
+from tests.prometheus_helpers import Prometheus, prometheus
+
+ROOT = Path(__file__).resolve().parent.parent
+GRAFANA = ROOT / "deploy" / "grafana"
+DASHBOARDS = GRAFANA / "dashboards"
+NAMES = ("gpu-fleet.json", "gpu-node.json")
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+FILTER_VARIABLES = ("node", "gpu", "namespace", "pod")
+
+# What Grafana would substitute, realistic for a 1 s scrape of one node with every GPU selected.
+VALUES = {
+    "datasource": "prometheus",
+    "node": "node-a",
+    "gpu": ".*",
+    "namespace": ".*",
+    "pod": ".*",
+    "__rate_interval": "15s",
+    "__interval": "5s",
+    "__range": "5m",
+}
+# Only the time variables: the label variables stay as "$node" etc. inside their strings.
+TIME_VALUES = {k: v if k.startswith("__") else f"${k}" for k, v in VALUES.items()}
+VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$", re.DOTALL)
+
+
+# -- reading the dashboards ----------------------------------------------------------------------------
+def load(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((DASHBOARDS / name).read_text())
+    return doc
+
+
+def all_panels(dash: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows included, and the panels inside collapsed rows."""
+    for p in dash["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in all_panels(dash) if p["type"] != "row"]
+
+
+def targets(dash: dict[str, Any]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for p in panels(dash):
+        for t in p["targets"]:
+            yield p, t
+
+
+def variables(dash: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in dash["templating"]["list"]}
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in values, f"unknown dashboard variable ${name} in {text!r}"
+        return values[name]
+
+    return VARIABLE.sub(one, text)
+
+
+def variable_selectors(dash: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Query variables: name -> (the PromQL selector inside label_values(), the label)."""
+    out = {}
+    for name, v in variables(dash).items():
+        if v["type"] == "query":
+            m = LABEL_VALUES.match(v["query"])
+            assert m, f"variable {name}: expected label_values(SELECTOR, LABEL), got {v['query']!r}"
+            out[name] = (m["selector"], m["label"])
+    return out
+
+
+# -- the metrics reference -------------------------------------------------------------------------------
+def reference_labels() -> dict[str, set[str]]:
+    """README's metrics reference: metric name -> its labels."""
+    section = (ROOT / "README.md").read_text().split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| \w+ \| ([^|]*) \|", section, flags=re.MULTILINE)
+    return {name: set(re.findall(r"`(\w+)`", labels)) for name, labels in rows}
+
+
+def series_names() -> dict[str, str]:
+    """Every series name a query may select -> the metric it belongs to (histograms have three)."""
+    out = {}
+    for name, d in METRICS.items():
+        out[name] = name
+        if d.type == "histogram":
+            for suffix in ("_bucket", "_sum", "_count"):
+                out[name + suffix] = name
+    return out
+
+
+def selectors(expr: pp.Expr) -> list[pp.VectorSelector]:
+    found: list[pp.VectorSelector] = []
+
+    def visit(e: pp.Expr) -> bool:
+        if isinstance(e, pp.VectorSelector):
+            found.append(e)
+        return True
+
+    pp.walk(expr, visit)
+    return found
+
+
+def metrics_of(expr: pp.Expr) -> set[str]:
+    return {s.name or "" for s in selectors(expr)}
+
+
+# -- units ---------------------------------------------------------------------------------------------
+SUFFIX_FAMILIES = (
+    ("_bytes_per_second", "Bps"),
+    ("_ratio", "percentunit"),
+    ("_bytes_total", "bytes"),
+    ("_bytes", "bytes"),
+    ("_celsius", "celsius"),
+    ("_watts", "watt"),
+    ("_joules_total", "joule"),
+    ("_hertz", "hertz"),
+    ("_seconds_bucket", "s"),
+    ("_seconds_sum", "s"),
+    ("_seconds", "s"),
+)
+# The Grafana unit ids each family may be shown in.
+UNITS = {
+    "percentunit": {"percentunit"},
+    "bytes": {"bytes"},
+    "Bps": {"Bps", "binBps"},
+    "celsius": {"celsius"},
+    "watt": {"watt"},
+    "joule": {"joule"},
+    "kwatth": {"kwatth"},
+    "hertz": {"hertz"},
+    "s": {"s"},
+    "cps": {"cps"},
+    "short": {"short", "none"},
+}
+COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
+SAME_UNIT_FUNCTIONS = {
+    *("avg_over_time", "max_over_time", "min_over_time", "last_over_time"),
+    *("abs", "clamp", "clamp_min", "clamp_max", "round", "ceil", "floor", "sort", "sort_desc", "label_replace"),
+}
+JOULES_PER_KWH = 3.6e6
+
+
+def metric_family(name: str) -> str:
+    return next((family for suffix, family in SUFFIX_FAMILIES if name.endswith(suffix)), "short")
+
+
+def family(e: pp.Expr) -> str | None:
+    """The unit family of what a PromQL expression computes; None for a bare number."""
+    if isinstance(e, (pp.ParenExpr, pp.UnaryExpr)):
+        return family(e.expr)
+    if isinstance(e, pp.NumberLiteral):
+        return None
+    if isinstance(e, pp.MatrixSelector):
+        return family(e.vector_selector)
+    if isinstance(e, pp.VectorSelector):
+        return metric_family(e.name or "")
+    if isinstance(e, pp.AggregateExpr):
+        return "short" if str(e.op) in ("count", "count_values", "group") else family(e.expr)
+    if isinstance(e, pp.Call):
+        name = e.func.name
+        if name in ("vector", "time", "scalar"):
+            return None
+        if name == "histogram_quantile":
+            return family(e.args[1])
+        inner = family(e.args[0])
+        if name in ("rate", "irate"):
+            return {"bytes": "Bps", "joule": "watt", "s": "s"}.get(inner or "", "cps")
+        if name in ("increase", "delta"):
+            return {"bytes": "bytes", "joule": "joule"}.get(inner or "", "short")
+        if name in ("count_over_time", "changes", "resets"):
+            return "short"
+        assert name in SAME_UNIT_FUNCTIONS, f"no unit rule for {name}()"
+        return inner
+    assert isinstance(e, pp.BinaryExpr), f"no unit rule for {type(e).__name__}"
+    op, lhs, rhs = str(e.op), family(e.lhs), family(e.rhs)
+    if op in COMPARISONS:
+        return "short" if e.modifier is not None and e.modifier.return_bool else lhs or rhs
+    if op in ("and", "unless"):
+        return lhs
+    if op in ("or", "+", "-"):
+        assert lhs == rhs or None in (lhs, rhs), f"{op} mixes {lhs} and {rhs}"
+        return lhs or rhs
+    if op == "/":
+        if rhs is None:
+            if lhs == "joule" and isinstance(e.rhs, pp.NumberLiteral) and e.rhs.val == JOULES_PER_KWH:
+                return "kwatth"
+            return lhs
+        if lhs == rhs:
+            return "percentunit"
+        if (lhs, rhs) == ("s", "cps"):  # a histogram's mean: rate(_sum) / rate(_count)
+            return "s"
+        raise AssertionError(f"no unit rule for {lhs} / {rhs}")
+    assert op == "*" and None in (lhs, rhs), f"no unit rule for {lhs} {op} {rhs}"
+    return lhs or rhs
+
+
+def field_property(panel: dict[str, Any], ref_id: str, prop: str) -> Any:
+    """A field property for one target's values: an override matching it, else the panel default.
+
+    Overrides match a target by refId (``byFrameRefID``), or, in a table whose queries are
+    merged, by the value column Grafana names ``Value #<refId>`` (``Value`` for a single query).
+    """
+    names = {f"Value #{ref_id}"} | ({"Value"} if len(panel["targets"]) == 1 else set())
+    for o in panel["fieldConfig"]["overrides"]:
+        matcher = o["matcher"]
+        if (matcher["id"], matcher["options"]) in {("byFrameRefID", ref_id)} | {("byName", n) for n in names}:
+            for p in o["properties"]:
+                if p["id"] == prop:
+                    return p["value"]
+    return panel["fieldConfig"]["defaults"].get(prop)
+
+
+def parsed(t: dict[str, Any], values: dict[str, str] = VALUES) -> pp.Expr:
+    return pp.parse(substitute(t["expr"], values))
+
+
+# -- static checks -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def _sdk_plugins() -> None:
+    register_default_plugins()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_queries_parse_use_reference_metrics_and_filter_by_the_variables(name: str) -> None:
+    dash = load(name)
+    known = series_names()
+    labels = reference_labels()
+    assert labels.keys() == METRICS.keys()
+    for panel, t in targets(dash):
+        where = f"{name}: {panel['title']!r} {t['refId']}"
+        expr = parsed(t)  # every variable substituted: raises on bad PromQL
+        assert metrics_of(expr) <= known.keys(), f"{where}: unknown metric in {t['expr']}"
+        # With the label variables left in place, each selector must filter by them.
+        for sel in selectors(parsed(t, TIME_VALUES)):
+            metric = known[sel.name or ""]
+            wanted = [v for v in FILTER_VARIABLES if v != "gpu" or "gpu" in labels[metric]]
+            have = {(m.name, m.value) for m in sel.matchers.matchers if m.op == pp.MatchOp.Re}
+            missing = [v for v in wanted if (v, f"${v}") not in have]
+            assert not missing, f"{where}: {sel} lacks a filter on {missing}"
+    for var, (selector, _) in variable_selectors(dash).items():
+        for sel in selectors(pp.parse(substitute(selector, VALUES))):
+            assert sel.name in known, f"{name}: variable {var} selects unknown {sel.name}"
+
+
+def test_the_node_dashboard_covers_every_metric_and_the_fleet_its_subjects() -> None:
+    known = series_names()
+
+    def used(name: str) -> set[str]:
+        return {known[m] for _, t in targets(load(name)) for m in metrics_of(parsed(t))}
+
+    assert used("gpu-node.json") == METRICS.keys()
+    assert {
+        "gpu_up", "gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_memory_total_bytes",
+        "gpu_process_memory_used_bytes", "gpu_exporter_alerts", "gpu_pcie_tx_bytes_per_second",
+        "gpu_pcie_rx_bytes_per_second", "gpu_pcie_link_max_bytes_per_second", "gpu_energy_consumed_joules_total",
+    } <= used("gpu-fleet.json")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_datasource_variable_is_used_everywhere_and_the_filter_variables_exist(name: str) -> None:
+    dash = load(name)
+    vs = variables(dash)
+    assert vs["datasource"]["type"] == "datasource" and vs["datasource"]["query"] == "prometheus"
+    for var in FILTER_VARIABLES:
+        v = vs[var]
+        assert v["type"] == "query" and v["datasource"] == DATASOURCE, var
+        assert v["includeAll"] and v["allValue"] == ".*", (
+            f"{var}: All must match any value, and series without the label"
+        )
+    assert set(variable_selectors(dash)) == set(FILTER_VARIABLES)
+    for p in all_panels(dash):
+        if p["type"] == "row":
+            assert not p.get("targets"), f"row {p['title']!r} has queries"
+            continue
+        assert p["datasource"] == DATASOURCE, p["title"]
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["datasource"] == DATASOURCE, (p["title"], t["refId"])
+        assert len({t["refId"] for t in p["targets"]}) == len(p["targets"]), p["title"]
+    ids = [p["id"] for p in all_panels(dash)]
+    assert len(set(ids)) == len(ids), "panel ids must be unique"
+    assert dash["schemaVersion"] == 39 and dash["uid"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
+    taken: dict[tuple[int, int], str] = {}
+    for p in all_panels(load(name)):
+        g = p["gridPos"]
+        assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        for cell in ((x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])):
+            assert cell not in taken, f"{p['title']!r} overlaps {taken[cell]!r}"
+            taken[cell] = p["title"]
+
+
+def lost_keys(ours: Any, back: Any, path: str = "") -> list[str]:
+    """Where ``back`` lacks a key of ``ours``, or holds another value; keys ``back`` adds are fine."""
+    if isinstance(ours, dict):
+        if not isinstance(back, dict):
+            return [f"{path}: became {type(back).__name__}"]
+        return [x for k, v in ours.items() for x in
+                (lost_keys(v, back[k], f"{path}.{k}") if k in back else [f"{path}.{k}"])]  # fmt: skip
+    if isinstance(ours, list):
+        if not isinstance(back, list) or len(ours) != len(back):
+            return [f"{path}: list changed"]
+        return [x for i, (a, b) in enumerate(zip(ours, back, strict=True)) for x in lost_keys(a, b, f"{path}[{i}]")]
+    return [] if ours == back else [f"{path}: {ours!r} became {back!r}"]
+
+
+def round_trip(model: Any) -> Any:
+    return json.loads(json.dumps(model, cls=JSONEncoder))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_json_round_trips_through_grafana_foundation_sdk(name: str) -> None:
+    """Load into grafana-foundation-sdk's typed models, dump back, and compare with what we wrote.
+
+    Compared: the whole dashboard (``Dashboard.from_json`` then ``to_json``), and each panel and
+    each template variable on its own (``Panel``/``RowPanel``/``VariableModel``), recursively:
+    every key we wrote must come back with the same value; keys the SDK adds (its defaults) are
+    allowed. The SDK keeps only the keys its model knows, so a lost key is an unknown one: in
+    the dashboard, a panel, ``gridPos``, ``fieldConfig.defaults`` (and ``custom`` for panel types
+    whose field config the SDK models: timeseries, table, state-timeline), overrides, thresholds,
+    mappings, links, the panel's plugin ``options``, the Prometheus targets and the variables.
+    ``transformations`` and override property values are free-form in the SDK too, so only
+    their presence is checked there. Each target must also decode as the SDK's Prometheus
+    query, which it does only when its panel names a Prometheus data source.
+    """
+    dash = load(name)
+    assert lost_keys(dash, round_trip(Dashboard.from_json(dash))) == []
+    panel_types = Runtime().panelcfg_variants
+    for p in all_panels(dash):
+        model = RowPanel.from_json(p) if p["type"] == "row" else Panel.from_json(p)
+        assert lost_keys(p, round_trip(model), p.get("title", "")) == []
+        if isinstance(model, Panel):
+            assert model.type_val in panel_types, f"{model.title}: unknown panel type {model.type_val}"
+            assert model.targets and all(isinstance(t, sdk_prometheus.Dataquery) for t in model.targets)
+            assert not isinstance(model.options, dict), f"{model.title}: options not modelled"
+    for v in dash["templating"]["list"]:
+        assert lost_keys(v, round_trip(VariableModel.from_json(v)), v["name"]) == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_units_fit_each_metric_family(name: str) -> None:
+    seen: set[str] = set()
+    for panel, t in targets(load(name)):
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']!r}: no unit"
+        fam = family(parsed(t))
+        assert fam is not None, f"{panel['title']!r} {t['refId']}: a constant"
+        unit = field_property(panel, t["refId"], "unit")
+        assert unit in UNITS[fam], f"{panel['title']!r} {t['refId']}: {fam} shown as {unit!r}\n{t['expr']}"
+        seen.add(fam)
+    assert {"percentunit", "bytes", "watt", "joule", "celsius"} <= seen
+    if name == "gpu-node.json":
+        assert {"hertz", "Bps", "s", "cps"} <= seen
+
+
+def test_unit_rules() -> None:
+    """The unit mapping itself, on the metric families the brief names."""
+    cases = {
+        "gpu_utilization_ratio": "percentunit",
+        "gpu_memory_used_bytes / gpu_memory_total_bytes": "percentunit",
+        "gpu_memory_used_bytes": "bytes",
+        "gpu_temperature_celsius": "celsius",
+        "gpu_power_usage_watts": "watt",
+        "rate(gpu_energy_consumed_joules_total[1m])": "watt",
+        "increase(gpu_energy_consumed_joules_total[1h])": "joule",
+        "sum(increase(gpu_energy_consumed_joules_total[1h])) / 3.6e6": "kwatth",
+        "gpu_clock_hertz": "hertz",
+        "gpu_pcie_rx_bytes_per_second": "Bps",
+        "rate(gpu_nvlink_tx_bytes_total[1m])": "Bps",
+        "gpu_pcie_rx_bytes_per_second / gpu_pcie_link_max_bytes_per_second": "percentunit",
+        "histogram_quantile(0.9, rate(gpu_exporter_poll_duration_seconds_bucket[1m]))": "s",
+        "count(gpu_up == 0) or vector(0)": "short",
+        "gpu_pcie_link_width": "short",
+    }
+    for expr, want in cases.items():
+        assert family(pp.parse(expr)) == want, expr
+
+
+def thresholds_of(panel: dict[str, Any], ref_id: str) -> list[float]:
+    config = field_property(panel, ref_id, "thresholds")
+    assert config and config["mode"] == "absolute", panel["title"]
+    steps = config["steps"]
+    assert steps[0]["value"] is None, f"{panel['title']!r}: the base step must be -Infinity (null)"
+    return [float(s["value"]) for s in steps[1:]]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_thresholds_are_the_alert_defaults(name: str) -> None:
+    rules = RulesSettings()
+    memory = [rules.GpuMemoryHigh.warning, rules.GpuMemoryHigh.critical]
+    pcie = [rules.GpuPcieBottleneck.threshold]
+    idle = [rules.GpuUnderutilized.threshold]
+    checked = {"memory": 0, "pcie": 0, "utilization": 0}
+    for panel, t in targets(load(name)):
+        expr = parsed(t)
+        if family(expr) != "percentunit":
+            continue
+        names = metrics_of(expr)
+        where = f"{panel['title']!r} {t['refId']}"
+        if {"gpu_memory_used_bytes", "gpu_memory_total_bytes"} <= names:
+            assert thresholds_of(panel, t["refId"]) == memory, where
+            checked["memory"] += 1
+        elif "gpu_pcie_link_max_bytes_per_second" in names:
+            assert thresholds_of(panel, t["refId"]) == pcie, where
+            checked["pcie"] += 1
+        elif names == {"gpu_utilization_ratio"} or "gpu_process_memory_used_bytes" in names:
+            assert thresholds_of(panel, t["refId"]) == idle, where
+            checked["utilization"] += 1
+    assert all(checked.values()), checked
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_allocated_but_idle_mirrors_the_underutilized_rule(name: str) -> None:
+    """Averages of utilization use the rule's window, and compare with its threshold."""
+    rules = RulesSettings().GpuUnderutilized
+    windows: list[float] = []
+    cutoffs: list[float] = []
+
+    def visit(e: pp.Expr) -> bool:
+        if isinstance(e, pp.Call) and e.func.name == "avg_over_time":
+            (m,) = e.args
+            assert isinstance(m, pp.MatrixSelector) and m.vector_selector.name == "gpu_utilization_ratio"
+            windows.append(m.range.total_seconds())
+        if (
+            isinstance(e, pp.BinaryExpr)
+            and str(e.op) == "<"
+            and isinstance(e.lhs, pp.Call)
+            and e.lhs.func.name == "avg_over_time"
+            and isinstance(e.rhs, pp.NumberLiteral)
+        ):
+            cutoffs.append(e.rhs.val)
+        return True
+
+    for _, t in targets(load(name)):
+        pp.walk(parsed(t), visit)
+    assert windows and set(windows) == {rules.window}
+    if name == "gpu-fleet.json":
+        assert cutoffs and set(cutoffs) == {rules.threshold}
+
+
+def test_provisioning_points_grafana_at_the_dashboards() -> None:
+    provider_doc = yaml.safe_load((GRAFANA / "provisioning" / "dashboards.yaml").read_text())
+    assert provider_doc["apiVersion"] == 1
+    (provider,) = provider_doc["providers"]
+    assert provider["type"] == "file"
+    path = provider["options"]["path"]
+    # docker-compose.yaml mounts the dashboards' directory exactly there, and both provisioning files.
+    compose = yaml.safe_load((GRAFANA / "docker-compose.yaml").read_text())
+    mounts: dict[str, str] = {}  # target in the container -> source beside docker-compose.yaml
+    for volume in compose["services"]["grafana"]["volumes"]:
+        source, target = volume.removesuffix(":ro").split(":", 1)
+        mounts[target] = source
+    assert (GRAFANA / mounts[path]).resolve() == DASHBOARDS
+    assert sorted(p.name for p in DASHBOARDS.glob("*.json")) == sorted(NAMES)
+    assert (GRAFANA / mounts["/etc/grafana/provisioning/dashboards/gpu-exporter.yaml"]).resolve() == (
+        GRAFANA / "provisioning" / "dashboards.yaml"
+    )
+    sources_target = "/etc/grafana/provisioning/datasources/gpu-exporter.yaml"
+    sources = yaml.safe_load((GRAFANA / mounts[sources_target]).read_text())
+    (source,) = sources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "${PROMETHEUS_URL}"
+    assert "PROMETHEUS_URL" in compose["services"]["grafana"]["environment"]
+    assert compose["services"]["grafana"]["image"].startswith("grafana/grafana:11.")
+
+
+# -- every query against a real Prometheus -------------------------------------------------------------
+FAST_RULES = {
+    name: {"for": "0s"}
+    for name in ("GpuPcieLinkDegraded", "GpuPcieBottleneck", "GpuMemoryHigh", "GpuLost", "GpuThermalThrottling")
+}
+
+
+def node_with_everything(path: Path) -> Scenario:
+    """An H100 node that fills every panel: busy, idle-but-allocated, throttled, degraded, lost."""
+    s = preset("h100-8x-training", path)
+    s.gpus = s.gpus[:5]
+    s.gpu(0).memory(81559 * MIB, int(81559 * MIB * 0.985), reserved=512 * MIB).fans(45, 47)  # GpuMemoryHigh
+    s.gpu(1).utilization(3, 0)  # a process holds 70 GiB: allocated but idle
+    s.gpu(2).clocks_event_reasons("hw_thermal").clocks(graphics=1200, sm=1200).temperature(88, memory=93)
+    s.gpu(2).add_xid(79)
+    s.gpu(3).utilization(40, 10).pcie(gen=3, width=8, tx_kbps=7_600_000, rx_kbps=7_000_000, replay=Counter(3, 0.5))
+    s.gpu(3).ecc(corrected=Counter(5, 0.5), uncorrected=1).remapped_rows(correctable=2, pending=True)
+    s.gpu(4).lost()
+    s.gpu(0).add_process(10_100, 2 * GIB, name="tritonserver")
+    return s
+
+
+def returns_data(prom: Prometheus, t: dict[str, Any], expr: str, now: float) -> bool:
+    if t["instant"]:
+        return bool(prom.query(expr))
+    data = prom.api("query_range", query=expr, start=str(now - 20), end=str(now), step="2")
+    return any(series["values"] for series in data["result"])
+
+
+def queries_to_run(t: dict[str, Any]) -> list[str]:
+    """The substituted query, and its left side when it ends in ``or vector(0)`` (which hides nothing)."""
+    expr = substitute(t["expr"], VALUES)
+    head, sep, _ = expr.rpartition(" or vector(0)")
+    return [expr, head] if sep and expr.endswith(" or vector(0)") else [expr]
+
+
+def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    s = node_with_everything(tmp_path / "node.scn")
+    s.write()
+    dashes = {name: load(name) for name in NAMES}
+    with webhook_receiver() as hook:
+        cfg = tmp_path / "config.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "node_name": "node-a",
+            "rules": FAST_RULES,
+            "alerting": {"resend_interval": "1s", "webhooks": [{"url": hook.url, "name": "ops"}]},
+        }))  # fmt: skip
+        with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "1s") as d, \
+                prometheus([f"127.0.0.1:{d.port}"], tmp_path / "prom", labels={"node": "node-a"}) as prom:  # fmt: skip
+            # A few scrapes, so that rate() and increase() have two samples in every window.
+            scrapes = 'count_over_time(gpu_exporter_notifications_total{node="node-a"}[1m]) >= 4'
+            wait_for(lambda: bool(prom.query(scrapes)), timeout=30, interval=0.2, what="four scrapes")
+            runs = [(f"{n}: {p['title']!r} {t['refId']}", t, e) for n, dash in dashes.items()
+                    for p, t in targets(dash) for e in queries_to_run(t)]  # fmt: skip
+            empty = runs
+            deadline = time.monotonic() + 15
+            while empty and time.monotonic() < deadline:
+                now = time.time()
+                empty = [r for r in empty if not returns_data(prom, r[1], r[2], now)]
+                if empty:
+                    time.sleep(0.5)
+            assert not empty, "queries without data:\n" + "\n".join(f"{w}\n  {e}" for w, _, e in empty)
+            assert len(runs) > 80
+            # The variables' label_values() find this node and its GPUs; namespace and pod are not
+            # attached by this scrape, and "All" (.*) still matches the series without them.
+            for dash in dashes.values():
+                found = {var: {r["metric"].get(label) for r in prom.query(substitute(selector, VALUES))} - {None}
+                         for var, (selector, label) in variable_selectors(dash).items()}  # fmt: skip
+                assert found == {"node": {"node-a"}, "gpu": {"0", "1", "2", "3", "4"}, "namespace": set(), "pod": set()}
