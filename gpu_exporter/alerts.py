@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from .pods import pod_label_values
 from .rules import RULES, Check, GpuHistory, is_enabled
 from .rules_config import RulesSettings
 from .snapshot import GpuReading, NodeSnapshot
@@ -59,9 +60,17 @@ class Transitions:
 
 
 class RuleEngine:
-    def __init__(self, rules: RulesSettings, node: str, *, resend_interval: float = 60.0,
-                 resolved_retention: float = 900.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rules: RulesSettings,
+        node: str,
+        *,
+        resend_interval: float = 60.0,
+        resolved_retention: float = 900.0,
+        pod_labels: tuple[str, str, str] | None = None,
+    ) -> None:
         self.rules = rules
+        self.pod_labels = pod_labels
         self.node = node
         self.resend_interval = resend_interval
         self.resolved_retention = resolved_retention
@@ -106,6 +115,11 @@ class RuleEngine:
     def _labels(self, g: GpuReading, c: Check) -> tuple[tuple[str, str], ...]:
         labels = {"alertname": c.alertname, "severity": c.severity, "gpu": str(g.index), "uuid": g.uuid,
                   "node": self.node, **dict(c.extra_labels)}  # fmt: skip
+        if self.pod_labels and g.pods:
+            # Who holds the GPU is part of the alert's identity: a new pod on an idle card is a new alert.
+            for name, value in zip(self.pod_labels, pod_label_values(g.pods), strict=True):
+                if value:
+                    labels[name] = value
         return tuple(sorted(labels.items()))
 
     def _step(self, key: tuple[tuple[str, str], ...], g: GpuReading, c: Check, now: float) -> None:

@@ -135,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_once(settings: Settings, fmt: str) -> int:
+    from .metrics import RenderOptions
     from .once import as_json, as_table, findings
     from .poller import Poller
 
@@ -150,7 +151,8 @@ def run_once(settings: Settings, fmt: str) -> int:
               "gpu-exporter --once --simulate", file=sys.stderr)  # fmt: skip
         return 2
     problems = findings(snapshot, settings.rules)
-    print(as_json(snapshot, problems) if fmt == "json" else as_table(snapshot, problems))
+    opts = RenderOptions(process_top_n=settings.process_top_n)
+    print(as_json(snapshot, problems, opts) if fmt == "json" else as_table(snapshot, problems))
     return 1 if problems else 0
 
 

@@ -6,11 +6,12 @@ setting, the value and what is allowed; the CLI turns it into exit status 2.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,6 +34,50 @@ class ConfigError(Exception):
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+_OWN_LABELS = {"gpu", "uuid", "name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "pid",
+               "process", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile", "device_uuid",
+               "sensor", "threshold", "fan", "clock", "reason", "link", "type", "cause", "xid", "alertname",
+               "severity", "node"}  # fmt: skip
+
+
+class KubernetesSettings(BaseModel):
+    """Pod attribution from the kubelet's PodResources API (the ``kubernetes:`` YAML key)."""
+
+    model_config = ConfigDict(extra="forbid")
+    pod_attribution: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on when the socket exists at start or when running in a pod"
+    )
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    refresh_interval: Duration = Field(10.0, gt=0)
+    timeout: Duration = Field(5.0, gt=0)
+    # nvidia.com/gpu.shared: the device plugin's name for time-sliced GPUs with renameByDefault.
+    resource_names: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/gpu.shared"])
+    resource_prefixes: list[str] = Field(default_factory=lambda: ["nvidia.com/mig-"])
+    namespace_label: str = Field("namespace", pattern=_LABEL_NAME)
+    pod_label: str = Field("pod", pattern=_LABEL_NAME)
+    container_label: str = Field("container", pattern=_LABEL_NAME)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> KubernetesSettings:
+        names = [self.namespace_label, self.pod_label, self.container_label]
+        if len(set(names)) != 3:
+            raise ValueError(f"the namespace, pod and container label names must differ, got {names}")
+        clash = set(names) & _OWN_LABELS
+        if clash:
+            raise ValueError(f"label name(s) {sorted(clash)} are already used by the exporter's own series")
+        return self
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        return (self.namespace_label, self.pod_label, self.container_label)
+
+    def enabled(self) -> bool:
+        if self.pod_attribution != "auto":
+            return self.pod_attribution == "on"
+        return os.path.exists(self.pod_resources_socket) or "KUBERNETES_SERVICE_HOST" in os.environ
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -47,6 +92,8 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     node_name: str | None = Field(None, description="the node label on alerts (default: $NODE_NAME, else the hostname)")
+    process_top_n: int = Field(20, ge=0, description="process series per GPU, the biggest first (0: all)")
+    kubernetes: KubernetesSettings = KubernetesSettings()
     rules: RulesSettings = RulesSettings()
     alerting: AlertingSettings = AlertingSettings()
 

@@ -12,11 +12,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from .alerts import RuleEngine, node_name
+from .attribution import Attributor
 from .backend import Backend
 from .config import Settings
 from .exposition import Exposition
 from .http_server import HttpServer
-from .metrics import AlertsCollector, SelfMetrics, SnapshotCollector
+from .kubelet import PodResourcesWatcher
+from .metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
 from .notify import Notifier, Receiver
 from .poller import Poller
 from .snapshot import NodeSnapshot
@@ -29,12 +31,22 @@ class Daemon:
         self.settings = settings
         self.registry = registry = CollectorRegistry()
         self.metrics = SelfMetrics(registry)
-        self.collector = SnapshotCollector()
+        k8s = settings.kubernetes
+        pod_labels = k8s.labels if k8s.enabled() else None
+        self.watcher: PodResourcesWatcher | None = None
+        attach = None
+        if pod_labels is not None:
+            self.watcher = PodResourcesWatcher(
+                k8s.pod_resources_socket, resource_names=k8s.resource_names, resource_prefixes=k8s.resource_prefixes,
+                refresh_interval=k8s.refresh_interval, timeout=k8s.timeout, outcome=self.metrics.count_kubelet,
+            )  # fmt: skip
+            attach = Attributor(self.watcher.devices).attach
+        self.collector = SnapshotCollector(RenderOptions(settings.process_top_n, pod_labels))
         registry.register(self.collector)
         alerting = settings.alerting
         self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
                                  resend_interval=alerting.resend_interval,
-                                 resolved_retention=alerting.resolved_retention)  # fmt: skip
+                                 resolved_retention=alerting.resolved_retention, pod_labels=pod_labels)  # fmt: skip
         receivers = [Receiver(r, "alertmanager", alerting.queue_size, self.metrics.count_notification)
                      for r in alerting.alertmanagers]  # fmt: skip
         receivers += [Receiver(r, "webhook", alerting.queue_size, self.metrics.count_notification)
@@ -47,6 +59,7 @@ class Daemon:
             errors=self.metrics.count_error,
             static_refresh_s=settings.static_refresh_interval,
             gpu_timeout_s=settings.gpu_timeout,
+            attach=attach,
         )
         self.latest: NodeSnapshot | None = None
         self._last_success: float | None = None  # monotonic
@@ -106,6 +119,8 @@ class Daemon:
         self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness, self.engine.active)
         self._http.start()
         self.notifier.start()
+        if self.watcher is not None:
+            self.watcher.start()
         self._scheduler.add_job(
             self._poll_job,
             "interval",
@@ -130,6 +145,8 @@ class Daemon:
         if self._http is not None:
             self._http.stop()
         self.notifier.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
         closer = threading.Thread(target=self.poller.close, daemon=True)
         closer.start()
         closer.join(timeout=1.5)

@@ -18,7 +18,8 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .alerts import Alert
-from .snapshot import GpuReading, NodeSnapshot
+from .pods import pod_label_values
+from .snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading
 
 GPU_LABELS = ("gpu", "uuid")
 
@@ -69,7 +70,14 @@ _DEFS = [
     MetricDef("gpu_row_remap_pending", "gauge", "1 when a row remap is pending and the GPU needs a reset."),
     MetricDef("gpu_row_remap_failure", "gauge", "1 when a row remap has failed."),
     MetricDef("gpu_xid_errors_total", "counter", "XID error events seen since the exporter started, by XID code."),
-    MetricDef("gpu_process_memory_used_bytes", "gauge", "GPU memory used by a process, in bytes."),
+    MetricDef("gpu_process_memory_used_bytes", "gauge", "GPU memory used by a process, in bytes (the processes using the most memory, up to the configured cap per GPU)."),
+    MetricDef("gpu_processes", "gauge", "Processes using the GPU, all of them (also those beyond the per-GPU series cap)."),
+    MetricDef("gpu_pod_info", "gauge", "Constant 1 for every Kubernetes container holding the GPU or one of its MIG devices (device_uuid), from the kubelet; present only with pod attribution on."),
+    MetricDef("gpu_mig_info", "gauge", "Constant 1 for each MIG device of a GPU in MIG mode; the labels give its UUID, GPU and compute instance ids and profile."),
+    MetricDef("gpu_mig_memory_total_bytes", "gauge", "Memory of a MIG device, in bytes."),
+    MetricDef("gpu_mig_memory_used_bytes", "gauge", "Memory used on a MIG device, in bytes."),
+    MetricDef("gpu_mig_memory_free_bytes", "gauge", "Memory free on a MIG device, in bytes."),
+    MetricDef("gpu_mig_process_memory_used_bytes", "gauge", "Memory used by a process on a MIG device, in bytes (capped like gpu_process_memory_used_bytes)."),
     MetricDef("gpu_exporter_build_info", "gauge", "Constant 1; labels give the exporter's version."),
     MetricDef("gpu_exporter_nvml_up", "gauge", "1 when NVML is initialised and answering."),
     MetricDef("gpu_exporter_poll_duration_seconds", "histogram", "Wall time of one poll of all GPUs."),
@@ -77,17 +85,10 @@ _DEFS = [
     MetricDef("gpu_exporter_alerts", "gauge", "Pending and firing alerts, like Prometheus's ALERTS: the number of alerts with these labels."),
     MetricDef("gpu_exporter_notifications_total", "counter", "Alert notifications by receiver and outcome (sent, retried, rejected, dropped)."),
     MetricDef("gpu_exporter_notification_queue_length", "gauge", "Notifications waiting for a receiver that is slow or down."),
+    MetricDef("gpu_exporter_kubelet_refreshes_total", "counter", "Refreshes of pod attribution from the kubelet's PodResources API, by outcome (ok, error, missing)."),
     MetricDef("gpu_exporter_nvml_errors_total", "counter", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh)."),
 ]  # fmt: skip
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
-
-
-def _gauge(name: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, METRICS[name].help, labels=[*GPU_LABELS, *extra])
-
-
-def _counter(name: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
-    return CounterMetricFamily(name.removesuffix("_total"), METRICS[name].help, labels=[*GPU_LABELS, *extra])
 
 
 # Metrics with one value per GPU: name -> how to read it from a reading.
@@ -136,43 +137,123 @@ _LABELLED: list[tuple[str, str, Callable[[GpuReading], Iterable[tuple[str, float
 ]  # fmt: skip
 
 
-def gpu_families(snapshot: NodeSnapshot) -> Iterator[Metric]:
+@dataclass(frozen=True)
+class RenderOptions:
+    """How snapshots become series: the per-GPU process cap, and the pod label names if any."""
+
+    process_top_n: int = 0  # 0: every process
+    pod_labels: tuple[str, str, str] | None = None  # names for namespace, pod and container
+
+
+def top_processes(processes: Iterable[ProcessReading], n: int) -> list[ProcessReading]:
+    """The ``n`` processes using the most memory (all if ``n`` is 0); unknown usage sorts last."""
+    ranked = sorted(processes, key=lambda p: (-(p.used_memory_bytes or -1), p.pid))
+    return ranked[:n] if n > 0 else ranked
+
+
+class _Families:
+    """Builds families whose every series starts with gpu, uuid and, when on, the pod labels."""
+
+    def __init__(self, opts: RenderOptions) -> None:
+        self.opts = opts
+        self.pod_names: tuple[str, ...] = opts.pod_labels or ()
+
+    def family(self, name: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily | CounterMetricFamily:
+        labels = [*GPU_LABELS, *self.pod_names, *extra]
+        if METRICS[name].type == "counter":
+            return CounterMetricFamily(name.removesuffix("_total"), METRICS[name].help, labels=labels)
+        return GaugeMetricFamily(name, METRICS[name].help, labels=labels)
+
+    def base(self, g: GpuReading, pods: Iterable[PodRef] | None = None) -> list[str]:
+        values = [str(g.index), g.uuid]
+        if self.pod_names:
+            values += pod_label_values(g.pods if pods is None else pods)
+        return values
+
+
+def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Metric]:
     """The per-GPU metric families of one snapshot.  A lost GPU only gets ``gpu_up 0``."""
+    f = _Families(opts or RenderOptions())
     gpus = snapshot.gpus
-    up = _gauge("gpu_up")
+    up = f.family("gpu_up")
     for g in gpus:
-        up.add_metric([str(g.index), g.uuid], 1 if g.up else 0)
+        up.add_metric(f.base(g), 1 if g.up else 0)
     yield up
     live = [g for g in gpus if g.up]
-    info = _gauge("gpu_info", ("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode"))
+    info = f.family("gpu_info", ("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode"))
     for g in live:
         s = g.static
         if s is not None:
             info.add_metric(
-                [str(g.index), g.uuid, s.name, s.pci_bus_id, snapshot.driver_version or "",
-                 snapshot.cuda_version or "", s.serial or "", s.mig_mode],
+                [*f.base(g), s.name, s.pci_bus_id, snapshot.driver_version or "", snapshot.cuda_version or "",
+                 s.serial or "", s.mig_mode],
                 1,
             )  # fmt: skip
     yield info
     for name, read in _SCALARS:
-        fam = _counter(name) if METRICS[name].type == "counter" else _gauge(name)
+        fam = f.family(name)
         for g in live:
             v = read(g)
             if v is not None:
-                fam.add_metric([str(g.index), g.uuid], float(v))
+                fam.add_metric(f.base(g), float(v))
         yield fam
     for name, label, items in _LABELLED:
-        fam = _counter(name, (label,)) if METRICS[name].type == "counter" else _gauge(name, (label,))
+        fam = f.family(name, (label,))
         for g in live:
             for key, v in items(g):
                 if v is not None:
-                    fam.add_metric([str(g.index), g.uuid, key], float(v))
+                    fam.add_metric([*f.base(g), key], float(v))
         yield fam
-    procs = _gauge("gpu_process_memory_used_bytes", ("pid", "process"))
+    count = f.family("gpu_processes")
+    procs = f.family("gpu_process_memory_used_bytes", ("pid", "process"))
     for g in live:
-        for p in g.processes:
+        count.add_metric(f.base(g), len(g.processes))
+        for p in top_processes(g.processes, f.opts.process_top_n):
             if p.used_memory_bytes is not None:
-                procs.add_metric([str(g.index), g.uuid, str(p.pid), p.name], float(p.used_memory_bytes))
+                base = f.base(g, [p.pod] if p.pod else ())
+                procs.add_metric([*base, str(p.pid), p.name], float(p.used_memory_bytes))
+    yield count
+    yield procs
+    if f.pod_names:
+        holders = f.family("gpu_pod_info", ("device_uuid",))
+        for g in gpus:
+            for ref in sorted({(g.uuid, r) for r in g.pods} | {(m.uuid, r) for m in g.migs for r in m.pods},
+                              key=lambda x: (x[0], x[1].namespace, x[1].pod, x[1].container)):  # fmt: skip
+                holders.add_metric([str(g.index), g.uuid, ref[1].namespace, ref[1].pod, ref[1].container, ref[0]], 1)
+        yield holders
+    yield from _mig_families(f, live)
+
+
+_MIG_LABELS = ("mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile")
+
+
+def _mig_families(f: _Families, live: list[GpuReading]) -> Iterator[Metric]:
+    def ids(g: GpuReading, m: MigReading) -> list[str]:
+        gi = "" if m.gpu_instance_id is None else str(m.gpu_instance_id)
+        ci = "" if m.compute_instance_id is None else str(m.compute_instance_id)
+        return [*f.base(g, m.pods), m.uuid, gi, ci, m.profile]
+
+    info = f.family("gpu_mig_info", _MIG_LABELS)
+    scalars: list[tuple[str, Callable[[MigReading], int | None]]] = [
+        ("gpu_mig_memory_total_bytes", lambda m: m.memory_total_bytes),
+        ("gpu_mig_memory_used_bytes", lambda m: m.memory_used_bytes),
+        ("gpu_mig_memory_free_bytes", lambda m: m.memory_free_bytes),
+    ]
+    fams = [(f.family(name, _MIG_LABELS), read) for name, read in scalars]
+    procs = f.family("gpu_mig_process_memory_used_bytes", (*_MIG_LABELS, "pid", "process"))
+    for g in live:
+        for m in g.migs:
+            info.add_metric(ids(g, m), 1)
+            for fam, read in fams:
+                v = read(m)
+                if v is not None:
+                    fam.add_metric(ids(g, m), float(v))
+            for p in top_processes(m.processes, f.opts.process_top_n):
+                if p.used_memory_bytes is not None:
+                    procs.add_metric([*ids(g, m), str(p.pid), p.name], float(p.used_memory_bytes))
+    yield info
+    for fam, _ in fams:
+        yield fam
     yield procs
 
 
@@ -204,13 +285,14 @@ class AlertsCollector(Collector):
 class SnapshotCollector(Collector):
     """A custom collector over the latest snapshot; it never touches NVML."""
 
-    def __init__(self) -> None:
+    def __init__(self, opts: RenderOptions | None = None) -> None:
         self.snapshot: NodeSnapshot | None = None
+        self.opts = opts or RenderOptions()
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self.snapshot
         if snapshot is not None:
-            yield from gpu_families(snapshot)
+            yield from gpu_families(snapshot, self.opts)
 
 
 def _package_version(name: str) -> str:
@@ -246,6 +328,12 @@ class SelfMetrics:
             ["receiver", "outcome"],
             registry=registry,
         )
+        self.kubelet_refreshes = Counter(
+            "gpu_exporter_kubelet_refreshes",
+            d["gpu_exporter_kubelet_refreshes_total"].help,
+            ["outcome"],
+            registry=registry,
+        )
         self.nvml_errors = Counter(
             "gpu_exporter_nvml_errors",
             d["gpu_exporter_nvml_errors_total"].help,
@@ -255,6 +343,9 @@ class SelfMetrics:
 
     def count_error(self, function: str, error: str) -> None:
         self.nvml_errors.labels(function, error).inc()
+
+    def count_kubelet(self, outcome: str) -> None:
+        self.kubelet_refreshes.labels(outcome).inc()
 
     def count_notification(self, receiver: str, outcome: str) -> None:
         self.notifications.labels(receiver, outcome).inc()

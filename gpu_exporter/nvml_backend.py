@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import pynvml
 import structlog
 
 from .backend import BackendUnavailable, ErrorSink, GpuLost, SystemInfo
-from .snapshot import GpuReading, GpuStatic, NvLinkReading, ProcessReading
+from .snapshot import GpuReading, GpuStatic, MigReading, NvLinkReading, ProcessReading
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +100,7 @@ class _Device:
         self.unsupported: set[str] = set()
         self.unsupported_fields: set[tuple[int, int]] = set()
         self.process_names: dict[int, str] = {}
+        self.mig_process_names: dict[int, str] = {}
         self._errors = errors
 
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
@@ -281,6 +283,9 @@ class NvmlBackend:
         )  # fmt: skip
         with self._lock:
             xids = MappingProxyType(dict(self._xid_counts.get(static.index, {})))
+        processes = self._processes(dev, dev.process_names)
+        # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
+        dev.process_names = {p.pid: p.name for p in processes}
         return GpuReading(
             index=static.index,
             uuid=static.uuid,
@@ -319,7 +324,8 @@ class NvmlBackend:
             row_remap_pending=bool(rows[2]) if rows is not None else None,
             row_remap_failure=bool(rows[3]) if rows is not None else None,
             xid_errors_total=xids,
-            processes=self._processes(dev),
+            processes=processes,
+            migs=self._migs(dev) if static.mig_mode == "enabled" else (),
         )
 
     def _memory(self, dev: _Device) -> tuple[int | None, int | None, int | None, int | None]:
@@ -356,17 +362,55 @@ class NvmlBackend:
                 self._errors("nvmlDeviceGetFieldValues", error_name(fv.nvmlReturn))
         return out
 
-    def _processes(self, dev: _Device) -> tuple[ProcessReading, ...]:
+    def _migs(self, dev: _Device) -> tuple[MigReading, ...]:
+        """The MIG devices of a GPU in MIG mode: memory and processes, which NVML gives per device.
+
+        Utilization and most other values are only per parent GPU (NVML answers NOT_SUPPORTED on
+        a MIG handle), so they are not asked for here.
+        """
+        N = pynvml
+        count = dev.call("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
+        out = []
+        for i in range(count):
+            try:
+                handle = N.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
+            except N.NVMLError as e:
+                if e.value == N.NVML_ERROR_GPU_IS_LOST:
+                    raise GpuLost(f"GPU {dev.index}: MIG device {i}: {e}") from e
+                continue  # NOT_FOUND: an empty slot
+            mig = _Device(dev.index, handle, self._errors)
+            mig.unsupported = dev.unsupported  # learnt once per GPU, not per MIG device
+            uuid = mig.call("nvmlDeviceGetUUID(mig)", N.nvmlDeviceGetUUID)
+            if uuid is None:
+                continue
+            name = mig.call("nvmlDeviceGetName(mig)", N.nvmlDeviceGetName) or ""
+            mem = mig.call("nvmlDeviceGetMemoryInfo(mig)", N.nvmlDeviceGetMemoryInfo)
+            out.append(
+                MigReading(
+                    index=i,
+                    uuid=uuid,
+                    profile=_mig_profile(name),
+                    gpu_instance_id=mig.call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId),
+                    compute_instance_id=mig.call("nvmlDeviceGetComputeInstanceId", N.nvmlDeviceGetComputeInstanceId),
+                    memory_total_bytes=mem.total if mem is not None else None,
+                    memory_used_bytes=mem.used if mem is not None else None,
+                    memory_free_bytes=mem.free if mem is not None else None,
+                    processes=self._processes(mig, dev.mig_process_names),
+                )
+            )
+        dev.mig_process_names = {p.pid: p.name for m in out for p in m.processes}
+        return tuple(out)
+
+    def _processes(self, dev: _Device, names: dict[int, str]) -> tuple[ProcessReading, ...]:
+        """Compute and graphics processes; ``names`` are those already looked up, by pid."""
         found: dict[int, ProcessReading] = {}
         for kind, fn in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
                          ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):  # fmt: skip
             for p in dev.call(f"nvmlDeviceGet{kind.title()}RunningProcesses", fn) or ():
                 if p.pid in found:
                     continue
-                name = dev.process_names.get(p.pid) or _process_name(p.pid)
+                name = names.get(p.pid) or _process_name(p.pid)
                 found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind)
-        # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
-        dev.process_names = {pid: pr.name for pid, pr in found.items()}
         return tuple(found.values())
 
     # -- XID events --------------------------------------------------------------------------
@@ -419,6 +463,15 @@ def _count_nvlinks(handle: Any) -> int:
             break
         n += 1
     return n
+
+
+_MIG_PROFILE = re.compile(r"MIG\s+(\S+)\s*$")
+
+
+def _mig_profile(name: str) -> str:
+    """``NVIDIA A100-SXM4-80GB MIG 1g.10gb`` -> ``1g.10gb``."""
+    m = _MIG_PROFILE.search(name)
+    return m.group(1) if m else "unknown"
 
 
 def _kib(v: int | float | None) -> int | None:

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from .alerts import RuleEngine, holding_now
-from .metrics import GPU_LABELS, gpu_families
+from .metrics import GPU_LABELS, RenderOptions, gpu_families
 from .rules_config import RulesSettings
 from .snapshot import GpuReading, NodeSnapshot
 
@@ -24,9 +24,9 @@ def findings(snapshot: NodeSnapshot, rules: RulesSettings | None = None) -> list
             for g, c in holding_now(engine, snapshot)]  # fmt: skip
 
 
-def as_json(snapshot: NodeSnapshot, problems: list[str]) -> str:
+def as_json(snapshot: NodeSnapshot, problems: list[str], opts: RenderOptions | None = None) -> str:
     gpus: dict[str, dict[str, Any]] = {}
-    for fam in gpu_families(snapshot):
+    for fam in gpu_families(snapshot, opts):
         for s in fam.samples:
             gpu = gpus.setdefault(s.labels["gpu"], {"gpu": s.labels["gpu"], "uuid": s.labels["uuid"]})
             extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS}

@@ -32,6 +32,7 @@ class Poller:
         gpu_timeout_s: float = 10.0,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        attach: Callable[[tuple[GpuReading, ...]], tuple[GpuReading, ...]] | None = None,
     ) -> None:
         self._backend = backend
         self._errors = errors
@@ -39,6 +40,7 @@ class Poller:
         self._gpu_timeout_s = gpu_timeout_s
         self._wall = wall_clock
         self._mono = monotonic
+        self._attach = attach  # joins pod attribution into the readings
         self._system: SystemInfo | None = None
         self._statics: dict[int, tuple[GpuStatic, float]] = {}
         self._uuids: dict[int, str] = {}  # last known, so a lost GPU keeps its identity
@@ -86,13 +88,19 @@ class Poller:
                 self._mark_down(e, t0)
                 return NodeSnapshot(taken_at=taken_at, duration_seconds=self._mono() - t0, nvml_up=False,
                                     nvml_error=self._down_reason)  # fmt: skip
+        gpus = tuple(readings)
+        if self._attach is not None:
+            try:
+                gpus = self._attach(gpus)
+            except Exception:  # attribution is an extra; the GPU data goes out without it
+                log.exception("pod_attribution_failed")
         return NodeSnapshot(
             taken_at=taken_at,
             duration_seconds=self._mono() - t0,
             nvml_up=True,
             driver_version=system.driver_version,
             cuda_version=system.cuda_version,
-            gpus=tuple(readings),
+            gpus=gpus,
         )
 
     def _read(self, index: int) -> GpuReading:

@@ -32,6 +32,32 @@ class ProcessReading:
     name: str
     used_memory_bytes: int | None  # None: the driver does not say (WDDM, no permission)
     kind: str = "compute"  # or "graphics"
+    pod: PodRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """The Kubernetes container that holds a device, from the kubelet's PodResources API."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device of a GPU in MIG mode.  NVML gives no utilization per MIG device."""
+
+    index: int
+    uuid: str
+    profile: str  # e.g. "1g.10gb", from the device name
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    processes: tuple[ProcessReading, ...] = ()
+    pods: tuple[PodRef, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +125,8 @@ class GpuReading:
     row_remap_failure: bool | None = None
     xid_errors_total: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     processes: tuple[ProcessReading, ...] = ()
+    migs: tuple[MigReading, ...] = ()
+    pods: tuple[PodRef, ...] = ()  # every container holding the GPU (several with time-slicing)
 
     @property
     def pcie_link_max_bytes_per_second(self) -> float | None:

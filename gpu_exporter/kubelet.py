@@ -1,0 +1,289 @@
+"""Which Kubernetes pod and container holds each GPU, from the kubelet's PodResources v1 API.
+
+The kubelet serves ``List`` on a unix socket (by default /var/lib/kubelet/pod-resources/kubelet.sock,
+mounted into the exporter's pod): every pod on the node, with the device ids that device plugins
+assigned to each container.  A background thread asks every ``refresh_interval`` seconds and swaps
+in a new immutable mapping, so readers (the scrape path) never wait on the kubelet; a kubelet that
+hangs costs the refresh thread at most ``timeout`` per call.
+
+Device ids are normalised to the keys the rest of the exporter can look up:
+
+* ``GPU-<uuid>`` (whole GPU) and ``MIG-<uuid>`` (MIG device), the NVIDIA device plugin's default
+  ``DEVICE_ID_STRATEGY=uuid``, as they are;
+* ``index:N`` for a whole GPU and ``index:G:M`` for MIG device M of GPU G, under
+  ``DEVICE_ID_STRATEGY=index`` (the plugin sends ``N`` and ``G:M``);
+* with time-slicing the plugin advertises each GPU several times as ``<id>::<replica>``; the replica
+  suffix is dropped, so every pod sharing the GPU is listed under the GPU itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+
+import grpc
+import structlog
+
+from .podresources import api_pb2, api_pb2_grpc
+from .snapshot import PodRef
+
+__all__ = ["DeviceMap", "PodRef", "PodResourcesWatcher", "build_device_map", "normalize_device_id"]
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# What the kubelet's own pod-resources client allows; the default 4 MiB could cut off a busy node.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+STOP_JOIN_S = 1.0
+
+_INDEX_ID = re.compile(r"\d+(?::\d+)?")
+
+
+DeviceMap = Mapping[str, tuple[PodRef, ...]]
+_EMPTY: DeviceMap = MappingProxyType({})
+
+
+def normalize_device_id(device_id: str) -> str:
+    """The mapping key for one device id as a device plugin reports it (see the module docstring).
+
+    Ids in no format we know (another vendor's plugin under an accepted resource name) are kept as
+    they are, less any replica suffix, so they are still visible but match no GPU.
+    """
+    base = device_id.strip().split("::", 1)[0]
+    if _INDEX_ID.fullmatch(base):
+        return "index:" + base
+    return base
+
+
+def build_device_map(response: api_pb2.ListPodResourcesResponse, accept: Callable[[str], bool]) -> DeviceMap:
+    """Device key -> the containers holding it (sorted, each once), for resources ``accept`` takes."""
+    holders: dict[str, set[PodRef]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for devices in container.devices:
+                if not accept(devices.resource_name):
+                    continue
+                for device_id in devices.device_ids:
+                    key = normalize_device_id(device_id)
+                    if key:
+                        holders.setdefault(key, set()).add(ref)
+    return MappingProxyType({key: tuple(sorted(refs, key=_ref_order)) for key, refs in sorted(holders.items())})
+
+
+def _ref_order(ref: PodRef) -> tuple[str, str, str]:
+    return ref.namespace, ref.pod, ref.container
+
+
+class PodResourcesWatcher:
+    """Keeps the latest device -> pod mapping from the kubelet's pod-resources socket.
+
+    ``outcome`` is told how each refresh went: ``ok``, ``error`` (the kubelet did not answer in
+    time or answered with an error) or ``missing`` (no socket: not on Kubernetes, or the socket is
+    not mounted).  A watcher is started and stopped once.
+    """
+
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        resource_names: Sequence[str] = ("nvidia.com/gpu",),
+        resource_prefixes: Sequence[str] = ("nvidia.com/mig-",),
+        refresh_interval: float = 10.0,
+        timeout: float = 5.0,
+        outcome: Callable[[str], None] = lambda o: None,
+    ) -> None:
+        if refresh_interval <= 0 or timeout <= 0:
+            raise ValueError("refresh_interval and timeout must be positive")
+        self.socket_path = socket_path
+        self.resource_names = frozenset(resource_names)
+        self.resource_prefixes = tuple(resource_prefixes)
+        self.refresh_interval = refresh_interval
+        self.timeout = timeout
+        self._outcome = outcome
+        self._target = "unix://" + os.path.abspath(socket_path)
+        self._devices: DeviceMap = _EMPTY
+        self._last_ok = False
+        # What the last refresh found ("ok", "missing" or "error:<reason>"), to log changes only.
+        self._state: str | None = None
+        self._outcome_failed = False
+        self._cond = threading.Condition()  # guards _stopped, _started and the channel
+        self._stopped = False
+        self._started = False
+        self._channel: grpc.Channel | None = None
+        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
+        self._refreshing = threading.Lock()  # one List call at a time, whoever calls
+        self._thread = threading.Thread(target=self._run, name="kubelet-pod-resources", daemon=True)
+
+    # -- readers ---------------------------------------------------------------------------------
+
+    def devices(self) -> DeviceMap:
+        """The latest mapping (immutable; empty while attribution is off or failing)."""
+        return self._devices
+
+    @property
+    def available(self) -> bool:
+        """True when the socket exists and the last call succeeded."""
+        return self._last_ok and not self._socket_missing()
+
+    def accepts(self, resource_name: str) -> bool:
+        return resource_name in self.resource_names or resource_name.startswith(self.resource_prefixes)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Refresh now and then every ``refresh_interval``, on a daemon thread; never raises."""
+        try:
+            with self._cond:
+                if self._started or self._stopped:
+                    return
+                self._started = True
+            self._thread.start()
+        except Exception:
+            log.exception("pod_attribution_start_failed", socket=self.socket_path)
+
+    def stop(self) -> None:
+        """Stop refreshing; returns within about a second even if the kubelet is hanging."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()  # cancels a call in flight, so the thread is not held up by it
+        if self._thread.is_alive():
+            self._thread.join(STOP_JOIN_S)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.refresh()
+            except Exception:  # refresh() catches everything; this is a last guard for the thread
+                log.exception("pod_attribution_refresh_crashed")
+            with self._cond:
+                if self._cond.wait_for(lambda: self._stopped, timeout=self.refresh_interval):
+                    return
+
+    # -- one refresh -----------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """One ``List`` call (at most ``timeout``); swaps in the new mapping and returns True on success.
+
+        On any failure the mapping becomes empty: metrics go on without pod labels rather than with
+        labels that may name pods which are gone or that moved.  The next refresh tries again.
+        """
+        with self._refreshing:
+            if self._stopped:
+                return False
+            try:
+                return self._refresh()
+            except Exception as e:  # never let a surprise escape into the caller or the thread
+                self._drop_channel()
+                self._failed(f"{type(e).__name__}: {e}", type(e).__name__, exc_info=True)
+                return False
+
+    def _refresh(self) -> bool:
+        if self._socket_missing():
+            self._drop_channel()  # the kubelet went away: start afresh when its socket is back
+            self._set(_EMPTY, ok=False)
+            if self._state != "missing":
+                log.info(
+                    "pod_attribution_off",
+                    socket=self.socket_path,
+                    detail=f"kubelet pod-resources socket not found at {self.socket_path}; pod attribution is off",
+                )
+                self._state = "missing"
+            self._report("missing")
+            return False
+        stub = self._connect()
+        if stub is None:  # stopped meanwhile
+            return False
+        try:
+            response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            if self._stopped:
+                return False  # stop() closed the channel under the call: not the kubelet's fault
+            self._drop_channel()  # a fresh channel next time skips gRPC's reconnect backoff
+            code = e.code() if isinstance(e, grpc.Call) else None
+            details = e.details() if isinstance(e, grpc.Call) else str(e)
+            name = code.name if code is not None else type(e).__name__
+            self._failed(f"{name}: {details}", name)
+            return False
+        except ValueError:  # "Cannot invoke RPC on closed channel!": stop() won the race
+            if self._stopped:
+                return False
+            raise
+        devices = build_device_map(response, self.accepts)
+        if self._stopped:
+            return False
+        self._set(devices, ok=True)
+        if self._state != "ok":
+            log.info(
+                "pod_attribution_on",
+                socket=self.socket_path,
+                pods=len(response.pod_resources),
+                devices=len(devices),
+                detail=f"kubelet pod-resources API answering at {self.socket_path}; pod attribution is on",
+            )
+            self._state = "ok"
+        self._report("ok")
+        return True
+
+    def _failed(self, detail: str, reason: str, *, exc_info: bool = False) -> None:
+        self._set(_EMPTY, ok=False)
+        state = "error:" + reason
+        if self._state != state:  # once per distinct reason, not once per refresh
+            log.warning(
+                "pod_attribution_failed",
+                socket=self.socket_path,
+                reason=reason,
+                error=detail,
+                detail="metrics carry no pod labels until the kubelet answers again",
+                exc_info=exc_info,
+            )
+            self._state = state
+        self._report("error")
+
+    def _set(self, devices: DeviceMap, *, ok: bool) -> None:
+        self._devices = devices  # one reference swap: readers see the old or the new map, whole
+        self._last_ok = ok
+
+    def _report(self, outcome: str) -> None:
+        try:
+            self._outcome(outcome)
+        except Exception:  # a metrics callback must not break attribution; say so once
+            if not self._outcome_failed:
+                log.exception("pod_attribution_outcome_callback_failed", outcome=outcome)
+                self._outcome_failed = True
+
+    def _socket_missing(self) -> bool:
+        try:
+            os.stat(self.socket_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False  # there, but not ours to look at (a non-root exporter): the call says why
+        return False
+
+    def _connect(self) -> api_pb2_grpc.PodResourcesListerStub | None:
+        with self._cond:
+            if self._stopped:
+                return None
+            if self._stub is None:
+                self._channel = grpc.insecure_channel(
+                    self._target,
+                    options=[
+                        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                        ("grpc.enable_http_proxy", 0),
+                    ],
+                )
+                self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
+            return self._stub
+
+    def _drop_channel(self) -> None:
+        with self._cond:
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()

@@ -1,0 +1,444 @@
+"""Pod attribution from the kubelet's PodResources API, against a real gRPC server on a unix socket."""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from gpu_exporter import kubelet as kubelet_module
+from gpu_exporter.kubelet import PodRef, PodResourcesWatcher, normalize_device_id
+from tests.fake_kubelet import FakeKubelet, fake_kubelet, pod, socket_path_in
+
+GPU = "nvidia.com/gpu"
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, outcome: str) -> None:
+        with self.lock:
+            self.seen.append(outcome)
+
+    @property
+    def last(self) -> str | None:
+        with self.lock:
+            return self.seen[-1] if self.seen else None
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    with fake_kubelet(tmp_path) as k:
+        yield k
+
+
+@contextmanager
+def watcher_for(path: Path, **kwargs: Any) -> Iterator[PodResourcesWatcher]:
+    w = PodResourcesWatcher(str(path), **kwargs)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def ref(namespace: str, name: str, container: str = "main") -> PodRef:
+    return PodRef(namespace=namespace, pod=name, container=container)
+
+
+def events(logs: list[MutableMapping[str, Any]], name: str) -> list[MutableMapping[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+# -- what the mapping holds ----------------------------------------------------------------------
+
+
+def test_whole_gpus_by_uuid(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        pod("ml", "trainer-0", ("main", GPU, ["GPU-aaaa", "GPU-bbbb"])),
+        pod("ml", "infer-7", ("server", GPU, ["GPU-cccc"]), ("sidecar", "cpu", ["0", "1"])),
+        pod("kube-system", "no-gpus", ("main", "cpu", ["2"])),
+    ]
+    outcomes = Outcomes()
+    with watcher_for(kubelet.socket_path, outcome=outcomes) as w:
+        assert not w.available
+        assert w.refresh()
+        assert dict(w.devices()) == {
+            "GPU-aaaa": (ref("ml", "trainer-0"),),
+            "GPU-bbbb": (ref("ml", "trainer-0"),),
+            "GPU-cccc": (ref("ml", "infer-7", "server"),),
+        }
+        assert w.available
+        assert outcomes.seen == ["ok"]
+
+
+def test_mig_devices(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        pod("a", "small", ("main", "nvidia.com/mig-1g.10gb", ["MIG-1111", "MIG-2222"])),
+        pod("b", "big", ("main", "nvidia.com/mig-3g.40gb", ["MIG-3333"]), ("main", GPU, ["GPU-dddd"])),
+        # Time-sliced MIG devices, renamed by the plugin: still a MIG prefix.
+        pod("c", "shared", ("main", "nvidia.com/mig-1g.10gb.shared", ["MIG-4444::1"])),
+    ]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        assert dict(w.devices()) == {
+            "MIG-1111": (ref("a", "small"),),
+            "MIG-2222": (ref("a", "small"),),
+            "MIG-3333": (ref("b", "big"),),
+            "GPU-dddd": (ref("b", "big"),),
+            "MIG-4444": (ref("c", "shared"),),
+        }
+
+
+def test_time_slicing_lists_every_pod_on_the_gpu(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        pod("team-b", "notebook", ("main", GPU, ["GPU-x::1"])),
+        pod("team-a", "notebook", ("main", GPU, ["GPU-x::0"])),
+        # Two replicas of the same GPU in one container count once.
+        pod("team-a", "batch", ("worker", GPU, ["GPU-x::2", "GPU-x::3"]), ("helper", GPU, ["GPU-y::0"])),
+    ]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        assert dict(w.devices()) == {
+            "GPU-x": (ref("team-a", "batch", "worker"), ref("team-a", "notebook"), ref("team-b", "notebook")),
+            "GPU-y": (ref("team-a", "batch", "helper"),),
+        }
+
+
+def test_index_style_ids(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        pod("ns", "whole", ("main", GPU, ["0"])),
+        pod("ns", "sliced", ("main", GPU, ["1::2"])),
+        pod("ns", "mig", ("main", "nvidia.com/mig-1g.5gb", ["0:1", "2:0::3"])),
+    ]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        assert dict(w.devices()) == {
+            "index:0": (ref("ns", "whole"),),
+            "index:1": (ref("ns", "sliced"),),
+            "index:0:1": (ref("ns", "mig"),),
+            "index:2:0": (ref("ns", "mig"),),
+        }
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ("GPU-8f6b4b3a-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "GPU-8f6b4b3a-1c2d-4e5f-8a9b-0c1d2e3f4a5b"),
+        ("MIG-0e2e0e6c-1a2b-5c3d-9e8f-7a6b5c4d3e2f", "MIG-0e2e0e6c-1a2b-5c3d-9e8f-7a6b5c4d3e2f"),
+        ("MIG-GPU-abcd/1/0", "MIG-GPU-abcd/1/0"),  # the pre-R470 MIG id form
+        ("GPU-abc::3", "GPU-abc"),
+        ("MIG-abc::0", "MIG-abc"),
+        ("0", "index:0"),
+        ("12", "index:12"),
+        ("1::2", "index:1"),
+        ("0:1", "index:0:1"),
+        ("3:2::7", "index:3:2"),
+        ("some-other-id", "some-other-id"),
+    ],
+)
+def test_normalize_device_id(raw: str, key: str) -> None:
+    assert normalize_device_id(raw) == key
+
+
+def test_only_gpu_resources_count_by_default(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        pod("ns", "p", ("main", GPU, ["GPU-a"]), ("main", "cpu", ["0"]), ("main", "example.com/foo", ["GPU-b"])),
+        pod("ns", "q", ("main", "nvidia.com/gpu-other", ["GPU-c"]), ("main", "amd.com/gpu", ["1"])),
+    ]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+
+
+def test_resource_names_are_configurable(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        pod("ns", "p", ("main", GPU, ["GPU-a"]), ("main", "example.com/foo", ["GPU-b"])),
+        pod("ns", "q", ("main", "example.com/mig-x", ["MIG-c"]), ("main", "nvidia.com/mig-1g.5gb", ["MIG-d"])),
+        pod("ns", "r", ("main", "nvidia.com/gpu.shared", ["GPU-e::1"])),
+    ]
+    names = ("example.com/foo", "nvidia.com/gpu.shared")
+    with watcher_for(kubelet.socket_path, resource_names=names, resource_prefixes=("example.com/mig-",)) as w:
+        assert w.refresh()
+        assert dict(w.devices()) == {
+            "GPU-b": (ref("ns", "p"),),
+            "MIG-c": (ref("ns", "q"),),
+            "GPU-e": (ref("ns", "r"),),
+        }
+
+
+def test_the_mapping_is_immutable(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        devices = w.devices()
+        with pytest.raises(TypeError):
+            devices["GPU-z"] = ()  # type: ignore[index]
+        with pytest.raises(AttributeError):
+            devices["GPU-a"][0].pod = "other"  # type: ignore[misc]
+
+
+# -- change over time ----------------------------------------------------------------------------
+
+
+def test_pod_churn(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "old", ("main", GPU, ["GPU-a"])), pod("ns", "stays", ("main", GPU, ["GPU-b"]))]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        before = w.devices()
+        assert set(before) == {"GPU-a", "GPU-b"}
+        kubelet.pods = [pod("ns", "stays", ("main", GPU, ["GPU-b"])), pod("ns", "new", ("main", GPU, ["GPU-c"]))]
+        assert dict(w.devices()) == dict(before)  # nothing changes until the next refresh
+        assert w.refresh()
+        assert dict(w.devices()) == {"GPU-b": (ref("ns", "stays"),), "GPU-c": (ref("ns", "new"),)}
+        kubelet.pods = []
+        assert w.refresh()
+        assert dict(w.devices()) == {}
+        assert dict(before) == {"GPU-a": (ref("ns", "old"),), "GPU-b": (ref("ns", "stays"),)}  # old map untouched
+
+
+def test_background_thread_refreshes_on_its_interval(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "first", ("main", GPU, ["GPU-a"]))]
+    outcomes = Outcomes()
+    with watcher_for(kubelet.socket_path, refresh_interval=0.05, outcome=outcomes) as w:
+        w.start()
+        assert wait_until(lambda: "GPU-a" in w.devices()), "the first refresh runs at start"
+        kubelet.pods = [pod("ns", "second", ("main", GPU, ["GPU-b"]))]
+        assert wait_until(lambda: dict(w.devices()) == {"GPU-b": (ref("ns", "second"),)})
+        calls = kubelet.calls
+        assert wait_until(lambda: kubelet.calls >= calls + 3), "keeps refreshing"
+        w.stop()
+        stopped_at = kubelet.calls
+    time.sleep(0.2)  # a few intervals: no more calls once stopped
+    assert kubelet.calls <= stopped_at + 1
+    assert set(outcomes.seen) == {"ok"}
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+def test_failing_kubelet_empties_the_mapping_and_recovers(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    outcomes = Outcomes()
+    with capture_logs() as logs, watcher_for(kubelet.socket_path, outcome=outcomes) as w:
+        assert w.refresh()
+        kubelet.fail = True
+        for _ in range(3):
+            assert not w.refresh()
+            assert dict(w.devices()) == {}, "no stale pod labels while the kubelet fails"
+            assert not w.available
+        assert outcomes.seen == ["ok", "error", "error", "error"]
+        failures = events(logs, "pod_attribution_failed")
+        assert len(failures) == 1, "one warning per distinct reason, not one per refresh"
+        assert failures[0]["log_level"] == "warning"
+        assert failures[0]["reason"] == "UNAVAILABLE"
+        assert "failing on purpose" in failures[0]["error"]
+        kubelet.fail = False
+        assert w.refresh()
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+        assert w.available
+        assert outcomes.last == "ok"
+        assert len(events(logs, "pod_attribution_on")) == 2  # at first, and again on recovery
+
+
+def test_hanging_kubelet_costs_at_most_the_timeout(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    outcomes = Outcomes()
+    timeout = 0.5
+    with watcher_for(kubelet.socket_path, timeout=timeout, outcome=outcomes) as w:
+        assert w.refresh()
+        kubelet.hang = math.inf
+        results: list[bool] = []
+        t0 = time.monotonic()
+        caller = threading.Thread(target=lambda: results.append(w.refresh()))
+        caller.start()
+        assert wait_until(lambda: kubelet.calls == 2)
+        # While the call hangs, readers get the last mapping at once.
+        r0 = time.monotonic()
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+        assert time.monotonic() - r0 < 0.05
+        caller.join(timeout + 5)
+        elapsed = time.monotonic() - t0
+        assert results == [False]
+        assert timeout * 0.9 <= elapsed < timeout + 1.5
+        assert dict(w.devices()) == {}
+        assert outcomes.last == "error"
+        kubelet.release()
+        assert w.refresh(), "the next refresh tries again"
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+
+
+def test_stop_returns_promptly_while_the_kubelet_hangs(kubelet: FakeKubelet) -> None:
+    kubelet.hang = math.inf
+    w = PodResourcesWatcher(str(kubelet.socket_path), timeout=30.0, refresh_interval=0.05)
+    t0 = time.monotonic()
+    w.start()
+    assert time.monotonic() - t0 < 0.5, "start() does not wait for the kubelet"
+    assert wait_until(lambda: kubelet.calls >= 1)
+    assert time.monotonic() - t0 < 5
+    s0 = time.monotonic()
+    w.stop()
+    assert time.monotonic() - s0 < 1.5
+    assert wait_until(lambda: not w._thread.is_alive(), timeout=2), "the closed channel ends the call"
+    assert not w.refresh(), "a stopped watcher does not call again"
+
+
+def test_a_socket_that_never_speaks_grpc(tmp_path: Path) -> None:
+    """Something listens on the socket but never answers (a wedged kubelet): bounded by the timeout."""
+    path = socket_path_in(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)  # connections queue in the backlog; nobody ever accepts or answers
+    outcomes = Outcomes()
+    try:
+        with watcher_for(path, timeout=0.3, outcome=outcomes) as w:
+            t0 = time.monotonic()
+            assert not w.refresh()
+            assert time.monotonic() - t0 < 0.3 + 1.5
+            assert outcomes.seen == ["error"]
+            assert dict(w.devices()) == {}
+    finally:
+        listener.close()
+
+
+def test_missing_socket_turns_attribution_off_then_on(tmp_path: Path) -> None:
+    outcomes = Outcomes()
+    with (
+        fake_kubelet(tmp_path, start=False) as kubelet,
+        capture_logs() as logs,
+        watcher_for(kubelet.socket_path, outcome=outcomes) as w,
+    ):
+        for _ in range(3):
+            assert not w.refresh()
+        assert outcomes.seen == ["missing"] * 3
+        assert not w.available
+        assert dict(w.devices()) == {}
+        off = events(logs, "pod_attribution_off")
+        assert len(off) == 1, "one line, then quiet checks"
+        assert off[0]["log_level"] == "info"
+        assert off[0]["detail"] == (
+            f"kubelet pod-resources socket not found at {kubelet.socket_path}; pod attribution is off"
+        )
+        assert not events(logs, "pod_attribution_failed")
+
+        kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+        kubelet.start()
+        assert w.refresh()
+        assert w.available
+        assert outcomes.last == "ok"
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+        on = events(logs, "pod_attribution_on")
+        assert len(on) == 1 and on[0]["log_level"] == "info"
+
+
+def test_kubelet_restart(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    outcomes = Outcomes()
+    with watcher_for(kubelet.socket_path, outcome=outcomes) as w:
+        assert w.refresh()
+        kubelet.stop()
+        assert not w.refresh()
+        assert dict(w.devices()) == {}
+        kubelet.pods = [pod("ns", "q", ("main", GPU, ["GPU-a"]))]
+        kubelet.start()
+        assert w.refresh(), "a new channel: no wait for gRPC's reconnect backoff"
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "q"),)}
+        assert outcomes.seen == ["ok", "missing", "ok"]
+
+
+def test_background_thread_finds_a_late_socket(tmp_path: Path) -> None:
+    outcomes = Outcomes()
+    with fake_kubelet(tmp_path, start=False) as kubelet:
+        kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+        with watcher_for(kubelet.socket_path, refresh_interval=0.05, outcome=outcomes) as w:
+            w.start()
+            assert wait_until(lambda: outcomes.seen.count("missing") >= 2)
+            kubelet.start()
+            assert wait_until(lambda: w.available)
+            assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+
+
+# -- robustness ----------------------------------------------------------------------------------
+
+
+def test_start_never_raises(tmp_path: Path) -> None:
+    def broken_outcome(outcome: str) -> None:
+        raise RuntimeError("metrics are broken")
+
+    # No such directory; a callback that raises; started twice; started after stop.
+    w = PodResourcesWatcher(str(tmp_path / "no" / "such" / "kubelet.sock"), refresh_interval=0.01,
+                            outcome=broken_outcome)  # fmt: skip
+    w.start()
+    w.start()
+    assert wait_until(lambda: not w.available and w._state == "missing")
+    w.stop()
+    w.start()
+    w.stop()
+
+    # A path that exists but is not a socket: the call fails, nothing escapes.
+    outcomes = Outcomes()
+    (tmp_path / "not-a-socket").mkdir()
+    w = PodResourcesWatcher(str(tmp_path / "not-a-socket"), timeout=0.5, outcome=outcomes)
+    assert not w.refresh()
+    assert outcomes.seen == ["error"]
+    w.stop()
+
+    # Never started: stop() is harmless.
+    PodResourcesWatcher(str(tmp_path / "x.sock")).stop()
+
+
+def test_refresh_survives_a_raising_outcome_callback(kubelet: FakeKubelet) -> None:
+    def broken_outcome(outcome: str) -> None:
+        raise RuntimeError("metrics are broken")
+
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    with capture_logs() as logs, watcher_for(kubelet.socket_path, outcome=broken_outcome) as w:
+        assert w.refresh()
+        assert w.refresh()
+        assert "GPU-a" in w.devices()
+        assert len(events(logs, "pod_attribution_outcome_callback_failed")) == 1
+
+
+def test_an_unexpected_error_is_a_failed_refresh(kubelet: FakeKubelet, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise KeyError("surprise")
+
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    outcomes = Outcomes()
+    with capture_logs() as logs, watcher_for(kubelet.socket_path, outcome=outcomes) as w:
+        assert w.refresh()
+        with monkeypatch.context() as m:
+            m.setattr(kubelet_module, "build_device_map", broken)
+            assert not w.refresh()
+            assert not w.refresh()
+        assert dict(w.devices()) == {}
+        failures = events(logs, "pod_attribution_failed")
+        assert len(failures) == 1 and failures[0]["reason"] == "KeyError" and failures[0]["exc_info"] is True
+        assert w.refresh()
+        assert outcomes.seen == ["ok", "error", "error", "ok"]
+
+
+def test_rejects_nonsense_settings() -> None:
+    with pytest.raises(ValueError):
+        PodResourcesWatcher(timeout=0)
+    with pytest.raises(ValueError):
+        PodResourcesWatcher(refresh_interval=-1)
