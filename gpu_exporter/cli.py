@@ -17,12 +17,15 @@ from . import __version__
 from .backend import Backend, ErrorSink
 from .config import DEFAULT_PORT, ConfigError, Settings, load_settings
 from .logs import configure_logging
+from .web_config import WebConfigError
 
 log = structlog.get_logger(__name__)
 
 # flag dest -> Settings field
 _FLAGS = {
     "web_listen_address": "listen_address",
+    "web_config_file": "web_config_file",
+    "web_max_requests": "web_max_requests",
     "poll_interval": "poll_interval",
     "poll_static_refresh_interval": "static_refresh_interval",
     "poll_gpu_timeout": "gpu_timeout",
@@ -48,6 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
         dest="web_listen_address",
         metavar="HOST:PORT",
         help=f"address to serve /metrics on (default :{DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="PATH",
+        help="exporter-toolkit web config (TLS, mTLS, basic auth, headers); re-read when it changes",
+    )
+    p.add_argument(
+        "--web.max-requests",
+        dest="web_max_requests",
+        type=int,
+        metavar="N",
+        help="requests served at once; beyond, 503 (default 40)",
     )
     p.add_argument(
         "--poll.interval", dest="poll_interval", metavar="DURATION", help="time between polls, e.g. 5s (default 5s)"
@@ -165,6 +181,9 @@ def run_daemon(settings: Settings) -> int:
     try:
         daemon = Daemon(settings, lambda errors: make_backend(settings, errors))
         daemon.start()
+    except WebConfigError as e:
+        print(f"gpu-exporter: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"gpu-exporter: cannot listen on {settings.listen_address}: {e.strerror or e}", file=sys.stderr)
         return 2

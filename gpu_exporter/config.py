@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     )
 
     listen_address: str = Field(f":{DEFAULT_PORT}", description="HOST:PORT to serve /metrics on")
+    web_config_file: Path | None = Field(None, description="exporter-toolkit web config: TLS, basic auth")
+    web_max_requests: int = Field(40, ge=1, le=10_000, description="requests served at once; more get 503")
     poll_interval: Duration = Field(5.0, gt=0, le=3600, description="seconds between polls of the GPUs")
     static_refresh_interval: Duration = Field(300.0, gt=0, description="seconds between re-reads of static facts")
     gpu_timeout: Duration = Field(10.0, gt=0, le=600, description="seconds a poll waits for one GPU")

@@ -22,6 +22,7 @@ from .metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollec
 from .notify import Notifier, Receiver
 from .poller import Poller
 from .snapshot import NodeSnapshot
+from .web_config import WebConfigWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +68,8 @@ class Daemon:
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._http: HttpServer | None = None
         self.exposition.render()  # self-metrics are served even before the first poll ends
+        # Loaded now, so that a broken web config stops the start (exit 2) before anything runs.
+        self.web = WebConfigWatcher(settings.web_config_file)
 
     def poll_once(self) -> NodeSnapshot:
         snapshot = self.poller.poll()
@@ -116,7 +119,8 @@ class Daemon:
         return True, f"ready: {len(snap.gpus)} GPUs, last poll {age:.1f} s ago"
 
     def start(self) -> None:
-        self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness, self.engine.active)
+        self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness, self.engine.active,
+                                web=self.web, max_requests=self.settings.web_max_requests)  # fmt: skip
         self._http.start()
         self.notifier.start()
         if self.watcher is not None:
@@ -132,7 +136,8 @@ class Daemon:
         )
         self._scheduler.start()
         log.info("listening", address=self.settings.listen_address, port=self._http.port,
-                 poll_interval_s=self.settings.poll_interval)  # fmt: skip
+                 poll_interval_s=self.settings.poll_interval, tls=self.web.current().ssl_context is not None,
+                 basic_auth=self.web.current().auth_required)  # fmt: skip
 
     @property
     def port(self) -> int:

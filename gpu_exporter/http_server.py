@@ -1,14 +1,29 @@
-"""The HTTP endpoints: /metrics (cached exposition), /healthz, /readyz and a landing page.
+"""The HTTP endpoints: /metrics (cached exposition), /healthz, /readyz, the alerts and a landing page.
 
 Nothing here touches NVML; a scrape only copies bytes rendered at the last poll.
+
+The server is an asyncio loop in its own thread, so idle and slow clients cost a socket, not a
+thread. It is built to survive bad clients:
+- the request head must arrive within ``read_timeout`` and fit in ``max_header_bytes``;
+- an idle keep-alive connection is closed after ``idle_timeout``;
+- at most ``max_requests`` requests are served at once, and the rest get 503 at once;
+- only GET and HEAD are served;
+- anything malformed gets a short 4xx and the connection is closed, never a traceback.
+
+TLS, mTLS, basic auth and extra headers come from the exporter-toolkit web config (web_config.py).
+A new TLS context applies to new connections as soon as the file or certificates change.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import email.utils
 import html
+import socket
+import ssl
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import structlog
 
@@ -16,11 +31,21 @@ from . import __version__
 from .alerts import Alert
 from .alerts_page import alerts_html, alerts_json
 from .exposition import CONTENT_TYPE, Exposition
+from .web_config import WebConfig, WebConfigWatcher
 
 log = structlog.get_logger(__name__)
 
 Readiness = Callable[[], tuple[bool, str]]
 ActiveAlerts = Callable[[], list[Alert]]
+
+# Probes stay reachable without credentials: the kubelet cannot send them, and they reveal
+# nothing but "alive" and "ready" (see README, "Securing the endpoint").
+UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz"})
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            408: "Request Timeout", 413: "Content Too Large", 431: "Request Header Fields Too Large",
+            501: "Not Implemented", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}  # fmt: skip
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_MAX_BODY = 64 * 1024
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -34,73 +59,213 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    exposition: Exposition
-    readiness: Readiness
-    active_alerts: ActiveAlerts
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        if ":" in address[0]:
-            import socket
-
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = f"gpu-exporter/{__version__}"
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes; with Nagle on, a small (gzipped) body waits ~40 ms
-    # for the client's delayed ACK.
-    disable_nagle_algorithm = True
+class HttpServer:
+    def __init__(
+        self,
+        address: str,
+        exposition: Exposition,
+        readiness: Readiness,
+        active_alerts: ActiveAlerts = list,
+        *,
+        web: WebConfigWatcher | None = None,
+        max_requests: int = 40,
+        max_connections: int = 1024,
+        read_timeout: float = 10.0,
+        idle_timeout: float = 120.0,
+        write_timeout: float = 30.0,
+        max_header_bytes: int = 16 * 1024,
+    ) -> None:
+        host, port = parse_listen_address(address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.create_server((host, port), family=family, backlog=256)
+        self._exposition = exposition
+        self._readiness = readiness
+        self._alerts = active_alerts
+        self._web = web or WebConfigWatcher(None)
+        self._max_requests = max_requests
+        self._max_connections = max_connections
+        self._read_timeout = read_timeout
+        self._idle_timeout = idle_timeout
+        self._write_timeout = write_timeout
+        self._max_header_bytes = max_header_bytes
+        self._active_requests = 0
+        self._connections = 0
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
-    def do_GET(self) -> None:
-        self._serve(send_body=True)
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
 
-    def do_HEAD(self) -> None:
-        self._serve(send_body=False)
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait(5)
 
-    def _not_allowed(self) -> None:
-        self._reply(405, b"method not allowed; use GET or HEAD\n", "text/plain; charset=utf-8", True,
-                    extra={"Allow": "GET, HEAD"})  # fmt: skip
+    def stop(self) -> None:
+        def _shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            self._loop.stop()
 
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(_shutdown)
+            self._thread.join(2)
+        self._sock.close()
 
-    def _serve(self, send_body: bool) -> None:
-        path = self.path.split("?", 1)[0]
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def serve() -> None:
+            self._server = await asyncio.start_server(self._client, sock=self._sock, limit=self._max_header_bytes)
+            self._started.set()
+
+        self._loop.run_until_complete(serve())
+        self._loop.run_forever()
+
+    # -- one connection ---------------------------------------------------------------------------
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
+        try:
+            if self._connections > self._max_connections:
+                return  # refuse at once; a scraper retries, a flood does not get a slot
+            config = self._web.current()
+            if config.ssl_context is not None:
+                await asyncio.wait_for(writer.start_tls(config.ssl_context), self._read_timeout)
+            first = True
+            while await self._one_request(reader, writer, config, first):
+                first = False
+        except (TimeoutError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, OSError):
+            pass  # a client that stalls, drops or fails the handshake: just close
+        except Exception:  # never a traceback to the client, never a dead server
+            log.exception("http_connection_failed")
+        finally:
+            self._connections -= 1
+            writer.close()
+            with contextlib.suppress(TimeoutError, ConnectionError, ssl.SSLError, OSError):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, config: WebConfig,
+                           first: bool) -> bool:  # fmt: skip
+        """Serve one request; True to keep the connection for the next."""
+        # Waiting for a request to start may take the idle timeout; once it starts, the whole head
+        # must arrive within the read timeout (the slow-client defence).
+        start = await asyncio.wait_for(reader.readexactly(1), self._read_timeout if first else self._idle_timeout)
+        try:
+            head = start + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._read_timeout)
+        except asyncio.LimitOverrunError:
+            await self._reply(writer, 431, b"request head too large\n", close=True)
+            return False
+        except asyncio.IncompleteReadError:
+            return False
+        try:
+            method, path, version, headers = _parse_head(head, self._max_header_bytes)
+            await self._discard_body(reader, headers)
+        except _BadRequest as e:
+            await self._reply(writer, e.status, (str(e) + "\n").encode(), close=True)
+            return False
+        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        keep = keep or (version == "HTTP/1.0" and headers.get("connection", "").lower() == "keep-alive")
+        if method not in ("GET", "HEAD"):
+            await self._reply(writer, 405, b"method not allowed; use GET or HEAD\n", close=not keep,
+                              extra={"Allow": "GET, HEAD"}, config=config)  # fmt: skip
+            return keep
+        if self._active_requests >= self._max_requests:
+            await self._reply(writer, 503, b"too many concurrent requests\n", close=True, config=config)
+            return False
+        self._active_requests += 1
+        try:
+            if config.auth_required and path not in UNAUTHENTICATED_PATHS:
+                loop = asyncio.get_running_loop()
+                ok = await loop.run_in_executor(None, self._web.check_basic_auth, config, headers.get("authorization"))
+                if not ok:
+                    await self._reply(writer, 401, b"unauthorized\n", close=not keep, config=config,
+                                      extra={"WWW-Authenticate": 'Basic realm="gpu-exporter", charset="UTF-8"'},
+                                      body=method == "GET")  # fmt: skip
+                    return keep
+            status, body, ctype, extra = self._route(path, headers)
+            await self._reply(writer, status, body, close=not keep, ctype=ctype, extra=extra, config=config,
+                              body=method == "GET")  # fmt: skip
+        finally:
+            self._active_requests -= 1
+        return keep
+
+    async def _discard_body(self, reader: asyncio.StreamReader, headers: dict[str, str]) -> None:
+        if "transfer-encoding" in headers:
+            raise _BadRequest(501, "transfer-encoding is not supported")
+        length = headers.get("content-length")
+        if length is None:
+            return
+        if not length.isdigit():
+            raise _BadRequest(400, "bad content-length")
+        if int(length) > _MAX_BODY:
+            raise _BadRequest(413, "request body too large")
+        if int(length):
+            await asyncio.wait_for(reader.readexactly(int(length)), self._read_timeout)
+
+    def _route(self, path: str, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
+        text = "text/plain; charset=utf-8"
         if path == "/metrics":
-            gz = "gzip" in self.headers.get("Accept-Encoding", "")
-            body = self.server.exposition.body(gzipped=gz)
-            self._reply(200, body, CONTENT_TYPE, send_body, extra={"Content-Encoding": "gzip"} if gz else None)
-        elif path == "/healthz":
-            self._reply(200, b"ok\n", "text/plain; charset=utf-8", send_body)
-        elif path == "/readyz":
-            ok, why = self.server.readiness()
-            self._reply(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8", send_body)
-        elif path == "/api/v1/alerts":
-            self._reply(200, alerts_json(self.server.active_alerts()), "application/json", send_body)
-        elif path == "/alerts":
-            self._reply(200, alerts_html(self.server.active_alerts()), "text/html; charset=utf-8", send_body)
-        elif path == "/":
-            self._reply(200, _landing_page(), "text/html; charset=utf-8", send_body)
-        else:
-            self._reply(404, b"not found; try /metrics\n", "text/plain; charset=utf-8", send_body)
+            gz = "gzip" in headers.get("accept-encoding", "")
+            body = self._exposition.body(gzipped=gz)
+            return 200, body, CONTENT_TYPE, {"Content-Encoding": "gzip"} if gz else {}
+        if path == "/healthz":
+            return 200, b"ok\n", text, {}
+        if path == "/readyz":
+            ok, why = self._readiness()
+            return (200 if ok else 503), (why + "\n").encode(), text, {}
+        if path == "/api/v1/alerts":
+            return 200, alerts_json(self._alerts()), "application/json", {}
+        if path == "/alerts":
+            return 200, alerts_html(self._alerts()), "text/html; charset=utf-8", {}
+        if path == "/":
+            return 200, _landing_page(), "text/html; charset=utf-8", {}
+        return 404, b"not found; try /metrics\n", text, {}
 
-    def _reply(self, code: int, body: bytes, ctype: str, send_body: bool, extra: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
+    async def _reply(self, writer: asyncio.StreamWriter, status: int, payload: bytes, *, close: bool,
+                     ctype: str = "text/plain; charset=utf-8", extra: dict[str, str] | None = None,
+                     config: WebConfig | None = None, body: bool = True) -> None:  # fmt: skip
+        lines = [
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
+            f"Server: gpu-exporter/{__version__}",
+            f"Date: {email.utils.formatdate(usegmt=True)}",
+            f"Content-Type: {ctype}",
+            f"Content-Length: {len(payload)}",
+            f"Connection: {'close' if close else 'keep-alive'}",
+        ]
+        for k, v in {**(dict(config.headers) if config else {}), **(extra or {})}.items():
+            lines.append(f"{k}: {v}")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (payload if body else b""))
+        await asyncio.wait_for(writer.drain(), self._write_timeout)
 
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("http_request", client=self.client_address[0], request=format % args)
+
+def _parse_head(head: bytes, limit: int) -> tuple[str, str, str, dict[str, str]]:
+    """Method, path, version and lower-cased headers of a request head, or _BadRequest."""
+    if len(head) > limit:
+        raise _BadRequest(431, "request head too large")
+    lines = head[:-4].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[0] or not all(c in _TOKEN for c in parts[0]):
+        raise _BadRequest(400, "malformed request line")
+    method, target, version = (p.decode("latin-1") for p in parts)
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        raise _BadRequest(505 if version.startswith("HTTP/") else 400, "unsupported HTTP version")
+    if not target.startswith("/") or any(c < 0x21 or c > 0x7E for c in parts[1]):
+        raise _BadRequest(400, "malformed request target")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or not all(c in _TOKEN for c in name):
+            raise _BadRequest(400, "malformed header")
+        headers[name.decode("latin-1").lower()] = value.strip(b" \t").decode("latin-1")
+    return method, target.split("?", 1)[0], version, headers
 
 
 def _landing_page() -> bytes:
@@ -111,25 +276,3 @@ def _landing_page() -> bytes:
         "<li><a href='/api/v1/alerts'>alerts (JSON)</a></li><li><a href='/healthz'>healthz</a></li>"
         "<li><a href='/readyz'>readyz</a></li></ul></body></html>\n"
     ).encode()
-
-
-class HttpServer:
-    def __init__(self, address: str, exposition: Exposition, readiness: Readiness,
-                 active_alerts: ActiveAlerts = list) -> None:  # fmt: skip
-        host, port = parse_listen_address(address)
-        self._server = _Server((host, port))
-        self._server.exposition = exposition
-        self._server.readiness = readiness
-        self._server.active_alerts = active_alerts
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

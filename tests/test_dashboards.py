@@ -34,8 +34,9 @@ from gpu_exporter.metrics import METRICS
 from gpu_exporter.rules_config import RulesSettings
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import run_daemon, wait_for
+from tests.fake_kubelet import FakePod, fake_kubelet, pod
 from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import GIB, MIB, preset
+from tests.fakenvml.presets import GIB, MIB, mig_uuid, preset
 from tests.prometheus_helpers import Prometheus, prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -513,7 +514,8 @@ FAST_RULES = {
 
 
 def node_with_everything(path: Path) -> Scenario:
-    """An H100 node that fills every panel: busy, idle-but-allocated, throttled, degraded, lost."""
+    """A node that fills every panel: five H100s (busy, idle-but-allocated, throttled, degraded,
+    lost), and an A100 in MIG mode (3g.40gb + 2g.20gb + 1g.10gb, a process on each) as GPU 5."""
     s = preset("h100-8x-training", path)
     s.gpus = s.gpus[:5]
     s.gpu(0).memory(81559 * MIB, int(81559 * MIB * 0.985), reserved=512 * MIB).fans(45, 47)  # GpuMemoryHigh
@@ -524,7 +526,17 @@ def node_with_everything(path: Path) -> Scenario:
     s.gpu(3).ecc(corrected=Counter(5, 0.5), uncorrected=1).remapped_rows(correctable=2, pending=True)
     s.gpu(4).lost()
     s.gpu(0).add_process(10_100, 2 * GIB, name="tritonserver")
+    mig = preset("a100-mig").gpu(0).minor_number(5)
+    s.gpus.append(mig)
     return s
+
+
+def pods(s: Scenario) -> list[FakePod]:
+    """A pod holding GPU 0 whole, and one holding the 1g.10gb MIG device of GPU 5."""
+    return [
+        pod("ml", "trainer-0", ("main", "nvidia.com/gpu", [str(s.gpu(0).values["uuid"])])),
+        pod("ml", "mig-job", ("main", "nvidia.com/mig-1g.10gb", [mig_uuid("mig", 0, 2)])),
+    ]
 
 
 def returns_data(prom: Prometheus, t: dict[str, Any], expr: str, now: float) -> bool:
@@ -541,16 +553,46 @@ def queries_to_run(t: dict[str, Any]) -> list[str]:
     return [expr, head] if sep and expr.endswith(" or vector(0)") else [expr]
 
 
+def panel_rows(prom: Prometheus, dash: dict[str, Any], title: str) -> dict[str, list[dict[str, str]]]:
+    """refId -> the label sets its instant query returns now (``__name__`` left out)."""
+    (panel,) = (p for p in panels(dash) if p["title"] == title)
+    return {
+        t["refId"]: [{k: v for k, v in r["metric"].items() if k != "__name__"}
+                     for r in prom.query(substitute(t["expr"], VALUES))]
+        for t in panel["targets"]
+    }  # fmt: skip
+
+
+def check_pods_and_mig_panels(prom: Prometheus, dash: dict[str, Any], s: Scenario) -> None:
+    """The pods table names each holder and its device; the MIG table's queries merge into one row per device."""
+    (holders,) = panel_rows(prom, dash, "Pods on this node").values()
+    assert {(h["gpu"], h["namespace"], h["pod"], h["container"], h["device_uuid"]) for h in holders} == {
+        ("0", "ml", "trainer-0", "main", str(s.gpu(0).values["uuid"])),
+        ("5", "ml", "mig-job", "main", mig_uuid("mig", 0, 2)),
+    }
+    columns = panel_rows(prom, dash, "MIG devices")
+    rows = [sorted(map(sorted, (r.items() for r in found))) for found in columns.values()]
+    assert len(rows[0]) == 3 and all(r == rows[0] for r in rows), f"the MIG table's queries do not merge: {columns}"
+    by_profile = {r["mig_profile"]: (r["gpu"], r["gpu_instance_id"], r.get("pod", "")) for r in columns["A"]}
+    assert by_profile == {"3g.40gb": ("5", "1", ""), "2g.20gb": ("5", "5", ""), "1g.10gb": ("5", "13", "mig-job")}
+    (procs,) = panel_rows(prom, dash, "MIG processes").values()
+    assert {(r["mig_profile"], r["pid"]) for r in procs} == {("3g.40gb", "30001"), ("2g.20gb", "30002"),
+                                                            ("1g.10gb", "30003")}  # fmt: skip
+
+
 def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_lib: Path, tmp_path: Path) -> None:
     s = node_with_everything(tmp_path / "node.scn")
     s.write()
     dashes = {name: load(name) for name in NAMES}
-    with webhook_receiver() as hook:
+    with webhook_receiver() as hook, fake_kubelet(tmp_path) as kubelet:
+        kubelet.pods = pods(s)
         cfg = tmp_path / "config.yaml"
         cfg.write_text(yaml.safe_dump({
             "node_name": "node-a",
             "rules": FAST_RULES,
             "alerting": {"resend_interval": "1s", "webhooks": [{"url": hook.url, "name": "ops"}]},
+            "kubernetes": {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
+                           "refresh_interval": "200ms", "timeout": "500ms"},
         }))  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "1s") as d, \
                 prometheus([f"127.0.0.1:{d.port}"], tmp_path / "prom", labels={"node": "node-a"}) as prom:  # fmt: skip
@@ -568,9 +610,12 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
                     time.sleep(0.5)
             assert not empty, "queries without data:\n" + "\n".join(f"{w}\n  {e}" for w, _, e in empty)
             assert len(runs) > 80
-            # The variables' label_values() find this node and its GPUs; namespace and pod are not
-            # attached by this scrape, and "All" (.*) still matches the series without them.
+            check_pods_and_mig_panels(prom, dashes["gpu-node.json"], s)
+            # The variables' label_values() find this node, its GPUs and the pod holding a whole GPU
+            # (the MIG device's pod is on the MIG series, not on gpu_up); "All" (.*) also matches
+            # the series whose pod labels are empty, and those without them (the exporter's own).
             for dash in dashes.values():
                 found = {var: {r["metric"].get(label) for r in prom.query(substitute(selector, VALUES))} - {None}
                          for var, (selector, label) in variable_selectors(dash).items()}  # fmt: skip
-                assert found == {"node": {"node-a"}, "gpu": {"0", "1", "2", "3", "4"}, "namespace": set(), "pod": set()}
+                gpus = {str(i) for i in range(6)}
+                assert found == {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}

@@ -332,6 +332,8 @@ def test_service_and_servicemonitor_fit_together(base: list[Doc], daemonset: Doc
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in (
         endpoint["relabelings"]
     )
+    # The target's namespace/pod/container would clash with the workload labels of pod attribution.
+    assert {"regex": "namespace|pod|container", "action": "labeldrop"} in endpoint["relabelings"]
     netpol = one(base, "NetworkPolicy")
     assert netpol["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert netpol["spec"]["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}]
