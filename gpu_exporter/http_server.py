@@ -98,6 +98,7 @@ class HttpServer:
         self._connections = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
+        self._serving_config: WebConfig | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
@@ -110,25 +111,58 @@ class HttpServer:
         self._started.wait(5)
 
     def stop(self) -> None:
-        def _shutdown() -> None:
+        """Stop accepting, cancel the connections in progress, and close the loop."""
+
+        async def _shutdown() -> None:
             if self._server is not None:
                 self._server.close()
-            self._loop.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(_shutdown)
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_shutdown(), self._loop).result(2)
+            self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(2)
+            if not self._thread.is_alive():
+                self._loop.close()
         self._sock.close()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-
-        async def serve() -> None:
-            self._server = await asyncio.start_server(self._client, sock=self._sock, limit=self._max_header_bytes)
-            self._started.set()
-
-        self._loop.run_until_complete(serve())
+        self._loop.run_until_complete(self._serve(self._web.current()))
+        self._started.set()
+        self._loop.create_task(self._follow_config())
         self._loop.run_forever()
+
+    async def _serve(self, config: WebConfig) -> None:
+        """(Re)start accepting with ``config``'s TLS context.  Each asyncio server gets its own
+        duplicate of the listening socket, so the old one can stop accepting while connections it
+        already accepted finish, and no connection attempt is refused in between."""
+        old = self._server
+        self._server = await asyncio.start_server(
+            self._client,
+            sock=self._sock.dup(),
+            limit=self._max_header_bytes,
+            ssl=config.ssl_context,
+            ssl_handshake_timeout=self._read_timeout if config.ssl_context is not None else None,
+        )
+        self._serving_config = config
+        if old is not None:
+            old.close()
+
+    async def _follow_config(self) -> None:
+        """New certificates take effect for new connections once the web config watcher sees them."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                config = self._web.current()
+                if config is not self._serving_config:
+                    await self._serve(config)
+            except Exception:
+                log.exception("http_reconfigure_failed")
 
     # -- one connection ---------------------------------------------------------------------------
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -137,8 +171,6 @@ class HttpServer:
             if self._connections > self._max_connections:
                 return  # refuse at once; a scraper retries, a flood does not get a slot
             config = self._web.current()
-            if config.ssl_context is not None:
-                await asyncio.wait_for(writer.start_tls(config.ssl_context), self._read_timeout)
             first = True
             while await self._one_request(reader, writer, config, first):
                 first = False

@@ -131,7 +131,10 @@ def load_web_config(path: Path | None) -> WebConfig:
     files = [path]
     context = None
     if cfg.tls_server_config is not None:
-        context, tls_files = _ssl_context(cfg.tls_server_config, base)
+        try:
+            context, tls_files = _ssl_context(cfg.tls_server_config, base)
+        except WebConfigError as e:
+            raise WebConfigError(f"web config file {path}: {e}") from e
         files += tls_files
     users = {u: h.encode() for u, h in cfg.basic_auth_users.items()}
     return WebConfig(context, MappingProxyType(users), MappingProxyType(dict(cfg.http_server_config.headers)),

@@ -47,10 +47,11 @@ def names(alerts: list[dict[str, Any]], status: str) -> list[str]:
 
 
 # -- the receiver's queue -----------------------------------------------------------------------------
-def test_failed_deliveries_are_retried_in_order_until_they_succeed() -> None:
+@pytest.mark.parametrize("failure", [500, 503, 429])
+def test_failed_deliveries_are_retried_in_order_until_they_succeed(failure: int) -> None:
     outcomes: list[tuple[str, str]] = []
     with webhook_receiver() as hook:
-        hook.status = 503
+        hook.status = failure
         r = Receiver(ReceiverSettings(url=hook.url), "webhook", 100, lambda n, o: outcomes.append((n, o)))
         r.start()
         for i in range(5):

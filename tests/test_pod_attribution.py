@@ -157,3 +157,17 @@ def test_attribution_off_leaves_no_pod_labels(tmp_path: Path) -> None:
         labels = next(dict(ls) for (n, ls) in d.metrics() if n == "gpu_up")
         assert set(labels) == {"gpu", "uuid"}
         assert not [n for (n, _) in d.metrics() if n == "gpu_pod_info"]
+
+
+def test_the_kubelet_socket_vanishing_and_coming_back(tmp_path: Path) -> None:
+    s = node(tmp_path / "node.scn")
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.pods = [pod("ml", "trainer-0", ("main", "nvidia.com/gpu", [uuid(s, 0)]))]
+        cfg = config(tmp_path / "c.yaml", kubelet.socket_path)
+        with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
+            wait_for(lambda: gpu0(d)[1] == "trainer-0", what="attribution")
+            kubelet.stop()  # the kubelet restarts: its socket is gone for a while
+            wait_for(lambda: gpu0(d) == ("", "", ""), what="labels dropped, not stale")
+            assert value(d.metrics(), "gpu_up", gpu="0") == 1
+            kubelet.start()
+            wait_for(lambda: gpu0(d)[1] == "trainer-0", what="attribution back")

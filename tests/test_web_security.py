@@ -1,0 +1,325 @@
+"""TLS, mTLS and basic auth from the exporter-toolkit web config, and a server that survives bad clients."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import trustme
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Gauge
+
+from gpu_exporter.exposition import Exposition
+from gpu_exporter.http_server import HttpServer
+from gpu_exporter.web_config import WebConfigError, WebConfigWatcher, load_web_config
+from tests.exporter_helpers import run_daemon, wait_for
+from tests.fakenvml import Scenario
+from tests.fakenvml.presets import preset
+
+
+def hashed(password: str, rounds: int = 4) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=rounds)).decode()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@contextmanager
+def server(tmp_path: Path, web: dict[str, object] | None = None, **kw: Any) -> Iterator[HttpServer]:
+    """The real HTTP server in this process, serving a small registry."""
+    registry = CollectorRegistry()
+    Gauge("gpu_up", "help", ["gpu"], registry=registry).labels("0").set(1)
+    expo = Exposition(registry)
+    expo.render()
+    path = None
+    if web is not None:
+        path = tmp_path / "web.yml"
+        path.write_text(yaml.safe_dump(web))
+    srv = HttpServer("127.0.0.1:0", expo, lambda: (True, "ready"), web=WebConfigWatcher(path), **kw)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
+        context: ssl.SSLContext | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    conn: http.client.HTTPConnection
+    if context is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def tls_files(tmp_path: Path, ca: trustme.CA, name: str = "server") -> tuple[Path, Path]:
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(key))
+    cert.cert_chain_pems[0].write_to_path(str(crt))
+    return crt, key
+
+
+def client_context(ca: trustme.CA, client_cert: trustme.LeafCert | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    if client_cert is not None:
+        client_cert.configure_cert(ctx)
+    return ctx
+
+
+# -- TLS and mTLS ---------------------------------------------------------------------------------------
+def test_tls(tmp_path: Path, ca: trustme.CA) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    with server(tmp_path, {"tls_server_config": {"cert_file": str(crt), "key_file": key.name}}) as srv:
+        status, _, body = get(srv.port, context=client_context(ca))
+        assert status == 200 and b"gpu_up" in body
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionResetError, http.client.BadStatusLine)):
+            get(srv.port)  # plain HTTP to a TLS port gets no answer
+        old = ssl.create_default_context()
+        ca.configure_trust(old)
+        old.maximum_version = ssl.TLSVersion.TLSv1_1
+        old.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            get(srv.port, context=old)  # TLS 1.2 is the floor
+
+
+def test_mtls_requires_a_client_certificate_from_the_ca(tmp_path: Path, ca: trustme.CA) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    client_ca = trustme.CA()
+    (tmp_path / "clients.pem").write_bytes(client_ca.cert_pem.bytes())
+    tls = {"cert_file": str(crt), "key_file": str(key), "client_auth_type": "RequireAndVerifyClientCert",
+           "client_ca_file": "clients.pem"}  # fmt: skip
+    web = {"tls_server_config": tls}
+    with server(tmp_path, web) as srv:
+        good = client_ca.issue_cert("prometheus")
+        assert get(srv.port, context=client_context(ca, good))[0] == 200
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            get(srv.port, context=client_context(ca))  # no client certificate
+        stranger = trustme.CA().issue_cert("mallory")
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            get(srv.port, context=client_context(ca, stranger))  # signed by another CA
+
+
+def test_certificates_are_reloaded_without_a_restart(tmp_path: Path, ca: trustme.CA) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    with server(tmp_path, {"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}}) as srv:
+        assert get(srv.port, context=client_context(ca))[0] == 200
+        other = trustme.CA()
+        new_crt, new_key = tls_files(tmp_path, other, "next")
+        crt.write_bytes(new_crt.read_bytes())
+        key.write_bytes(new_key.read_bytes())
+
+        def rotated() -> bool:
+            try:
+                return get(srv.port, context=client_context(other))[0] == 200
+            except (ssl.SSLError, ConnectionError):
+                return False
+
+        wait_for(rotated, timeout=10, what="the new certificate in use")
+
+
+# -- basic auth ---------------------------------------------------------------------------------------
+def test_basic_auth_right_wrong_missing_and_probes(tmp_path: Path) -> None:
+    web = {"basic_auth_users": {"prom": hashed("s3cret")},
+           "http_server_config": {"headers": {"X-Frame-Options": "deny"}}}  # fmt: skip
+    with server(tmp_path, web) as srv:
+        assert get(srv.port, headers=basic("prom", "s3cret"))[0] == 200
+        for headers in ({}, basic("prom", "wrong"), basic("nobody", "s3cret"), {"Authorization": "Bearer x"},
+                        {"Authorization": "Basic !!!"}):  # fmt: skip
+            status, h, body = get(srv.port, headers=headers)
+            assert status == 401 and h["WWW-Authenticate"].startswith('Basic realm="gpu-exporter"'), headers
+            assert b"gpu_up" not in body
+        assert get(srv.port, "/healthz")[0] == 200 and get(srv.port, "/readyz")[0] == 200  # kubelet probes
+        assert get(srv.port, "/alerts")[0] == 401
+        assert get(srv.port, headers=basic("prom", "s3cret"))[1]["X-Frame-Options"] == "deny"
+
+
+def test_web_config_file_is_reloaded(tmp_path: Path) -> None:
+    with server(tmp_path, {"basic_auth_users": {"prom": hashed("one")}}) as srv:
+        assert get(srv.port, headers=basic("prom", "one"))[0] == 200
+        (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prom": hashed("two")}}))
+        wait_for(lambda: get(srv.port, headers=basic("prom", "two"))[0] == 200, what="the new password")
+        assert get(srv.port, headers=basic("prom", "one"))[0] == 401  # the old one, and its cache, are gone
+        (tmp_path / "web.yml").write_text("basic_auth_users: [broken")  # a bad edit keeps the last good file
+        time.sleep(1.2)
+        assert get(srv.port, headers=basic("prom", "two"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("web", "needle"),
+    [
+        ({"basic_auth_users": {"prom": "plaintext"}}, "must be a bcrypt hash"),
+        ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}}, "cannot load TLS certificate"),
+        ({"tls_server_config": {"cert_file": "a", "key_file": "b", "min_version": "TLS10"}}, "min_version"),
+        ({"basic_auth_userz": {}}, "basic_auth_userz: unknown key"),
+        ({"http_server_config": {"headers": {"Content-Type": "x"}}}, "cannot be set"),
+        ({"tls_server_config": {"cert_file": "a", "key_file": "b", "client_auth_type": "RequestClientCert"}},
+         "client_auth_type"),
+    ],
+)  # fmt: skip
+def test_a_broken_web_config_refuses_to_start_with_exit_2(tmp_path: Path, web: dict[str, object], needle: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump(web))
+    with pytest.raises(WebConfigError, match=needle.replace("(", r"\(")):
+        load_web_config(path)
+    cmd = [sys.executable, "-m", "gpu_exporter", "--simulate", "--web.config.file", str(path),
+           "--web.listen-address", "127.0.0.1:0"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and needle.split(":")[0] in out.stderr and str(path) in out.stderr
+
+
+def test_daemon_with_tls_and_auth(tmp_path: Path, ca: trustme.CA, scenario: Scenario) -> None:
+    preset("pcie-degraded", scenario.path).write()
+    crt, key = tls_files(tmp_path, ca)
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key)},
+                                   "basic_auth_users": {"prom": hashed("pw")}}))  # fmt: skip
+    with run_daemon(scenario.path, "--web.config.file", str(web), "--poll.interval", "200ms") as d:
+        ctx = client_context(ca)
+        wait_for(lambda: b"gpu_up{" in get(d.port, headers=basic("prom", "pw"), context=ctx)[2], what="first poll")
+        assert get(d.port, context=ctx)[0] == 401
+        assert get(d.port, "/readyz", context=ctx)[0] == 200
+
+
+# -- bad clients ---------------------------------------------------------------------------------------
+def raw(port: int, data: bytes, timeout: float = 5) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return b"".join(chunks)
+
+
+def test_malformed_requests_get_4xx_and_the_connection_closed(tmp_path: Path) -> None:
+    with server(tmp_path) as srv:
+        cases = {
+            b"GARBAGE\r\n\r\n": b"400",
+            b"GET /metrics HTTP/9.9\r\n\r\n": b"505",
+            b"GET metrics HTTP/1.1\r\n\r\n": b"400",
+            b"GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n": b"400",
+            b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n": b"501",
+            b"GET /metrics HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n": b"413",
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n": b"405",
+            b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n": b"431",
+        }
+        for request, code in cases.items():
+            answer = raw(srv.port, request)
+            assert answer.startswith(b"HTTP/1.1 " + code), (request[:40], answer[:80])
+            assert b"Traceback" not in answer
+
+
+def test_request_bound_answers_503_beyond_it(tmp_path: Path) -> None:
+    # Slow bcrypt checks (cost 12) keep requests in flight long enough to overlap.
+    with server(tmp_path, {"basic_auth_users": {"prom": hashed("pw", rounds=12)}}, max_requests=2) as srv:
+        results: list[int] = []
+
+        def one() -> None:
+            results.append(get(srv.port, headers=basic("prom", "wrong"))[0])
+
+        threads = [threading.Thread(target=one) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(set(results)) == [401, 503] and results.count(401) >= 2
+        assert get(srv.port, "/healthz")[0] == 200  # and it recovers
+
+
+def test_slow_and_idle_clients_do_not_stop_a_scraper(tmp_path: Path) -> None:
+    with server(tmp_path, read_timeout=1.0) as srv:
+        slow = []
+        for _ in range(200):  # slowloris: heads that never finish, and connections that say nothing
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            slow.append(s)
+        idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(100)]
+        try:
+            for _ in range(5):
+                t0 = time.monotonic()
+                status, _, body = get(srv.port)
+                assert status == 200 and b"gpu_up" in body and time.monotonic() - t0 < 1.0
+            # The stalled ones are cut off after the read timeout.
+            idle[0].settimeout(5)
+            assert idle[0].recv(1) == b""
+        finally:
+            for s in slow + idle:
+                s.close()
+
+
+@settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(
+    st.one_of(
+        st.binary(max_size=600),
+        st.builds(
+            lambda m, p, v, h: m + b" " + p + b" " + v + b"\r\n" + h + b"\r\n\r\n",
+            st.sampled_from([b"GET", b"HEAD", b"POST", b"", b"G\x00T", b"OPTIONS"]),
+            st.binary(max_size=80),
+            st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2", b"", b"http/1.1"]),
+            st.binary(max_size=200),
+        ),
+    )
+)
+def test_fuzzed_requests_never_crash_or_leak(fuzz_server: HttpServer, data: bytes) -> None:
+    answer = raw(fuzz_server.port, data, timeout=2)
+    assert b"Traceback" not in answer and b"Error:" not in answer
+    if answer:
+        assert answer.startswith(b"HTTP/1.1 ")
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    with server(tmp_path_factory.mktemp("fuzz"), {"basic_auth_users": {"prom": hashed("pw")}},
+                read_timeout=0.5) as srv:  # fmt: skip
+        yield srv
+        assert get(srv.port, "/healthz")[0] == 200  # still serving after all of it
+
+
+def test_process_churn_of_thousands_of_short_lived_pids(scenario: Scenario) -> None:
+    s = preset("pcie-degraded", scenario.path)
+    s.write()
+    with run_daemon(s.path, "--poll.interval", "200ms") as d:
+        for round_ in range(5):
+            g = s.gpu(0)
+            g.processes.clear()
+            for i in range(1000):
+                g.add_process(200_000 + round_ * 1000 + i, 1024**2, name=f"w{i}")
+            s.write()
+            wait_for(lambda r=round_: any(dict(ls).get("pid") == str(200_000 + r * 1000)
+                                          for (n, ls) in d.metrics() if n == "gpu_process_memory_used_bytes"),
+                     what="the new processes")  # fmt: skip
+            metrics = d.metrics()
+            pids = [ls for (n, ls) in metrics if n == "gpu_process_memory_used_bytes"]
+            assert len(pids) == 20  # the default cap: cardinality stays bounded
+            assert metrics[("gpu_processes", frozenset({("gpu", "0"), ("uuid", str(g.values["uuid"]))}))] == 1000
