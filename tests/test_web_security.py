@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 
 @contextmanager
-def server(tmp_path: Path, web: dict[str, object] | None = None, **kw: Any) -> Iterator[HttpServer]:
+def server(tmp_path: Path, web: Mapping[str, Any] | None = None, **kw: Any) -> Iterator[HttpServer]:
     """The real HTTP server in this process, serving a small registry."""
     registry = CollectorRegistry()
     Gauge("gpu_up", "help", ["gpu"], registry=registry).labels("0").set(1)
