@@ -323,3 +323,22 @@ def test_process_churn_of_thousands_of_short_lived_pids(scenario: Scenario) -> N
             pids = [ls for (n, ls) in metrics if n == "gpu_process_memory_used_bytes"]
             assert len(pids) == 20  # the default cap: cardinality stays bounded
             assert metrics[("gpu_processes", frozenset({("gpu", "0"), ("uuid", str(g.values["uuid"]))}))] == 1000
+
+
+def test_the_kubernetes_tls_and_auth_example(tmp_path: Path, ca: trustme.CA) -> None:
+    """deploy/k8s/examples/tls-auth renders, and its web.yml is accepted by the exporter."""
+    root = Path(__file__).resolve().parent.parent
+    example = root / "deploy" / "k8s" / "examples" / "tls-auth"
+    kubectl = Path(sys.executable).parent / "kubectl"
+    out = subprocess.run([str(kubectl), "kustomize", str(example)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = {d["kind"]: d for d in yaml.safe_load_all(out.stdout)}
+    container = docs["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--web.config.file=/etc/gpu-exporter/web/web.yml" in container["args"]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    endpoint = docs["ServiceMonitor"]["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and "basicAuth" in endpoint and "tlsConfig" in endpoint
+    (tmp_path / "web.yml").write_text((example / "web.yml").read_text())
+    tls_files(tmp_path, ca, "tls")
+    config = load_web_config(tmp_path / "web.yml")
+    assert config.ssl_context is not None and set(config.users) == {"prometheus"}
