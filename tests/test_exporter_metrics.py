@@ -238,3 +238,21 @@ def test_metric_table_covers_every_emitted_name(scenario: Scenario, nvml: Any, l
     gpu_metrics = {n for n in METRICS if not n.startswith(("gpu_exporter_", "gpu_mig_")) and n != "gpu_pod_info"}
     assert emitted == gpu_metrics
     poller.close()
+
+
+def test_nvml_timeouts_leave_values_out_and_are_counted(scenario: Scenario, nvml: Any) -> None:
+    """A query that times out in the driver loses that value for this poll only; nothing else."""
+    g = scenario.add_gpu().identity("g", UUID).utilization(50, 5).power(100_000, 200_000).temperature(60)
+    scenario.write()
+    poller, errors = make_poller()
+    g.error("power.usage_mw", "TIMEOUT").error("temperature.gpu", "TIMEOUT")
+    scenario.write()
+    for _ in range(2):
+        s = samples_of(poller.poll())
+        assert value(s, "gpu_power_usage_watts") is None and value(s, "gpu_temperature_celsius", sensor="gpu") is None
+        assert value(s, "gpu_utilization_ratio") == pytest.approx(0.5) and value(s, "gpu_up") == 1
+    assert errors.counts[("nvmlDeviceGetPowerUsage", "timeout")] == 2  # asked again each poll, unlike NOT_SUPPORTED
+    g.power(120_000, 200_000).temperature(61)
+    scenario.write()
+    s = samples_of(poller.poll())
+    assert value(s, "gpu_power_usage_watts") == pytest.approx(120.0)
