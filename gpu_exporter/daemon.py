@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -17,12 +18,14 @@ from .backend import Backend
 from .config import Settings
 from .exposition import Exposition
 from .http_server import HttpServer
-from .kubelet import PodResourcesWatcher
 from .metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
 from .notify import Notifier, Receiver
 from .poller import Poller
 from .snapshot import NodeSnapshot
 from .web_config import WebConfigWatcher
+
+if TYPE_CHECKING:
+    from .kubelet import PodResourcesWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -37,6 +40,9 @@ class Daemon:
         self.watcher: PodResourcesWatcher | None = None
         attach = None
         if pod_labels is not None:
+            # gRPC costs ~10 MiB of memory; load it only where pod attribution is on.
+            from .kubelet import PodResourcesWatcher
+
             self.watcher = PodResourcesWatcher(
                 k8s.pod_resources_socket, resource_names=k8s.resource_names, resource_prefixes=k8s.resource_prefixes,
                 refresh_interval=k8s.refresh_interval, timeout=k8s.timeout, outcome=self.metrics.count_kubelet,
@@ -90,7 +96,6 @@ class Daemon:
         return base.rstrip("/") + "/alerts"
 
     def publish(self, snapshot: NodeSnapshot) -> None:
-        self.latest = snapshot
         self.collector.snapshot = snapshot
         # Rules see the snapshot before it is rendered, so /metrics and the alerts agree.
         self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.taken_at)
@@ -98,8 +103,11 @@ class Daemon:
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
         if snapshot.nvml_up:
             self.metrics.last_success.set(snapshot.taken_at)
-            self._last_success = time.monotonic()
         self.exposition.render()
+        # Readiness follows only once /metrics serves this snapshot.
+        if snapshot.nvml_up:
+            self._last_success = time.monotonic()
+        self.latest = snapshot
         for listener in self.listeners:
             try:
                 listener(snapshot)

@@ -51,5 +51,5 @@ def test_promtool_accepts_the_nvml_down_page(monkeypatch: pytest.MonkeyPatch, nv
     daemon = Daemon(load_settings(), NvmlBackend)
     daemon.poll_once()
     body = daemon.exposition.body()
-    assert b"gpu_exporter_nvml_up 0.0" in body
+    assert b"gpu_exporter_nvml_up 0\n" in body
     promtool_check(body)
