@@ -25,7 +25,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
@@ -33,8 +33,6 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-GIB = 1024**3
-MIB = 1024**2
 
 
 def log(msg: str) -> None:
@@ -58,7 +56,10 @@ def machine() -> dict[str, Any]:
     mem_gib = 0.0
     with contextlib.suppress(OSError, ValueError, IndexError):
         mem_gib = int(Path("/proc/meminfo").read_text().split()[1]) / 1024**2
+    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, check=False).stdout.strip()  # fmt: skip
     return {
+        "commit": commit or "unknown",
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": round(mem_gib, 1),
@@ -70,7 +71,8 @@ def machine() -> dict[str, Any]:
 
 def machine_line(m: dict[str, Any]) -> str:
     return (
-        f"{m['date']}; {m['cpu']}, {m['cores']} cores, {m['memory_gib']:g} GiB; Python {m['python']}; {m['platform']}"
+        f"{m['date']}; {m['cpu']}, {m['cores']} cores, {m['memory_gib']:g} GiB; Python {m['python']}; "
+        f"{m['platform']}; gpu-exporter at {m.get('commit', 'unknown')}"
     )
 
 
@@ -121,11 +123,6 @@ class Children:
             self.stop(proc)
 
 
-def sleepers(children: Children, n: int) -> list[int]:
-    """``n`` real, idle processes: GPU processes whose /proc entries the exporters can read."""
-    return [children.start(["sleep", "3600"]).pid for _ in range(n)]
-
-
 def wait_for_log_event(path: Path, proc: subprocess.Popen[bytes], event: str, timeout: float = 60) -> dict[str, Any]:
     """The first JSON log line in ``path`` whose "event" is ``event``."""
     deadline = time.monotonic() + timeout
@@ -138,10 +135,10 @@ def wait_for_log_event(path: Path, proc: subprocess.Popen[bytes], event: str, ti
                         return entry
         if proc.poll() is not None:
             raise RuntimeError(
-                f"{proc.args} exited with {proc.returncode}:\n{path.read_text(errors='replace')[-3000:]}"
+                f"{proc.args!r} exited with {proc.returncode}:\n{path.read_text(errors='replace')[-3000:]}"
             )
         time.sleep(0.05)
-    raise RuntimeError(f"{proc.args}: no {event!r} event within {timeout} s")
+    raise RuntimeError(f"{proc.args!r}: no {event!r} event within {timeout} s")
 
 
 def spawn_gpu_exporter(children: Children, args: Sequence[str], env: dict[str, str] | None,
@@ -255,14 +252,18 @@ def wrk(url: str, connections: int, seconds: float, gzipped: bool, threads: int 
 
 
 def pyspy_top(py_spy: Path | None, pid: int, seconds: float, top: int = 10) -> dict[str, Any]:
-    """Sample ``pid`` with py-spy; the functions that take the most samples, by self and by total time."""
+    """Sample ``pid`` with py-spy; the functions that take the most samples, by self and by total time.
+
+    Only samples of the thread holding the GIL count (``--gil``): that is where the Python CPU
+    time goes. Threads waiting on a queue, a socket or a driver call that released the GIL are left out.
+    """
     if py_spy is None or not py_spy.exists():
         return {"error": "py-spy is not installed"}
     out = Path(f"/tmp/gpu-exporter-bench-pyspy-{pid}.txt")
     try:
         r = subprocess.run(
-            [str(py_spy), "record", "--format", "raw", "--rate", "200", "--duration", str(max(1, round(seconds))),
-             "--output", str(out), "--pid", str(pid)],
+            [str(py_spy), "record", "--gil", "--nonblocking", "--format", "raw", "--rate", "1000",
+             "--duration", str(max(1, round(seconds))), "--output", str(out), "--pid", str(pid)],
             capture_output=True, text=True, timeout=seconds + 60,
         )  # fmt: skip
         if r.returncode != 0 or not out.exists():
@@ -317,14 +318,6 @@ def pct(xs: Sequence[float], q: float) -> float:
         return float("nan")
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))]
-
-
-@dataclass
-class Timer:
-    started: float = field(default_factory=time.monotonic)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
 
 
 def which(name: str) -> str:

@@ -18,8 +18,8 @@ from typing import Any
 from benchlib import ROOT, Children, get, log, parse_samples, wrk
 
 sys.path.insert(0, str(ROOT))
-from tests.fakenvml import Scenario, subprocess_env  # noqa: E402
-from tests.fakenvml.presets import GIB, gpu_uuid, h100_sxm, mig_uuid  # noqa: E402
+from tests.fakenvml import Scenario, subprocess_env
+from tests.fakenvml.presets import GIB, gpu_uuid, h100_sxm, mig_uuid
 
 # Runs in the project's interpreter, against the fake: the daemon's own poller and publish path.
 HARNESS = """
@@ -157,7 +157,8 @@ def steps(res: dict[str, Any]) -> list[str]:
     for a_name, b_name, what in pairs:
         a, b = _find(rows, a_name), _find(rows, b_name)
         out.append(
-            f"| {what} | poll x{b['poll_wall_ms'] / a['poll_wall_ms']:.2f}, poll CPU x{b['poll_cpu_ms'] / a['poll_cpu_ms']:.2f} | "
+            f"| {what} | poll x{b['poll_wall_ms'] / a['poll_wall_ms']:.2f}, "
+            f"poll CPU x{b['poll_cpu_ms'] / a['poll_cpu_ms']:.2f} | "
             f"series x{b['series'] / a['series']:.2f}, render x{b['render_ms'] / a['render_ms']:.2f} | "
             f"bytes x{b['bytes'] / a['bytes']:.2f} |"
         )

@@ -7,6 +7,7 @@ at the same time, so they see the same machine load; every figure is measured in
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import subprocess
@@ -35,8 +36,8 @@ from benchlib import (
 )
 
 sys.path.insert(0, str(ROOT))
-from tests.fakenvml import subprocess_env  # noqa: E402
-from tests.fakenvml.presets import preset  # noqa: E402
+from tests.fakenvml import subprocess_env
+from tests.fakenvml.presets import preset
 
 GIB = 1024**3
 N_GPUS = 8
@@ -73,18 +74,22 @@ sys.argv = ["nvitop-exporter", *sys.argv[2:]]
 sys.exit(cli.main())
 """
 
-# Resident memory a fresh interpreter gains by importing each module (used where we miss the RSS target).
+# Resident memory a fresh interpreter gains by importing these modules one after another (used
+# where we miss the RSS target): each figure is what that import added on top of the ones before.
 IMPORT_RSS = """
-import importlib, sys
+import importlib, json, sys
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
-base = rss()
-importlib.import_module(sys.argv[1])
-print(rss() - base, base)
+out = {"(interpreter)": rss()}
+for m in sys.argv[1:]:
+    before = rss()
+    importlib.import_module(m)
+    out[m] = rss() - before
+print(json.dumps(out))
 """
-OUR_MODULES = ["prometheus_client", "pynvml", "structlog", "yaml", "pydantic", "pydantic_settings",
+OUR_MODULES = ["prometheus_client", "pynvml", "yaml", "structlog", "pydantic", "pydantic_settings",
                "apscheduler.schedulers.background", "grpc", "google.protobuf", "gpu_exporter.daemon"]  # fmt: skip
 NVITOP_MODULES = ["prometheus_client", "pynvml", "psutil", "nvitop", "nvitop_exporter.exporter"]
 
@@ -163,15 +168,18 @@ def describe(samples: list[Sample], ours: bool) -> dict[str, Any]:
 
 
 def rss_breakdown(python: Path, modules: list[str], env: dict[str, str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for m in modules:
-        r = subprocess.run([str(python), "-c", IMPORT_RSS, m], capture_output=True, text=True, env=env, timeout=60,
-                           cwd=ROOT)  # fmt: skip
-        if r.returncode == 0:
-            added, base = (float(x) for x in r.stdout.split())
-            out[m] = round(added, 1)
-            out["(bare interpreter)"] = round(base, 1)
-    return out
+    """RSS added by each of ``modules`` that the last one (the program) really imports, in order."""
+    probe = "import importlib, sys; importlib.import_module(sys.argv[-1]); print(' '.join(m for m in sys.argv[1:] " \
+            "if m in sys.modules))"  # fmt: skip
+    r = subprocess.run([str(python), "-c", probe, *modules], capture_output=True, text=True, env=env, timeout=120,
+                       cwd=ROOT)  # fmt: skip
+    if r.returncode != 0:
+        return {"error": float("nan")}
+    r = subprocess.run([str(python), "-c", IMPORT_RSS, *r.stdout.split()], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=ROOT)  # fmt: skip
+    if r.returncode != 0:
+        return {"error": float("nan")}
+    return {k: round(float(v), 1) for k, v in json.loads(r.stdout).items()}
 
 
 def run(tmp: Path, *, window_s: float, wrk_s: float, bench_python: Path, py_spy: Path | None) -> dict[str, Any]:
@@ -271,7 +279,7 @@ def run(tmp: Path, *, window_s: float, wrk_s: float, bench_python: Path, py_spy:
         # --- where a target is missed: what dominates ----------------------------------------------
         missed = {k for k, t in res["targets"].items() if not t["met"]}
         res["profiles"] = {}
-        spy_s = max(5.0, min(30.0, window_s / 4))
+        spy_s = max(10.0, min(30.0, window_s / 6))
         if missed & {"poll", "cpu"}:
             log(f"vs-nvitop: py-spy on gpu-exporter, steady state, {spy_s:g} s")
             res["profiles"]["gpu-exporter steady state"] = pyspy_top(py_spy, ours.proc.pid, spy_s)
@@ -376,19 +384,25 @@ def markdown(res: dict[str, Any]) -> list[str]:
     for name, t in res["targets"].items():
         lines.append(f"| {name}: {t['target']} | {t['figure']} | {'yes' if t['met'] else '**no**'} |")
     if res["nvml_functions_missing_in_fake"]:
-        lines += ["", "NVML functions nvitop-exporter called that the fake lacks (it logs the error once and "
-                  "exports those values as NaN/N/A): " + ", ".join(f"`{f}`" for f in res["nvml_functions_missing_in_fake"])
-                  + "."]  # fmt: skip
+        missing = ", ".join(f"`{f}`" for f in res["nvml_functions_missing_in_fake"])
+        lines += ["", f"NVML functions nvitop-exporter called that the fake lacks: {missing}. It logs the error once "
+                  "and goes on; the values that need them read N/A."]  # fmt: skip
     for title, prof in res.get("profiles", {}).items():
         lines += ["", f"### Profile: {title}", ""]
         if title == "rss_by_import_mib":
+            lines.append(
+                "What each import the exporter makes adds to a fresh interpreter's RSS, one after another "
+                "(the last entry is the exporter's own code and what only it pulls in):"
+            )
+            lines.append("")
             for who, mods in prof.items():
-                lines.append(f"- {who}: " + ", ".join(f"`{m}` {v:g} MiB" for m, v in mods.items()))
+                total = sum(mods.values())
+                lines.append(f"- {who}: " + ", ".join(f"`{m}` {v:g}" for m, v in mods.items()) + f"; {total:.1f} MiB")
             continue
         if "error" in prof:
             lines.append(f"py-spy failed: {prof['error']}")
             continue
-        lines.append(f"py-spy, {prof['samples']} samples (busy threads only). Self time:")
+        lines.append(f"py-spy `--gil`, {prof['samples']} samples (the thread holding the GIL). Self time:")
         lines.append("")
         lines += [f"- {v:.1f}% `{f}`" for f, v in prof["self"][:8]]
         lines += ["", "Inclusive:", ""]
