@@ -73,7 +73,7 @@ class Daemon:
         self.listeners: list[Callable[[NodeSnapshot], None]] = []
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._http: HttpServer | None = None
-        self.exposition.render()  # self-metrics are served even before the first poll ends
+        self.exposition.invalidate()  # self-metrics are served even before the first poll ends
         # Loaded now, so that a broken web config stops the start (exit 2) before anything runs.
         self.web = WebConfigWatcher(settings.web_config_file)
 
@@ -103,7 +103,7 @@ class Daemon:
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
         if snapshot.nvml_up:
             self.metrics.last_success.set(snapshot.taken_at)
-        self.exposition.render()
+        self.exposition.invalidate()  # the next scrape renders this snapshot
         # Readiness follows only once /metrics serves this snapshot.
         if snapshot.nvml_up:
             self._last_success = time.monotonic()

@@ -1,7 +1,8 @@
-"""The /metrics body, rendered once per poll and served as-is to every scrape.
+"""The /metrics body, rendered at most once per poll and served as-is to every scrape.
 
 Rendering on every scrape would make the exporter's cost grow with the scrape rate (and with
-the number of Prometheus replicas); here a scrape is a dictionary lookup and a socket write.
+the number of Prometheus replicas); here a scrape is, but for the first after a poll, a lookup
+and a socket write.
 """
 
 from __future__ import annotations
@@ -20,20 +21,37 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class Exposition:
+    """The rendered page, at most once per poll.
+
+    A poll only marks the page stale; the first scrape after it renders it (a few milliseconds,
+    no NVML), and every later scrape until the next poll gets the same bytes. Polls that no scrape
+    reads cost no rendering at all: with a 5 s poll and a 15 s scrape, two of three.
+    """
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._lock = threading.Lock()
         self._plain = b""
         self._gzipped: bytes | None = None
+        self._stale = True
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._stale = True
 
     def render(self) -> None:
         body = render_text(self._registry)
         with self._lock:
             self._plain = body
             self._gzipped = None
+            self._stale = False
 
     def body(self, gzipped: bool = False) -> bytes:
         with self._lock:
+            if self._stale:
+                self._plain = render_text(self._registry)
+                self._gzipped = None
+                self._stale = False
             if not gzipped:
                 return self._plain
             if self._gzipped is None:
