@@ -25,12 +25,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_exporter.attribution import Attributor  # noqa: E402
-from gpu_exporter.kubelet import PodResourcesWatcher  # noqa: E402
+from gpu_exporter.kubernetes.attribution import Attributor  # noqa: E402
+from gpu_exporter.kubernetes.kubelet import PodResourcesWatcher  # noqa: E402
 from gpu_exporter.logs import configure_logging  # noqa: E402
-from gpu_exporter.metrics import RenderOptions, gpu_families  # noqa: E402
-from gpu_exporter.nvml_backend import NvmlBackend  # noqa: E402
-from gpu_exporter.poller import Poller  # noqa: E402
+from gpu_exporter.serving.metrics import RenderOptions, gpu_families  # noqa: E402
+from gpu_exporter.sources.nvml import NvmlBackend  # noqa: E402
+from gpu_exporter.sources.poller import Poller  # noqa: E402
 from tests.fake_kubelet import fake_kubelet, pod  # noqa: E402
 from tests.fakenvml import Scenario, load_in_process  # noqa: E402
 from tests.fakenvml.presets import gpu_uuid, mig_uuid  # noqa: E402

@@ -62,8 +62,8 @@ def bench_poll(path: Path, polls: int) -> dict[str, float]:
     load_in_process()
     os.environ["FAKE_NVML_SCENARIO"] = str(path)
     from gpu_exporter.logs import configure_logging
-    from gpu_exporter.nvml_backend import NvmlBackend
-    from gpu_exporter.poller import Poller
+    from gpu_exporter.sources.nvml import NvmlBackend
+    from gpu_exporter.sources.poller import Poller
 
     configure_logging("json", "warning")
     poller = Poller(NvmlBackend(lambda f, e: None), errors=lambda f, e: None)
@@ -122,7 +122,7 @@ BASELINE = textwrap.dedent("""
     from prometheus_client import CollectorRegistry, start_http_server
     from gpu_exporter.config import load_settings
     from gpu_exporter.daemon import Daemon
-    from gpu_exporter.nvml_backend import NvmlBackend
+    from gpu_exporter.sources.nvml import NvmlBackend
     d = Daemon(load_settings(), NvmlBackend)
     d.poll_once()
     server, _ = start_http_server(0, addr="127.0.0.1", registry=d.registry)

@@ -27,7 +27,7 @@ import json, statistics, sys, time
 from gpu_exporter.config import load_settings
 from gpu_exporter.daemon import Daemon
 from gpu_exporter.logs import configure_logging
-from gpu_exporter.nvml_backend import NvmlBackend
+from gpu_exporter.sources.nvml import NvmlBackend
 
 configure_logging("json", "warning")
 polls, top_n = int(sys.argv[1]), int(sys.argv[2])

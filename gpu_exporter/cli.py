@@ -14,10 +14,10 @@ from typing import Any
 import structlog
 
 from . import __version__
-from .backend import Backend, ErrorSink
 from .config import DEFAULT_PORT, ConfigError, Settings, load_settings
 from .logs import configure_logging
-from .web_config import WebConfigError
+from .serving.web_config import WebConfigError
+from .sources.backend import Backend, ErrorSink
 
 log = structlog.get_logger(__name__)
 
@@ -121,10 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_backend(settings: Settings, errors: ErrorSink) -> Backend:
     if settings.simulate:
-        from .simulated import SimulatedBackend
+        from .sources.simulated import SimulatedBackend
 
         return SimulatedBackend(settings.simulate_gpus)
-    from .nvml_backend import NvmlBackend
+    from .sources.nvml import NvmlBackend
 
     return NvmlBackend(errors)
 
@@ -151,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_once(settings: Settings, fmt: str) -> int:
-    from .metrics import RenderOptions
     from .once import as_json, as_table, findings
-    from .poller import Poller
+    from .serving.metrics import RenderOptions
+    from .sources.poller import Poller
 
     poller = Poller(make_backend(settings, lambda f, e: None), errors=lambda f, e: None,
                     gpu_timeout_s=settings.gpu_timeout)  # fmt: skip

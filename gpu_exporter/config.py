@@ -19,9 +19,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
-from .http_server import parse_listen_address
-from .rules_config import AlertingSettings, RulesSettings
+from .serving.http_server import parse_listen_address
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"

@@ -12,20 +12,20 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from .alerts import RuleEngine, node_name
-from .attribution import Attributor
-from .backend import Backend
+from .alerting.delivery import Notifier, Receiver
+from .alerting.engine import RuleEngine, node_name
 from .config import Settings
-from .exposition import Exposition
-from .http_server import HttpServer
-from .metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
-from .notify import Notifier, Receiver
-from .poller import Poller
+from .kubernetes.attribution import Attributor
+from .serving.exposition import Exposition
+from .serving.http_server import HttpServer
+from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
+from .serving.web_config import WebConfigWatcher
 from .snapshot import NodeSnapshot
-from .web_config import WebConfigWatcher
+from .sources.backend import Backend
+from .sources.poller import Poller
 
 if TYPE_CHECKING:
-    from .kubelet import PodResourcesWatcher
+    from .kubernetes.kubelet import PodResourcesWatcher
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +41,7 @@ class Daemon:
         attach = None
         if pod_labels is not None:
             # gRPC costs ~10 MiB of memory; load it only where pod attribution is on.
-            from .kubelet import PodResourcesWatcher
+            from .kubernetes.kubelet import PodResourcesWatcher
 
             self.watcher = PodResourcesWatcher(
                 k8s.pod_resources_socket, resource_names=k8s.resource_names, resource_prefixes=k8s.resource_prefixes,

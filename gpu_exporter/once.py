@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .alerts import RuleEngine, holding_now
-from .metrics import GPU_LABELS, RenderOptions, gpu_families
-from .rules_config import RulesSettings
+from .alerting.engine import RuleEngine, holding_now
+from .alerting.settings import RulesSettings
+from .serving.metrics import GPU_LABELS, RenderOptions, gpu_families
 from .snapshot import GpuReading, NodeSnapshot
 
 GIB = 1024**3

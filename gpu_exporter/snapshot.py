@@ -7,7 +7,7 @@ shown as 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -153,3 +153,17 @@ class NodeSnapshot:
 
     def gpu(self, index: int) -> GpuReading | None:
         return next((g for g in self.gpus if g.index == index), None)
+
+
+def pod_label_values(pods: Iterable[PodRef]) -> tuple[str, str, str]:
+    """The ``namespace``, ``pod`` and ``container`` label values of the containers holding a device.
+
+    One container gives its own names.  Several (time-slicing) give each name joined with commas, in
+    a stable order; ``gpu_pod_info`` lists them one by one for exact joins.  Metrics and alerts both
+    label with this, so the two always agree."""
+    refs = sorted(set(pods), key=lambda r: (r.namespace, r.pod, r.container))
+    return (
+        ",".join(dict.fromkeys(r.namespace for r in refs)),
+        ",".join(dict.fromkeys(r.pod for r in refs)),
+        ",".join(dict.fromkeys(r.container for r in refs)),
+    )

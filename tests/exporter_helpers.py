@@ -17,10 +17,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.metrics import gpu_families
-from gpu_exporter.nvml_backend import NvmlBackend
-from gpu_exporter.poller import Poller
+from gpu_exporter.serving.metrics import gpu_families
 from gpu_exporter.snapshot import NodeSnapshot
+from gpu_exporter.sources.nvml import NvmlBackend
+from gpu_exporter.sources.poller import Poller
 from tests.fakenvml import start
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_exporter.notify import Receiver
-from gpu_exporter.rules_config import ReceiverSettings
+from gpu_exporter.alerting.delivery import Receiver
+from gpu_exporter.alerting.settings import ReceiverSettings
 from tests.alerting_helpers import alertmanager, webhook_receiver
 from tests.exporter_helpers import http_get, run_daemon, value, wait_for
 from tests.fakenvml import Scenario

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.durations import parse_duration
-from gpu_exporter.rules_config import RulesSettings
 from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml import Counter, Scenario
 from tests.fakenvml.presets import h100_sxm

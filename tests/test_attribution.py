@@ -8,10 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_exporter.attribution import Attributor, ProcInfo, read_proc
-from gpu_exporter.metrics import RenderOptions, gpu_families
-from gpu_exporter.pods import pod_label_values
-from gpu_exporter.snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading
+from gpu_exporter.kubernetes.attribution import Attributor, ProcInfo, read_proc
+from gpu_exporter.serving.metrics import RenderOptions, gpu_families
+from gpu_exporter.snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
 
 A = PodRef("ml", "trainer-0", "main")
 B = PodRef("ml", "notebook-7", "jupyter")

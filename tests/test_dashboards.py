@@ -30,8 +30,8 @@ from grafana_foundation_sdk.cog.runtime import Runtime
 from grafana_foundation_sdk.models import prometheus as sdk_prometheus
 from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel, VariableModel
 
-from gpu_exporter.metrics import METRICS
-from gpu_exporter.rules_config import RulesSettings
+from gpu_exporter.alerting.settings import RulesSettings
+from gpu_exporter.serving.metrics import METRICS
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import FakePod, fake_kubelet, pod

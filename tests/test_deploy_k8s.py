@@ -22,8 +22,8 @@ import kubernetes_validate.utils  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.config import load_settings
-from gpu_exporter.rules_config import RulesSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"

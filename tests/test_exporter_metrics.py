@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.metrics import METRICS
+from gpu_exporter.serving.metrics import METRICS
 from tests.exporter_helpers import make_poller, names_for_gpu, samples_of, value, wait_for
 from tests.fakenvml import Counter, Err, Scenario
 from tests.fakenvml.presets import preset

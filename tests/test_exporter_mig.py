@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_exporter.metrics import RenderOptions, gpu_families
+from gpu_exporter.serving.metrics import RenderOptions, gpu_families
 from tests.exporter_helpers import make_poller, samples_of, value
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import mig_uuid, preset

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpu_exporter.metrics import METRICS
+from gpu_exporter.serving.metrics import METRICS
 from tests.fakenvml import Scenario, subprocess_env
 from tests.fakenvml.presets import preset
 

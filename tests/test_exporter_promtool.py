@@ -10,8 +10,8 @@ import pytest
 
 from gpu_exporter.config import load_settings
 from gpu_exporter.daemon import Daemon
-from gpu_exporter.nvml_backend import NvmlBackend
-from gpu_exporter.simulated import SimulatedBackend
+from gpu_exporter.sources.nvml import NvmlBackend
+from gpu_exporter.sources.simulated import SimulatedBackend
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import PRESETS, preset
 

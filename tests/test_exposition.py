@@ -10,7 +10,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gpu_exporter.exposition import Exposition, render_text
+from gpu_exporter.serving.exposition import Exposition, render_text
 
 
 class CountingCollector(Collector):

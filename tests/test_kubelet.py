@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter import kubelet as kubelet_module
-from gpu_exporter.kubelet import PodRef, PodResourcesWatcher, normalize_device_id
+from gpu_exporter.kubernetes import kubelet as kubelet_module
+from gpu_exporter.kubernetes.kubelet import PodRef, PodResourcesWatcher, normalize_device_id
 from tests.fake_kubelet import FakeKubelet, fake_kubelet, pod, socket_path_in
 
 GPU = "nvidia.com/gpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpu_exporter.metrics import METRICS
+from gpu_exporter.serving.metrics import METRICS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.alerts import FIRING, PENDING, RESOLVED, Alert, RuleEngine, holding_now
+from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, holding_now
+from gpu_exporter.alerting.settings import RulesSettings
+from gpu_exporter.alerting.window import IncreaseTracker, SampleWindow
 from gpu_exporter.config import load_settings
-from gpu_exporter.rules_config import RulesSettings
 from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, ProcessReading
-from gpu_exporter.window import IncreaseTracker, SampleWindow
 
 GIB = 1024**3
 STEP = 15.0  # seconds between polls in the traces

@@ -8,14 +8,14 @@ from itertools import pairwise
 
 import pytest
 
-from gpu_exporter.backend import GpuLost
-from gpu_exporter.simulated import (
+from gpu_exporter.snapshot import GpuReading
+from gpu_exporter.sources.backend import GpuLost
+from gpu_exporter.sources.simulated import (
     LOST_PERIOD_SECONDS,
     LOST_WINDOW_SECONDS,
     PROFILES,
     SimulatedBackend,
 )
-from gpu_exporter.snapshot import GpuReading
 
 DAY = 86400
 STEP = 30

@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge
 
-from gpu_exporter.exposition import Exposition
-from gpu_exporter.http_server import HttpServer
-from gpu_exporter.web_config import WebConfigError, WebConfigWatcher, load_web_config
+from gpu_exporter.serving.exposition import Exposition
+from gpu_exporter.serving.http_server import HttpServer
+from gpu_exporter.serving.web_config import WebConfigError, WebConfigWatcher, load_web_config
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset

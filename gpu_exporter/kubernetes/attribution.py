@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from .snapshot import GpuReading, PodRef, ProcessReading
+from ..snapshot import GpuReading, PodRef, ProcessReading
 
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
 

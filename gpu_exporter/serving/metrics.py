@@ -16,10 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import __version__
-from .alerts import Alert
-from .pods import pod_label_values
-from .snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading
+from .. import __version__
+from ..alerting.engine import Alert
+from ..snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
 
 GPU_LABELS = ("gpu", "uuid")
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..snapshot import GpuReading, GpuStatic, NvLinkReading, ProcessReading, pcie_link_bytes_per_second
 from .backend import GpuLost, SystemInfo
-from .snapshot import GpuReading, GpuStatic, NvLinkReading, ProcessReading, pcie_link_bytes_per_second
 
 PROFILES = ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle")
 """Workload of GPU ``i`` is ``PROFILES[i % len(PROFILES)]``."""

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import pynvml
 import structlog
 
+from ..snapshot import GpuReading, GpuStatic, MigReading, NvLinkReading, ProcessReading
 from .backend import BackendUnavailable, ErrorSink, GpuLost, SystemInfo
-from .snapshot import GpuReading, GpuStatic, MigReading, NvLinkReading, ProcessReading
 
 log = structlog.get_logger(__name__)
 

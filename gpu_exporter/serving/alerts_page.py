@@ -6,8 +6,8 @@ import html
 import json
 from collections.abc import Sequence
 
-from .alerts import Alert
-from .notify import rfc3339
+from ..alerting.delivery import rfc3339
+from ..alerting.engine import Alert
 
 
 def alerts_json(alerts: Sequence[Alert]) -> bytes:

@@ -14,10 +14,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from .pods import pod_label_values
+from ..snapshot import GpuReading, NodeSnapshot, pod_label_values
 from .rules import RULES, Check, GpuHistory, is_enabled
-from .rules_config import RulesSettings
-from .snapshot import GpuReading, NodeSnapshot
+from .settings import RulesSettings
 from .window import SampleWindow
 
 PENDING, FIRING, RESOLVED = "pending", "firing", "resolved"

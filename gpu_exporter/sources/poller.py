@@ -14,8 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import structlog
 
+from ..snapshot import GpuReading, GpuStatic, NodeSnapshot
 from .backend import Backend, BackendUnavailable, ErrorSink, GpuLost, SystemInfo
-from .snapshot import GpuReading, GpuStatic, NodeSnapshot
 
 log = structlog.get_logger(__name__)
 

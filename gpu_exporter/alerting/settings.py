@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from .durations import parse_duration
+from ..durations import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 Ratio = Annotated[float, Field(ge=0, le=1)]

@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 import structlog
 
-from . import __version__
-from .alerts import Alert
+from .. import __version__
+from ..alerting.engine import Alert
 from .alerts_page import alerts_html, alerts_json
 from .exposition import CONTENT_TYPE, Exposition
 from .web_config import WebConfig, WebConfigWatcher

@@ -27,8 +27,8 @@ from types import MappingProxyType
 import grpc
 import structlog
 
+from ..snapshot import PodRef
 from .podresources import api_pb2, api_pb2_grpc
-from .snapshot import PodRef
 
 __all__ = ["DeviceMap", "PodRef", "PodResourcesWatcher", "build_device_map", "normalize_device_id"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import structlog
 
-from .alerts import FIRING, Alert
-from .rules_config import ReceiverSettings
+from .engine import FIRING, Alert
+from .settings import ReceiverSettings
 
 log = structlog.get_logger(__name__)
 

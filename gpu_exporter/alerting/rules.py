@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .rules_config import RulesSettings
-from .snapshot import GpuReading
+from ..snapshot import GpuReading
+from .settings import RulesSettings
 from .window import IncreaseTracker, SampleWindow
 
 THERMAL_REASONS = ("hw_thermal", "sw_thermal")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .snapshot import GpuReading, GpuStatic
+from ..snapshot import GpuReading, GpuStatic
 
 # Called with (function, error) for every failed query, e.g. ("nvmlDeviceGetPowerUsage", "timeout").
 ErrorSink = Callable[[str, str], None]

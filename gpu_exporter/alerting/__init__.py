@@ -1,0 +1,10 @@
+"""Alerting: judging snapshots and telling people.
+
+Rule settings (``settings``), sliding windows (``window``), the rules (``rules``), the engine that
+tracks pending and firing alerts across polls (``engine``), and delivery to Alertmanager and
+webhooks (``delivery``).
+
+May import: ``snapshot`` and the helpers at the top (``durations``).
+Never: ``serving`` (rules know no HTTP page or exposition), ``sources`` (rules judge snapshots,
+never NVML), ``kubernetes`` or the wiring.
+"""
