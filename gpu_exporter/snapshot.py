@@ -33,6 +33,30 @@ class ProcessReading:
     used_memory_bytes: int | None  # None: the driver does not say (WDDM, no permission)
     kind: str = "compute"  # or "graphics"
     pod: PodRef | None = None
+    # The driver's latest per-process sample (nvmlDeviceGetProcessUtilization); 0 when the process
+    # was idle since the previous poll, None where the driver cannot say (MIG, older GPUs).
+    sm_utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """Profiling-grade activity between the previous poll and this one, from NVML's GPM (GPU
+    Performance Monitoring, Hopper and newer).  Ratios 0-1; None where a metric is not supported.
+
+    Unlike GPU-Util, which reads 100% when any kernel ran, these say how much of the GPU worked:
+    the fraction of SMs busy, of warp slots occupied, of time the tensor or FP pipes ran, and of
+    DRAM bandwidth used.
+    """
+
+    graphics: float | None = None  # any graphics or compute engine active
+    sm: float | None = None  # SMs with at least one warp resident
+    sm_occupancy: float | None = None  # resident warps / the SMs' maximum
+    tensor: float | None = None  # any tensor pipe active
+    dram: float | None = None  # DRAM bandwidth used / peak
+    fp64: float | None = None
+    fp32: float | None = None
+    fp16: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +70,7 @@ class PodRef:
 
 @dataclass(frozen=True, slots=True)
 class MigReading:
-    """One MIG device of a GPU in MIG mode.  NVML gives no utilization per MIG device."""
+    """One MIG device of a GPU in MIG mode.  Only GPM gives its utilization (``activity``)."""
 
     index: int
     uuid: str
@@ -58,6 +82,7 @@ class MigReading:
     memory_free_bytes: int | None = None
     processes: tuple[ProcessReading, ...] = ()
     pods: tuple[PodRef, ...] = ()
+    activity: Activity | None = None  # GPM per GPU instance; the only utilization NVML gives per MIG
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +107,9 @@ class GpuStatic:
     pcie_max_generation: int | None = None
     pcie_max_width: int | None = None
     temperature_thresholds_celsius: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
-    fan_count: int = 0
+    fan_count: int = 0  # from nvmlDeviceGetNumFans; -1: that call is missing, read one fan the old way
     nvlink_count: int = 0
+    gpm_supported: bool = False  # nvmlGpmQueryDeviceSupport said yes
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +153,7 @@ class GpuReading:
     processes: tuple[ProcessReading, ...] = ()
     migs: tuple[MigReading, ...] = ()
     pods: tuple[PodRef, ...] = ()  # every container holding the GPU (several with time-slicing)
+    activity: Activity | None = None  # None until two GPM samples exist, or where GPM is not supported
 
     @property
     def pcie_link_max_bytes_per_second(self) -> float | None:

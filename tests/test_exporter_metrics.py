@@ -32,7 +32,10 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
     g.ecc(corrected=5, uncorrected=1).remapped_rows(correctable=3, uncorrectable=1, pending=True, failure=False)
     g.mig_mode(False)
-    g.add_process(live_pid, 3 * GIB)
+    g.gpm_supported().gpm(graphics_util=91, sm_util=62, sm_occupancy=31, any_tensor_util=44, dram_bw_util=27,
+                          fp64_util=1, fp32_util=12, fp16_util=3)  # fmt: skip
+    g.process_utilization(100)
+    g.add_process(live_pid, 3 * GIB, sm=58, mem=21)
     g.add_process(999_999_001, 2 * GIB, name="/opt/conda/bin/trainer")
     g.add_process(999_999_002, None)  # memory not available: no series
     g.add_process(999_999_003, 1 * GIB, name=Err("NO_PERMISSION"))
@@ -233,6 +236,7 @@ def test_metric_table_covers_every_emitted_name(scenario: Scenario, nvml: Any, l
     poller, _ = make_poller()
     poller.poll()
     wait_for(lambda: any(g.xid_errors_total for g in poller.poll().gpus), what="an XID")
+    wait_for(lambda: poller.poll().gpus[0].activity is not None, what="two GPM samples 100 ms apart")
     emitted = {n for (n, _) in samples_of(poller.poll())}
     # MIG devices and pod attribution have their own tests (test_exporter_mig, test_pod_attribution).
     gpu_metrics = {n for n in METRICS if not n.startswith(("gpu_exporter_", "gpu_mig_")) and n != "gpu_pod_info"}

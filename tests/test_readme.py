@@ -13,7 +13,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_metrics_reference_matches_the_code() -> None:
     text = README.read_text()
     section = text.split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \| (\w+) \| [^|]* \| (.*) \|$", section, flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([a-z_0-9]+)` \| (\w+) \| [^|]* \| (.*) \|$", section, flags=re.MULTILINE)
     documented = {name: (mtype, meaning) for name, mtype, meaning in rows}
     assert len(rows) == len(documented), "a metric is listed twice"
     assert documented.keys() == METRICS.keys()

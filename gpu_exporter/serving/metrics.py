@@ -21,6 +21,11 @@ from ..alerting.engine import Alert
 from ..snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
 
 GPU_LABELS = ("gpu", "uuid")
+# Activity (GPM) metric name stems and the snapshot field each reads: gpu_<stem>_ratio per GPU,
+# gpu_mig_<stem>_ratio per MIG instance.
+ACTIVITY_METRICS = (("graphics_active", "graphics"), ("sm_active", "sm"), ("sm_occupancy", "sm_occupancy"),
+                    ("tensor_active", "tensor"), ("dram_active", "dram"), ("fp64_active", "fp64"),
+                    ("fp32_active", "fp32"), ("fp16_active", "fp16"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,14 @@ _DEFS = [
     MetricDef("gpu_memory_copy_utilization_ratio", "gauge", "Fraction of the last sample period in which memory was read or written (0-1)."),
     MetricDef("gpu_encoder_utilization_ratio", "gauge", "Video encoder utilization (0-1)."),
     MetricDef("gpu_decoder_utilization_ratio", "gauge", "Video decoder utilization (0-1)."),
+    MetricDef("gpu_graphics_active_ratio", "gauge", "Fraction of time any graphics or compute engine was active since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_sm_active_ratio", "gauge", "Fraction of SMs with at least one warp resident, averaged since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_sm_occupancy_ratio", "gauge", "Resident warps as a fraction of the SMs' maximum, averaged since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_tensor_active_ratio", "gauge", "Fraction of time any tensor pipe was active since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_dram_active_ratio", "gauge", "DRAM bandwidth used as a fraction of the peak since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_fp64_active_ratio", "gauge", "Fraction of time the FP64 (non-tensor) pipe was active since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_fp32_active_ratio", "gauge", "Fraction of time the FP32 (non-tensor) pipe was active since the previous poll, from GPM (0-1; Hopper and newer)."),
+    MetricDef("gpu_fp16_active_ratio", "gauge", "Fraction of time the FP16 (non-tensor) pipe was active since the previous poll, from GPM (0-1; Hopper and newer)."),
     MetricDef("gpu_memory_total_bytes", "gauge", "Total installed GPU memory in bytes."),
     MetricDef("gpu_memory_used_bytes", "gauge", "GPU memory allocated by processes, in bytes (excludes driver-reserved memory where the driver reports it separately)."),
     MetricDef("gpu_memory_free_bytes", "gauge", "GPU memory free for allocation, in bytes."),
@@ -70,12 +83,16 @@ _DEFS = [
     MetricDef("gpu_row_remap_failure", "gauge", "1 when a row remap has failed."),
     MetricDef("gpu_xid_errors_total", "counter", "XID error events seen since the exporter started, by XID code."),
     MetricDef("gpu_process_memory_used_bytes", "gauge", "GPU memory used by a process, in bytes (the processes using the most memory, up to the configured cap per GPU)."),
+    MetricDef("gpu_process_sm_utilization_ratio", "gauge", "SM utilization of a process in the driver's latest sample since the previous poll (0-1; 0 when idle since then; capped like gpu_process_memory_used_bytes)."),
+    MetricDef("gpu_process_memory_utilization_ratio", "gauge", "Memory (frame buffer) utilization of a process in the driver's latest sample since the previous poll (0-1; capped like gpu_process_memory_used_bytes)."),
     MetricDef("gpu_processes", "gauge", "Processes using the GPU, all of them (also those beyond the per-GPU series cap)."),
     MetricDef("gpu_pod_info", "gauge", "Constant 1 for every Kubernetes container holding the GPU or one of its MIG devices (device_uuid), from the kubelet; present only with pod attribution on."),
     MetricDef("gpu_mig_info", "gauge", "Constant 1 for each MIG device of a GPU in MIG mode; the labels give its UUID, GPU and compute instance ids and profile."),
     MetricDef("gpu_mig_memory_total_bytes", "gauge", "Memory of a MIG device, in bytes."),
     MetricDef("gpu_mig_memory_used_bytes", "gauge", "Memory used on a MIG device, in bytes."),
     MetricDef("gpu_mig_memory_free_bytes", "gauge", "Memory free on a MIG device, in bytes."),
+    *(MetricDef(f"gpu_mig_{name}_ratio", "gauge", f"Like gpu_{name}_ratio, for one MIG GPU instance, from GPM (0-1).")
+      for name, _ in ACTIVITY_METRICS),
     MetricDef("gpu_mig_process_memory_used_bytes", "gauge", "Memory used by a process on a MIG device, in bytes (capped like gpu_process_memory_used_bytes)."),
     MetricDef("gpu_exporter_build_info", "gauge", "Constant 1; labels give the exporter's version."),
     MetricDef("gpu_exporter_nvml_up", "gauge", "1 when NVML is initialised and answering."),
@@ -96,6 +113,10 @@ _SCALARS: list[tuple[str, Callable[[GpuReading], float | int | bool | None]]] = 
     ("gpu_memory_copy_utilization_ratio", lambda g: g.memory_copy_utilization_ratio),
     ("gpu_encoder_utilization_ratio", lambda g: g.encoder_utilization_ratio),
     ("gpu_decoder_utilization_ratio", lambda g: g.decoder_utilization_ratio),
+    *(
+        (f"gpu_{name}_ratio", (lambda f: lambda g: getattr(g.activity, f) if g.activity else None)(field))
+        for name, field in ACTIVITY_METRICS
+    ),
     ("gpu_memory_total_bytes", lambda g: g.memory_total_bytes),
     ("gpu_memory_used_bytes", lambda g: g.memory_used_bytes),
     ("gpu_memory_free_bytes", lambda g: g.memory_free_bytes),
@@ -205,14 +226,22 @@ def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> I
         yield fam
     count = f.family("gpu_processes")
     procs = f.family("gpu_process_memory_used_bytes", ("pid", "process"))
+    proc_sm = f.family("gpu_process_sm_utilization_ratio", ("pid", "process"))
+    proc_mem = f.family("gpu_process_memory_utilization_ratio", ("pid", "process"))
     for g in live:
         count.add_metric(f.base(g), len(g.processes))
         for p in top_processes(g.processes, f.opts.process_top_n):
+            labels = [*f.base(g, [p.pod] if p.pod else ()), str(p.pid), p.name]
             if p.used_memory_bytes is not None:
-                base = f.base(g, [p.pod] if p.pod else ())
-                procs.add_metric([*base, str(p.pid), p.name], float(p.used_memory_bytes))
+                procs.add_metric(labels, float(p.used_memory_bytes))
+            if p.sm_utilization_ratio is not None:
+                proc_sm.add_metric(labels, p.sm_utilization_ratio)
+            if p.memory_utilization_ratio is not None:
+                proc_mem.add_metric(labels, p.memory_utilization_ratio)
     yield count
     yield procs
+    yield proc_sm
+    yield proc_mem
     if f.pod_names:
         holders = f.family("gpu_pod_info", ("device_uuid",))
         for g in gpus:
@@ -233,11 +262,13 @@ def _mig_families(f: _Families, live: list[GpuReading]) -> Iterator[Metric]:
         return [*f.base(g, m.pods), m.uuid, gi, ci, m.profile]
 
     info = f.family("gpu_mig_info", _MIG_LABELS)
-    scalars: list[tuple[str, Callable[[MigReading], int | None]]] = [
+    scalars: list[tuple[str, Callable[[MigReading], float | int | None]]] = [
         ("gpu_mig_memory_total_bytes", lambda m: m.memory_total_bytes),
         ("gpu_mig_memory_used_bytes", lambda m: m.memory_used_bytes),
         ("gpu_mig_memory_free_bytes", lambda m: m.memory_free_bytes),
     ]
+    scalars += [(f"gpu_mig_{name}_ratio", (lambda f: lambda m: getattr(m.activity, f) if m.activity else None)(field))
+                for name, field in ACTIVITY_METRICS]  # fmt: skip
     fams = [(f.family(name, _MIG_LABELS), read) for name, read in scalars]
     procs = f.family("gpu_mig_process_memory_used_bytes", (*_MIG_LABELS, "pid", "process"))
     for g in live:

@@ -9,19 +9,23 @@ PCIe throughput arrives in KB/s, NVLink counters in KiB, power in mW, energy in 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 import pynvml
 import structlog
 
-from ..snapshot import GpuReading, GpuStatic, MigReading, NvLinkReading, ProcessReading
+from ..snapshot import Activity, GpuReading, GpuStatic, MigReading, NvLinkReading, ProcessReading
 from .backend import BackendUnavailable, ErrorSink, GpuLost, SystemInfo
+from .gpm import METRIC_FIELDS, MetricAnswer, SamplePair, activity_of
 
 log = structlog.get_logger(__name__)
 
@@ -60,12 +64,19 @@ CLOCK_EVENT_REASONS = {
     "hw_power_brake": 0x80,
     "display_clock_setting": 0x100,
 }
-_FI_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
-_FI_PCIE_TX = pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES
-_FI_PCIE_RX = pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES
-_FI_NVLINK_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX  # KiB
-_FI_NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX  # KiB
+# Field ids are part of the driver's ABI (nvml.h); older nvidia-ml-py releases lack some names.
+_FI_MEMORY_TEMP = getattr(pynvml, "NVML_FI_DEV_MEMORY_TEMP", 82)
+_FI_NVLINK_LINK_COUNT = getattr(pynvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", 91)
+_FI_PCIE_TX = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)
+_FI_PCIE_RX = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
+_FI_NVLINK_TX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)  # KiB
+_FI_NVLINK_RX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)  # KiB
 _XID_WAIT_MS = 500
+_GPM_IDS = tuple(METRIC_FIELDS)
+# nvmlGpmMetricsGet_t's metrics[] is NVML_GPM_METRIC_MAX long: 98, 210 and 477 in different
+# releases, under the same struct version 1.  A driver built with a larger maximum than the
+# bindings could write past their array, so we hand it our own struct, longer than any so far.
+_GPM_METRIC_SLOTS = 1024
 
 
 def error_name(code: int) -> str:
@@ -98,9 +109,15 @@ class _Device:
         self.index = index
         self.handle = handle
         self.unsupported: set[str] = set()
+        self.missing: set[str] = set()  # functions this driver does not have at all
         self.unsupported_fields: set[tuple[int, int]] = set()
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
+        self.process_util_seen = 0  # driver timestamp (us) of the newest per-process sample read
+        self.gpm: SamplePair[Any] | None = None
+        self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)
+        self.lost = False
+        self.uuid_seen = ""
         self._errors = errors
 
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
@@ -117,12 +134,15 @@ class _Device:
             function = what.split("(", 1)[0]
             if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                 self._errors(function, "gpu_is_lost")
+                self.lost = True
                 raise GpuLost(f"GPU {self.index}: {function}: {e}") from e
             if e.value in _DRIVER_GONE:
                 self._errors(function, error_name(e.value))
                 raise _unavailable(e) from e
             if e.value in _UNSUPPORTED:
                 self.unsupported.add(what)
+                if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    self.missing.add(what)
                 self._errors(function, "not_supported")
                 log.debug("nvml_query_unsupported", gpu=self.index, query=what)
                 return None
@@ -167,7 +187,10 @@ class NvmlBackend:
             self._xid_thread.join(timeout=2 * _XID_WAIT_MS / 1000)
             self._xid_thread = None
         with self._lock:
+            devices = list(self._devices.values())
             self._devices.clear()
+        for dev in devices:
+            self._free_gpm(dev)
         if self._open:
             self._open = False
             with contextlib.suppress(pynvml.NVMLError):
@@ -187,6 +210,8 @@ class NvmlBackend:
         pci = dev.call("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo)
         mig = dev.call("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode)
         fans = dev.call("nvmlDeviceGetNumFans", pynvml.nvmlDeviceGetNumFans)
+        if fans is None and "nvmlDeviceGetNumFans" in dev.missing:
+            fans = -1  # an older driver: fall back to the one-fan nvmlDeviceGetFanSpeed
         static = GpuStatic(
             index=index,
             uuid=uuid,
@@ -219,10 +244,23 @@ class NvmlBackend:
                 }
             ),
             fan_count=fans or 0,
-            nvlink_count=_count_nvlinks(handle),
+            nvlink_count=self._count_nvlinks(dev),
+            gpm_supported=self._gpm_supported(dev),
         )
         with self._lock:
+            old = self._devices.get(index)
             self._devices[index] = dev
+        if old is not None:
+            if old.uuid_seen == uuid and not old.lost:
+                # A static refresh of the same GPU: keep its GPM samples, so activity has no gap.
+                dev.gpm, dev.mig_gpm = old.gpm, old.mig_gpm
+                old.gpm, old.mig_gpm = None, {}
+                for pair in [dev.gpm, *dev.mig_gpm.values()]:
+                    if pair is not None:
+                        pair.unsupported.clear()  # asked again after each static refresh, as other queries are
+            else:
+                self._free_gpm(old)
+        dev.uuid_seen = uuid
         return static
 
     # -- per poll -------------------------------------------------------------------------------
@@ -247,6 +285,8 @@ class NvmlBackend:
             for i in range(static.fan_count)
             if (s := c(f"nvmlDeviceGetFanSpeed_v2({i})", N.nvmlDeviceGetFanSpeed_v2, i)) is not None
         }
+        if static.fan_count < 0 and (s := c("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed)) is not None:
+            fans["0"] = s / 100
         power = c("nvmlDeviceGetPowerUsage", N.nvmlDeviceGetPowerUsage)
         limit = c("nvmlDeviceGetEnforcedPowerLimit", N.nvmlDeviceGetEnforcedPowerLimit)
         energy = c("nvmlDeviceGetTotalEnergyConsumption", N.nvmlDeviceGetTotalEnergyConsumption)
@@ -286,6 +326,10 @@ class NvmlBackend:
         processes = self._processes(dev, dev.process_names)
         # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
         dev.process_names = {p.pid: p.name for p in processes}
+        if processes and static.mig_mode != "enabled":
+            processes = self._process_utilization(dev, processes)
+        activity = self._gpm_activity(dev, dev.gpm, lambda s: pynvml.nvmlGpmSampleGet(dev.handle, s)) \
+            if static.gpm_supported else None  # fmt: skip
         return GpuReading(
             index=static.index,
             uuid=static.uuid,
@@ -325,7 +369,8 @@ class NvmlBackend:
             row_remap_failure=bool(rows[3]) if rows is not None else None,
             xid_errors_total=xids,
             processes=processes,
-            migs=self._migs(dev) if static.mig_mode == "enabled" else (),
+            migs=self._migs(dev, static) if static.mig_mode == "enabled" else (),
+            activity=activity,
         )
 
     def _memory(self, dev: _Device) -> tuple[int | None, int | None, int | None, int | None]:
@@ -362,11 +407,11 @@ class NvmlBackend:
                 self._errors("nvmlDeviceGetFieldValues", error_name(fv.nvmlReturn))
         return out
 
-    def _migs(self, dev: _Device) -> tuple[MigReading, ...]:
-        """The MIG devices of a GPU in MIG mode: memory and processes, which NVML gives per device.
+    def _migs(self, dev: _Device, static: GpuStatic) -> tuple[MigReading, ...]:
+        """The MIG devices of a GPU in MIG mode: memory, processes and GPM activity.
 
-        Utilization and most other values are only per parent GPU (NVML answers NOT_SUPPORTED on
-        a MIG handle), so they are not asked for here.
+        GPU-Util and most other values are only per parent GPU (NVML answers NOT_SUPPORTED on a
+        MIG handle), so they are not asked for here; GPM is the one utilization per instance.
         """
         N = pynvml
         count = dev.call("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
@@ -385,21 +430,170 @@ class NvmlBackend:
                 continue
             name = mig.call("nvmlDeviceGetName(mig)", N.nvmlDeviceGetName) or ""
             mem = mig.call("nvmlDeviceGetMemoryInfo(mig)", N.nvmlDeviceGetMemoryInfo)
+            gi = mig.call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId)
+            profile = _mig_profile(name)
             out.append(
                 MigReading(
                     index=i,
                     uuid=uuid,
-                    profile=_mig_profile(name),
-                    gpu_instance_id=mig.call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId),
+                    profile=profile,
+                    gpu_instance_id=gi,
                     compute_instance_id=mig.call("nvmlDeviceGetComputeInstanceId", N.nvmlDeviceGetComputeInstanceId),
                     memory_total_bytes=mem.total if mem is not None else None,
                     memory_used_bytes=mem.used if mem is not None else None,
                     memory_free_bytes=mem.free if mem is not None else None,
                     processes=self._processes(mig, dev.mig_process_names),
+                    activity=self._mig_activity(dev, gi, uuid, profile) if static.gpm_supported else None,
                 )
             )
         dev.mig_process_names = {p.pid: p.name for m in out for p in m.processes}
+        if static.gpm_supported:
+            # An instance that is gone, or re-created under another identity, loses its samples:
+            # a new one is never diffed against the old one's counters.
+            live = {(m.gpu_instance_id, m.uuid, m.profile) for m in out}
+            for key in [k for k in dev.mig_gpm if k not in live]:
+                dev.mig_gpm.pop(key).close()
         return tuple(out)
+
+    # -- GPM ---------------------------------------------------------------------------------
+    def _gpm_supported(self, dev: _Device) -> bool:
+        support = dev.call("nvmlGpmQueryDeviceSupport", pynvml.nvmlGpmQueryDeviceSupport)
+        if support is None:
+            return False
+        if not support.isSupportedDevice:
+            # Not an error of the card: a GPU before Hopper.  Counted once, like other unsupported queries.
+            self._errors("nvmlGpmQueryDeviceSupport", "not_supported")
+            log.debug("gpm_unsupported", gpu=dev.index)
+            return False
+        return True
+
+    def _mig_activity(self, dev: _Device, gi: int | None, uuid: str, profile: str) -> Activity | None:
+        if gi is None:
+            return None
+        key = (gi, uuid, profile)
+        pair = dev.mig_gpm.get(key)
+        if pair is None and "nvmlGpmMigSampleGet" not in dev.unsupported:
+            pair = self._new_pair(dev, key)
+            if pair is not None:
+                dev.mig_gpm[key] = pair
+        return self._gpm_activity(
+            dev, pair, lambda s: pynvml.nvmlGpmMigSampleGet(dev.handle, gi, s), what="nvmlGpmMigSampleGet"
+        )
+
+    def _new_pair(self, dev: _Device, identity: object) -> SamplePair[Any] | None:
+        try:
+            return SamplePair(_GPM_CALLS, identity, time.monotonic)
+        except pynvml.NVMLError as e:
+            self._gpm_failed(dev, "nvmlGpmSampleAlloc", e)
+            return None
+
+    def _gpm_activity(
+        self, dev: _Device, pair: SamplePair[Any] | None, fill: Callable[[Any], Any], what: str = "nvmlGpmSampleGet"
+    ) -> Activity | None:
+        """One GPM sample of a GPU or GPU instance, diffed against the previous poll's."""
+        if what in dev.unsupported or "nvmlGpmMetricsGet" in dev.unsupported:
+            return None
+        if pair is None and what == "nvmlGpmSampleGet":
+            pair = dev.gpm = self._new_pair(dev, dev.uuid_seen)
+        if pair is None:
+            return None
+        ids = tuple(i for i in _GPM_IDS if i not in pair.unsupported)
+        if not ids:
+            return None
+        try:
+            answers, fresh = pair.take(fill, ids)
+        except pynvml.NVMLError as e:
+            self._gpm_failed(dev, what, e)
+            return None
+        if answers is None:
+            return None
+        if fresh:
+            self._gpm_checked(pair, answers)
+        return activity_of(answers)
+
+    def _gpm_checked(self, pair: SamplePair[Any], answers: dict[int, MetricAnswer]) -> None:
+        for metric, a in answers.items():
+            if a.ratio is not None:
+                continue
+            if a.error in _UNSUPPORTED:
+                pair.unsupported.add(metric)  # not asked again until the next static refresh
+                self._errors("nvmlGpmMetricsGet", "not_supported")
+            elif a.error:
+                self._errors("nvmlGpmMetricsGet", error_name(a.error))
+            else:
+                self._errors("nvmlGpmMetricsGet", "out_of_range")
+
+    def _gpm_failed(self, dev: _Device, function: str, e: pynvml.NVMLError) -> None:
+        if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            self._errors(function, "gpu_is_lost")
+            dev.lost = True
+            raise GpuLost(f"GPU {dev.index}: {function}: {e}") from e
+        if e.value in _DRIVER_GONE:
+            self._errors(function, error_name(e.value))
+            raise _unavailable(e) from e
+        if e.value in _UNSUPPORTED or e.value == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
+            # A version mismatch means this driver and these bindings disagree on the struct:
+            # treated as unsupported (as gpud does), said once, until the next static refresh.
+            dev.unsupported.add(function)
+            self._errors(function, "not_supported" if e.value in _UNSUPPORTED else error_name(e.value))
+            log.info("gpm_unavailable", gpu=dev.index, function=function, reason=str(e))
+            self._free_gpm(dev, whole_gpu=function != "nvmlGpmMigSampleGet")
+            return
+        self._errors(function, error_name(e.value))
+
+    def _free_gpm(self, dev: _Device, whole_gpu: bool = True) -> None:
+        """Free the device's samples: all of them, or only its MIG instances' ones."""
+        pairs = list(dev.mig_gpm.values())
+        dev.mig_gpm = {}
+        if whole_gpu and dev.gpm is not None:
+            pairs.append(dev.gpm)
+            dev.gpm = None
+        for pair in pairs:
+            try:
+                if not pair.close():
+                    log.warning("gpm_samples_leaked", gpu=dev.index, reason="a call on this GPU is stuck")
+            except pynvml.NVMLError as e:
+                self._errors("nvmlGpmSampleFree", error_name(e.value))
+
+    # -- processes -------------------------------------------------------------------------------
+    def _process_utilization(self, dev: _Device, processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:
+        """Per-process SM and memory utilization, from the driver's samples since the previous poll.
+
+        A process without a sample was idle since then (the driver keeps samples only of busy
+        processes), so it reads 0; where the call is not supported, the fields stay None.
+        """
+        what = "nvmlDeviceGetProcessUtilization"
+        if what in dev.unsupported:
+            return processes
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
+        except pynvml.NVMLError as e:
+            # NOT_FOUND: no process was busy since the last read.  nvidia-ml-py raises even on
+            # SUCCESS when the driver had nothing to report.
+            if e.value not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                dev.call(what, _raise, e)  # counts it, and remembers NOT_SUPPORTED, as every query does
+                return processes
+            samples = []
+        latest: dict[int, Any] = {}
+        for sample in samples:
+            seen = latest.get(sample.pid)
+            if seen is None or sample.timeStamp > seen.timeStamp:
+                latest[sample.pid] = sample
+            dev.process_util_seen = max(dev.process_util_seen, int(sample.timeStamp))
+        out = []
+        for p in processes:
+            sample = latest.get(p.pid)
+            sm = self._percent(what, sample.smUtil) if sample is not None else 0.0
+            mem = self._percent(what, sample.memUtil) if sample is not None else 0.0
+            out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
+        return tuple(out)
+
+    def _percent(self, function: str, v: int) -> float | None:
+        """A percentage from the driver as a ratio; a value out of 0-100 (a sentinel) is unavailable."""
+        if 0 <= v <= 100:
+            return v / 100
+        self._errors(function, "out_of_range")
+        return None
 
     def _processes(self, dev: _Device, names: dict[int, str]) -> tuple[ProcessReading, ...]:
         """Compute and graphics processes; ``names`` are those already looked up, by pid."""
@@ -412,6 +606,22 @@ class NvmlBackend:
                 name = names.get(p.pid) or _process_name(p.pid)
                 found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind)
         return tuple(found.values())
+
+    def _count_nvlinks(self, dev: _Device) -> int:
+        """Links answer GetNvLinkState from 0 upwards; the first that does not is past the last."""
+        n = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                pynvml.nvmlDeviceGetNvLinkState(dev.handle, link)
+            except pynvml.NVMLError as e:
+                if link == 0 and e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    # An empty NVLink panel needs a visible reason: this driver lacks the call.
+                    self._errors("nvmlDeviceGetNvLinkState", "function_not_found")
+                    log.warning("nvlink_state_unavailable", gpu=dev.index,
+                                reason="the driver has no nvmlDeviceGetNvLinkState; links are not listed")  # fmt: skip
+                break
+            n += 1
+        return n
 
     # -- XID events --------------------------------------------------------------------------
     def _watch_xids(self, count: int) -> None:
@@ -453,16 +663,39 @@ def _memory_v2(handle: Any) -> Any:
     return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
 
 
-def _count_nvlinks(handle: Any) -> int:
-    """Links answer GetNvLinkState from 0 upwards; the first that does not is past the last."""
-    n = 0
-    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-        try:
-            pynvml.nvmlDeviceGetNvLinkState(handle, link)
-        except pynvml.NVMLError:
-            break
-        n += 1
-    return n
+def _raise(handle: Any, e: pynvml.NVMLError) -> None:
+    raise e
+
+
+class _NvmlGpmCalls:
+    """GPM through nvidia-ml-py, with a metrics struct long enough for any driver."""
+
+    def __init__(self) -> None:
+        self._struct: type[ctypes.Structure] | None = None
+
+    def alloc(self) -> Any:
+        return pynvml.nvmlGpmSampleAlloc()
+
+    def free(self, sample: Any) -> None:
+        pynvml.nvmlGpmSampleFree(sample)
+
+    def metrics(self, older: Any, newer: Any, ids: tuple[int, ...]) -> dict[int, tuple[int, float]]:
+        if self._struct is None:
+            self._struct = type("nvmlGpmMetricsGet_t", (ctypes.Structure,), {"_fields_": [
+                ("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
+                ("sample1", pynvml.c_nvmlGpmSample_t), ("sample2", pynvml.c_nvmlGpmSample_t),
+                ("metrics", pynvml.c_nvmlGpmMetric_t * _GPM_METRIC_SLOTS)]})  # fmt: skip
+        mg: Any = self._struct()
+        mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(ids)
+        mg.sample1, mg.sample2 = older, newer
+        for i, metric in enumerate(ids):
+            mg.metrics[i].metricId = metric
+        pynvml.nvmlGpmMetricsGet(mg)
+        return {int(m.metricId): (int(m.nvmlReturn), float(m.value)) for m in mg.metrics[: len(ids)]}
+
+
+_GPM_CALLS = _NvmlGpmCalls()
 
 
 _MIG_PROFILE = re.compile(r"MIG\s+(\S+)\s*$")

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -55,16 +56,21 @@ def build_dir() -> Path:
     return Path(os.environ.get("FAKE_NVML_BUILD_DIR", HERE / ".build"))
 
 
-def build_library(compiler: str | None = None) -> Path:
+def build_library(compiler: str | None = None, hide: Sequence[str] = ()) -> Path:
     """Compile the fake library if this exact source, header and flag set has not been built yet.
+
+    ``hide`` names entry points to leave out of the library's exported symbols, as an older driver
+    lacks them: nvidia-ml-py then answers ``NVML_ERROR_FUNCTION_NOT_FOUND`` for them.
 
     Returns the path of ``.../<hash>/libnvidia-ml.so.1``.  Safe to call from parallel processes:
     each builds into a private temporary directory and renames it into place.
     """
     cc = compiler or os.environ.get("CC", "gcc")
     header = nvml_header()
+    hidden = sorted(set(hide))
+    script = f"{{ global: *; local: {'; '.join(hidden)}; }};\n" if hidden else ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), header.read_bytes(), " ".join([cc, *CFLAGS]).encode()):
+    for part in (SOURCE.read_bytes(), header.read_bytes(), " ".join([cc, *CFLAGS]).encode(), script.encode()):
         digest.update(hashlib.sha256(part).digest())
     target_dir = build_dir() / digest.hexdigest()[:16]
     target = target_dir / SONAME
@@ -75,6 +81,9 @@ def build_library(compiler: str | None = None) -> Path:
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target_dir.parent))
     cmd = [cc, *CFLAGS, f"-I{header.parent}", "-o", str(tmp / SONAME), str(SOURCE)]
+    if script:
+        (tmp / "exports.map").write_text(script)
+        cmd.append(f"-Wl,--version-script={tmp / 'exports.map'}")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)

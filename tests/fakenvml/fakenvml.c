@@ -49,6 +49,28 @@ enum {
 
 enum key_type { KT_NUM, KT_STR };
 
+/* The GPM metrics the scenario can set, as percentages (nvmlGpmMetricId_t, nvml.h). */
+static const struct {
+    unsigned int id;
+    const char *key;
+    const char *unit;
+} gpm_metrics[] = {
+    {NVML_GPM_METRIC_GRAPHICS_UTIL, "graphics_util", "%"},
+    {NVML_GPM_METRIC_SM_UTIL, "sm_util", "%"},
+    {NVML_GPM_METRIC_SM_OCCUPANCY, "sm_occupancy", "%"},
+    {NVML_GPM_METRIC_INTEGER_UTIL, "integer_util", "%"},
+    {NVML_GPM_METRIC_ANY_TENSOR_UTIL, "any_tensor_util", "%"},
+    {NVML_GPM_METRIC_DFMA_TENSOR_UTIL, "dfma_tensor_util", "%"},
+    {NVML_GPM_METRIC_HMMA_TENSOR_UTIL, "hmma_tensor_util", "%"},
+    {NVML_GPM_METRIC_DMMA_TENSOR_UTIL, "dmma_tensor_util", "%"},
+    {NVML_GPM_METRIC_IMMA_TENSOR_UTIL, "imma_tensor_util", "%"},
+    {NVML_GPM_METRIC_DRAM_BW_UTIL, "dram_bw_util", "%"},
+    {NVML_GPM_METRIC_FP64_UTIL, "fp64_util", "%"},
+    {NVML_GPM_METRIC_FP32_UTIL, "fp32_util", "%"},
+    {NVML_GPM_METRIC_FP16_UTIL, "fp16_util", "%"},
+};
+#define NGPM ((int)(sizeof gpm_metrics / sizeof gpm_metrics[0]))
+
 enum {
     /* [system] */
     K_DRIVER_VERSION,
@@ -115,6 +137,10 @@ enum {
     K_MIG_MAX_DEVICES,
     K_GPU_INSTANCE_ID,
     K_COMPUTE_INSTANCE_ID,
+    /* GPM and per-process utilization */
+    K_GPM_SUPPORTED,
+    K_GPM0,
+    K_PROC_UTIL_SAMPLE_MS = K_GPM0 + NGPM,
     /* behaviour */
     K_EVENTS_SUPPORTED,
     K_STATE,
@@ -216,6 +242,10 @@ static void init_keys(void)
     def_key(K_MIG_MAX_DEVICES, KT_NUM, SCOPE_GPU, "mig.max_devices");
     def_key(K_GPU_INSTANCE_ID, KT_NUM, SCOPE_MIG, "gpu_instance_id");
     def_key(K_COMPUTE_INSTANCE_ID, KT_NUM, SCOPE_MIG, "compute_instance_id");
+    def_key(K_GPM_SUPPORTED, KT_NUM, SCOPE_GPU, "gpm.supported");
+    for (int i = 0; i < NGPM; i++)
+        def_key(K_GPM0 + i, KT_NUM, SCOPE_DEV, "gpm.%s", gpm_metrics[i].key);
+    def_key(K_PROC_UTIL_SAMPLE_MS, KT_NUM, SCOPE_GPU, "process_util.sample_ms");
     def_key(K_EVENTS_SUPPORTED, KT_NUM, SCOPE_GPU, "events.supported");
     def_key(K_STATE, KT_NUM, SCOPE_GPU, "state");
     def_key(K_LOST_AFTER, KT_NUM, SCOPE_GPU, "lost_after_s");
@@ -293,6 +323,7 @@ struct proc {
     unsigned int gi, ci;
     char *name;
     nvmlReturn_t name_err;
+    unsigned int util[4]; /* sm, mem, enc, dec percent, for nvmlDeviceGetProcessUtilization */
 };
 
 struct xid {
@@ -470,6 +501,14 @@ static int parse_value(struct parser *p, int k, const char *v, struct slot *sl, 
         return 0;
     }
     const char *e;
+    if (k >= K_GPM0 && k < K_GPM0 + NGPM) {
+        if (parse_number(v, &sl->rate, &e) < 0 || *e)
+            return perr(p, "key '%s' needs a percentage or !ERROR; got '%s'", keys[k].name, v);
+        if (sl->rate < 0)
+            return perr(p, "key '%s' is a percentage and cannot be negative; got '%s'", keys[k].name, v);
+        sl->base = 0; /* percent-seconds accumulated since the line was loaded */
+        return 0;
+    }
     if (parse_number(v, &sl->base, &e) < 0)
         return perr(p, "key '%s' needs a number, !ERROR, or 'N +R/s'; got '%s'", keys[k].name, v);
     while (isspace((unsigned char)*e))
@@ -557,9 +596,17 @@ static int parse_process(struct parser *p, struct dev *d, char *v)
                 pr.gi = (unsigned int)n;
             else
                 pr.ci = (unsigned int)n;
+        } else if (strcmp(w, "sm") == 0 || strcmp(w, "mem") == 0 || strcmp(w, "enc") == 0 ||
+                   strcmp(w, "dec") == 0) {
+            /* Any unsigned value is accepted, so tests can feed the exporter out-of-range ones. */
+            if (word_uint(p, w, val, &n) < 0 || n > UINT_MAX) {
+                free(pr.name);
+                return perr(p, "process %s= needs a percentage, got '%s'", w, val);
+            }
+            pr.util[w[0] == 's' ? 0 : w[0] == 'm' ? 1 : w[0] == 'e' ? 2 : 3] = (unsigned int)n;
         } else {
             free(pr.name);
-            return perr(p, "process: unknown word '%s' (known: pid, used, name, gi, ci)", w);
+            return perr(p, "process: unknown word '%s' (known: pid, used, name, gi, ci, sm, mem, enc, dec)", w);
         }
     }
     if (!have_pid || !have_used) {
@@ -1082,12 +1129,17 @@ nvmlReturn_t DECLDIR nvmlInitWithFlags(unsigned int flags)
     return do_init();
 }
 
+static int gpm_live_count;
+
 nvmlReturn_t DECLDIR nvmlShutdown(void)
 {
     pthread_mutex_lock(&lock);
     if (init_refcount == 0)
         return leave(NVML_ERROR_UNINITIALIZED);
     init_refcount--;
+    /* Real drivers free nothing for a careless client; saying it here lets tests catch the leak. */
+    if (init_refcount == 0 && gpm_live_count > 0)
+        fprintf(stderr, "fake NVML: %d GPM sample(s) still allocated at nvmlShutdown\n", gpm_live_count);
     return leave(NVML_SUCCESS);
 }
 
@@ -2038,4 +2090,262 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
 nvmlReturn_t DECLDIR nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Per-process utilization.  The driver samples every `process_util.sample_ms`; one sample per
+ * process that was busy (any non-zero value) is returned for the latest sample period, if that
+ * period is newer than lastSeenTimeStamp.  No such sample: NOT_FOUND, as nvml.h documents.
+ * Processes and their values come from the process lines' sm= mem= enc= dec= words.
+ */
+nvmlReturn_t DECLDIR nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp)
+{
+    struct dev *d, *g;
+    if (!processSamplesCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    resolve(device, &d, &g);
+    unsigned int mode = 0;
+    if (device->mig >= 0 || (get_uint(g, K_MIG_MODE, &mode) == NVML_SUCCESS && mode))
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* "On MIG-enabled GPUs ... not currently supported" */
+    long double period_ms;
+    if ((r = get_num(g, K_PROC_UTIL_SAMPLE_MS, &period_ms)))
+        return leave(r);
+    if (period_ms < 1)
+        period_ms = 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long now_us = (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000;
+    unsigned long long period_us = (unsigned long long)(period_ms * 1000);
+    unsigned long long sample_us = now_us / period_us * period_us;
+    unsigned int n = 0;
+    if (sample_us > lastSeenTimeStamp)
+        for (int i = 0; i < g->nprocs; i++)
+            n += (g->procs[i].util[0] | g->procs[i].util[1] | g->procs[i].util[2] | g->procs[i].util[3]) != 0;
+    if (n == 0) {
+        *processSamplesCount = 0;
+        return leave(NVML_ERROR_NOT_FOUND);
+    }
+    if (!utilization || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int j = 0;
+    for (int i = 0; i < g->nprocs; i++) {
+        const struct proc *pr = &g->procs[i];
+        if (!(pr->util[0] | pr->util[1] | pr->util[2] | pr->util[3]))
+            continue;
+        utilization[j].pid = pr->pid;
+        utilization[j].timeStamp = sample_us;
+        utilization[j].smUtil = pr->util[0];
+        utilization[j].memUtil = pr->util[1];
+        utilization[j].encUtil = pr->util[2];
+        utilization[j].decUtil = pr->util[3];
+        j++;
+    }
+    *processSamplesCount = n;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GPM (GPU Performance Monitoring, Hopper and newer).  A sample records, for every metric the
+ * scenario sets on the device, the percent-seconds accumulated so far; nvmlGpmMetricsGet divides
+ * the difference of two samples by the time between them, so the answer is the mean over the
+ * interval, as on real hardware.  The fake is stricter than the documentation where a client bug
+ * would otherwise go unnoticed: two samples of different devices (or of a MIG instance that was
+ * re-created in between), or less than 100 ms apart, are refused with INVALID_ARGUMENT.
+ */
+#define GPM_MAGIC 0x47504d53u
+#define GPM_MIN_INTERVAL_S 0.1
+
+struct nvmlGpmSample_st {
+    unsigned int magic;
+    int filled;
+    int gpu, mig;   /* the device sampled; mig is -1 for a whole GPU */
+    char uuid[96];  /* of the device sampled, so a re-created MIG instance is told apart */
+    double t;
+    nvmlReturn_t err[NGPM];
+    long double acc[NGPM];
+    struct nvmlGpmSample_st *next;
+};
+
+static struct nvmlGpmSample_st *gpm_live;
+
+/* For in-process tests: how many samples are allocated and not yet freed. */
+int fakeNvmlGpmLiveSamples(void);
+int fakeNvmlGpmLiveSamples(void)
+{
+    pthread_mutex_lock(&lock);
+    int n = gpm_live_count;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+static int gpm_valid(nvmlGpmSample_t s)
+{
+    for (struct nvmlGpmSample_st *x = gpm_live; x; x = x->next)
+        if (x == s)
+            return s->magic == GPM_MAGIC;
+    return 0;
+}
+
+nvmlReturn_t DECLDIR nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample)
+{
+    if (!gpmSample)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    struct nvmlGpmSample_st *s = calloc(1, sizeof *s);
+    if (!s)
+        return leave(NVML_ERROR_MEMORY);
+    s->magic = GPM_MAGIC;
+    s->next = gpm_live;
+    gpm_live = s;
+    gpm_live_count++;
+    *gpmSample = s;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlGpmSampleFree(nvmlGpmSample_t gpmSample)
+{
+    /* Allowed after nvmlShutdown too, so no enter(): only the lock. */
+    pthread_mutex_lock(&lock);
+    for (struct nvmlGpmSample_st **pp = &gpm_live; *pp; pp = &(*pp)->next) {
+        if (*pp == gpmSample && gpmSample->magic == GPM_MAGIC) {
+            *pp = gpmSample->next;
+            gpmSample->magic = 0;
+            free(gpmSample);
+            gpm_live_count--;
+            return leave(NVML_SUCCESS);
+        }
+    }
+    return leave(NVML_ERROR_INVALID_ARGUMENT);
+}
+
+/* Whether the GPU behind a (GPU or MIG) handle has GPM.  Called with the lock held. */
+static nvmlReturn_t gpm_support(nvmlDevice_t h, unsigned int *supported)
+{
+    struct dev *d, *g;
+    nvmlReturn_t r = resolve(h, &d, &g);
+    if (r)
+        return r;
+    return get_uint(g, K_GPM_SUPPORTED, supported);
+}
+
+nvmlReturn_t DECLDIR nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)
+{
+    struct dev *d;
+    if (!gpmSupport)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    unsigned int supported;
+    if ((r = gpm_support(device, &supported)))
+        return leave(r);
+    gpmSupport->isSupportedDevice = supported ? 1 : 0;
+    return leave(NVML_SUCCESS);
+}
+
+/* Fill `s` from device `d` (handle `h`).  Called with the lock held. */
+static nvmlReturn_t gpm_fill(nvmlDevice_t h, const struct dev *d, int mig, nvmlGpmSample_t s)
+{
+    unsigned int supported = 0;
+    nvmlReturn_t r = gpm_support(h, &supported);
+    if (r)
+        return r;
+    if (!supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    double now = mono_now();
+    s->filled = 1;
+    s->gpu = h->gpu;
+    s->mig = mig;
+    s->t = now;
+    snprintf(s->uuid, sizeof s->uuid, "%s", d->s[K_UUID].set && d->s[K_UUID].str ? d->s[K_UUID].str : "");
+    for (int i = 0; i < NGPM; i++) {
+        const struct slot *sl = &d->s[K_GPM0 + i];
+        s->err[i] = !sl->set ? NVML_ERROR_NOT_SUPPORTED : sl->err;
+        s->acc[i] = sl->set && !sl->err ? slot_value(sl, now) : 0;
+    }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample)
+{
+    struct dev *d;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (!gpm_valid(gpmSample))
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    return leave(gpm_fill(device, d, device->mig, gpmSample));
+}
+
+nvmlReturn_t DECLDIR nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample)
+{
+    struct dev *g;
+    nvmlReturn_t r = enter_dev(device, &g);
+    if (r)
+        return r;
+    if (!gpm_valid(gpmSample) || device->mig >= 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int mode = 0;
+    if (get_uint(g, K_MIG_MODE, &mode) != NVML_SUCCESS || !mode)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    for (int m = 0; m < g->nmig; m++) {
+        unsigned int gi;
+        if (get_uint(g->mig[m], K_GPU_INSTANCE_ID, &gi) == NVML_SUCCESS && gi == gpuInstanceId)
+            return leave(gpm_fill(device, g->mig[m], m, gpmSample));
+    }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+nvmlReturn_t DECLDIR nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
+{
+    if (!metricsGet)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter();
+    if (r)
+        return r;
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    const struct nvmlGpmSample_st *a = metricsGet->sample1, *b = metricsGet->sample2;
+    if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || !gpm_valid(metricsGet->sample1) ||
+        !gpm_valid(metricsGet->sample2) || !a->filled || !b->filled)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    double dt = b->t - a->t;
+    if (a->gpu != b->gpu || a->mig != b->mig || strcmp(a->uuid, b->uuid) != 0 || (dt < 0 ? -dt : dt) < GPM_MIN_INTERVAL_S)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* Only the first numMetrics entries are read or written: the caller's array may be shorter
+     * than this header's NVML_GPM_METRIC_MAX (nvidia-ml-py has shipped 98, 210 and 477). */
+    for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        m->value = 0;
+        m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+        int k = -1;
+        for (int j = 0; j < NGPM; j++)
+            if (gpm_metrics[j].id == m->metricId)
+                k = j;
+        if (m->metricId >= NVML_GPM_METRIC_MAX) {
+            m->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (k < 0) {
+            m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        } else if (a->err[k] || b->err[k]) {
+            m->nvmlReturn = a->err[k] ? a->err[k] : b->err[k];
+        } else {
+            m->nvmlReturn = NVML_SUCCESS;
+            m->value = (double)((b->acc[k] - a->acc[k]) / (long double)dt);
+            m->metricInfo.shortName = (char *)gpm_metrics[k].key;
+            m->metricInfo.longName = (char *)gpm_metrics[k].key;
+            m->metricInfo.unit = (char *)gpm_metrics[k].unit;
+        }
+    }
+    return leave(NVML_SUCCESS);
 }

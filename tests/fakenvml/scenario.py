@@ -61,6 +61,10 @@ CLOCK_EVENT_REASONS = {
 EVENT_XID_CRITICAL = 0x8
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
 CLOCKS = ("graphics", "sm", "memory", "video")
+# GPM metrics a scenario can set, in percent, by their key names in the file (gpm.<name>).
+GPM_METRICS = ("graphics_util", "sm_util", "sm_occupancy", "integer_util", "any_tensor_util", "dfma_tensor_util",
+               "hmma_tensor_util", "dmma_tensor_util", "imma_tensor_util", "dram_bw_util", "fp64_util", "fp32_util",
+               "fp16_util")  # fmt: skip
 MAX_FANS = 8
 MAX_NVLINKS = 36
 
@@ -127,9 +131,14 @@ class Process:
     name: str | Err | None = None  # what nvmlSystemGetProcessName answers; None: read /proc
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    # Percent, as nvmlDeviceGetProcessUtilization reports (sm, mem, enc, dec); all 0: not sampled.
+    utilization: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     def render(self) -> str:
         parts = [self.kind, f"pid={self.pid}", f"used={'-' if self.used_bytes is None else self.used_bytes}"]
+        for word, v in zip(("sm", "mem", "enc", "dec"), self.utilization, strict=True):
+            if v:
+                parts.append(f"{word}={v}")
         if self.name is not None:
             if isinstance(self.name, str) and (not self.name or any(c.isspace() for c in self.name)):
                 raise ValueError(f"process names in scenarios cannot hold spaces: {self.name!r}")
@@ -205,6 +214,21 @@ class Device:
     def delay(self, ms: float) -> Self:
         """Every call on this device blocks this long first, like a hung driver call."""
         return self.set("delay_ms", ms)
+
+    def gpm(self, **percent: float | Err | None) -> Self:
+        """GPM activity in percent, held until changed: ``gpm(sm_util=40, dram_bw_util=12)``.
+
+        A metric left out answers NOT_SUPPORTED in nvmlGpmMetricsGet; None removes it.  On a whole
+        GPU, GPM itself must also be switched on with ``Gpu.gpm_supported``.
+        """
+        for k, v in percent.items():
+            if k not in GPM_METRICS:
+                raise ValueError(f"unknown GPM metric {k!r}; known: {', '.join(GPM_METRICS)}")
+            if v is None:
+                self.values.pop(f"gpm.{k}", None)
+            else:
+                self.set(f"gpm.{k}", v)
+        return self
 
 
 @dataclass
@@ -376,6 +400,20 @@ class Gpu(Device):
         self.migs.append(mig)
         return mig
 
+    def gpm_supported(self, supported: bool | Err | None = True) -> Gpu:
+        """nvmlGpmQueryDeviceSupport's answer (Hopper and newer: True); None: NOT_SUPPORTED."""
+        if supported is None:
+            self.values.pop("gpm.supported", None)
+            return self
+        return self.set("gpm.supported", supported if isinstance(supported, Err) else int(supported))
+
+    def process_utilization(self, sample_ms: float | Err | None = 166) -> Gpu:
+        """Turn on nvmlDeviceGetProcessUtilization (the driver samples every ``sample_ms``)."""
+        if sample_ms is None:
+            self.values.pop("process_util.sample_ms", None)
+            return self
+        return self.set("process_util.sample_ms", sample_ms)
+
     def supported_events(self, mask: int | Err) -> Gpu:
         return self.set("events.supported", mask if isinstance(mask, Err) else f"0x{mask:x}")
 
@@ -406,8 +444,15 @@ class Gpu(Device):
         name: str | Err | None = None,
         gpu_instance_id: int | None = None,
         compute_instance_id: int | None = None,
+        sm: int = 0,
+        mem: int = 0,
+        enc: int = 0,
+        dec: int = 0,
     ) -> Gpu:
-        self.processes.append(Process(pid, used_bytes, kind, name, gpu_instance_id, compute_instance_id))
+        """A running process; ``sm``/``mem``/``enc``/``dec`` are its utilization in percent."""
+        self.processes.append(
+            Process(pid, used_bytes, kind, name, gpu_instance_id, compute_instance_id, (sm, mem, enc, dec))
+        )
         return self
 
     def add_xid(
