@@ -72,6 +72,9 @@ def _gpu_block(g: GpuReading) -> list[str]:
         mem = (f"{g.memory_used_bytes / GIB:.1f} / {g.memory_total_bytes / GIB:.1f} GiB "
                f"({_pct(g.memory_used_ratio)})")  # fmt: skip
     lines.append(f"  utilization  {_pct(g.utilization_ratio):>5}   memory {mem}")
+    if (a := g.activity) is not None:
+        lines.append(f"  activity     SM {_pct(a.sm)}   occupancy {_pct(a.sm_occupancy)}   tensor {_pct(a.tensor)}"
+                     f"   DRAM {_pct(a.dram)}")  # fmt: skip
     temp = g.temperature_celsius.get("gpu")
     temp_s = "n/a" if temp is None else f"{temp:.0f} C"
     if "memory" in g.temperature_celsius:
@@ -99,9 +102,15 @@ def _gpu_block(g: GpuReading) -> list[str]:
         lines.append("  processes")
         for p in g.processes:
             used = "n/a" if p.used_memory_bytes is None else f"{p.used_memory_bytes / GIB:.2f} GiB"
-            lines.append(f"    {p.pid:>8}  {p.name:<20} {used:>10}  {p.kind}")
+            sm = "" if p.sm_utilization_ratio is None else f"  SM {_pct(p.sm_utilization_ratio):>4}"
+            lines.append(f"    {p.pid:>8}  {p.name:<20} {used:>10}  {p.kind}{sm}")
     else:
         lines.append("  processes    none")
+    for m in g.migs:
+        mem = "n/a" if m.memory_used_bytes is None or m.memory_total_bytes is None else \
+            f"{m.memory_used_bytes / GIB:.1f} / {m.memory_total_bytes / GIB:.1f} GiB"  # fmt: skip
+        act = "" if m.activity is None else f"   SM {_pct(m.activity.sm)}   tensor {_pct(m.activity.tensor)}"
+        lines.append(f"  MIG {m.index}        {m.profile:<9} gi {m.gpu_instance_id}   memory {mem}{act}   {m.uuid}")
     return lines
 
 

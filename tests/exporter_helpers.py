@@ -32,9 +32,14 @@ class ErrorLog:
         self.counts[(function, error)] += 1
 
 
-def make_poller(static_refresh_s: float = 300.0, gpu_timeout_s: float = 10.0) -> tuple[Poller, ErrorLog]:
+def make_poller(
+    static_refresh_s: float = 300.0, gpu_timeout_s: float = 10.0, profiling_interval: float = 0.1
+) -> tuple[Poller, ErrorLog]:
+    """A poller on the NVML backend; GPM and process utilization are re-read at every poll 100 ms
+    apart unless ``profiling_interval`` says otherwise."""
     errors = ErrorLog()
-    poller = Poller(NvmlBackend(errors), errors=errors, static_refresh_s=static_refresh_s, gpu_timeout_s=gpu_timeout_s)
+    backend = NvmlBackend(errors, profiling_interval=profiling_interval)
+    poller = Poller(backend, errors=errors, static_refresh_s=static_refresh_s, gpu_timeout_s=gpu_timeout_s)
     return poller, errors
 
 

@@ -17,7 +17,7 @@ from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.durations import parse_duration
 from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import h100_sxm
+from tests.fakenvml.presets import h100_activity, h100_sxm
 from tests.prometheus_helpers import prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,9 +50,9 @@ def test_promtool_unit_tests() -> None:
 
 def test_every_rule_has_unit_tests_that_fire_and_resolve() -> None:
     tested = yaml.safe_load(UNIT_TESTS.read_text())["tests"]
-    fired = {a["alertname"] for t in tested for a in t["alert_rule_test"] if a["exp_alerts"]}
-    quiet = {a["alertname"] for t in tested for a in t["alert_rule_test"] if not a["exp_alerts"]}
-    names = {r["alert"] for r in rules_of(yaml.safe_load(RULES.read_text()))}
+    fired = {a["alertname"] for t in tested for a in t.get("alert_rule_test", []) if a["exp_alerts"]}
+    quiet = {a["alertname"] for t in tested for a in t.get("alert_rule_test", []) if not a["exp_alerts"]}
+    names = {r["alert"] for r in rules_of(yaml.safe_load(RULES.read_text())) if "alert" in r}
     assert fired == names and quiet >= names - {"GpuExporterNvmlDown", "GpuExporterPollStale", "GpuExporterNvmlErrors"}
 
 
@@ -71,10 +71,13 @@ def test_prometheusrule_is_generated_from_the_rule_file(tmp_path: Path) -> None:
 
 def test_same_names_severities_thresholds_and_durations_as_the_daemon() -> None:
     d = RulesSettings()
-    rules = {(r["alert"], r["labels"]["severity"]): r for r in rules_of(yaml.safe_load(RULES.read_text()))}
+    rules = {
+        (r["alert"], r["labels"]["severity"]): r for r in rules_of(yaml.safe_load(RULES.read_text())) if "alert" in r
+    }
     gpu_rules = {k for k in rules if not k[0].startswith("GpuExporter")}
     assert gpu_rules == {
-        ("GpuUnderutilized", "warning"), ("GpuMemoryHigh", "warning"), ("GpuMemoryHigh", "critical"),
+        ("GpuUnderutilized", "warning"), ("GpuLowSmActivity", "warning"), ("GpuMemoryHigh", "warning"),
+        ("GpuMemoryHigh", "critical"),
         ("GpuPcieBottleneck", "warning"), ("GpuPcieLinkDegraded", "warning"), ("GpuLost", "critical"),
         ("GpuXidError", "critical"), ("GpuThermalThrottling", "warning"), ("GpuEccUncorrectable", "critical"),
         ("GpuRowRemapFailure", "critical"), ("GpuRowRemapPending", "warning"),
@@ -83,6 +86,10 @@ def test_same_names_severities_thresholds_and_durations_as_the_daemon() -> None:
         ("GpuUnderutilized", "warning"): (d.GpuUnderutilized.for_, [
             f"< {d.GpuUnderutilized.threshold:.2f}", f"<= {d.GpuUnderutilized.clear_threshold:.2f}",
             f"[{d.GpuUnderutilized.window / 60:g}m]"]),
+        ("GpuLowSmActivity", "warning"): (d.GpuLowSmActivity.for_, [
+            f"< {d.GpuLowSmActivity.sm_active_below:.2f}", f">= {d.GpuLowSmActivity.utilization_at_least:.2f}",
+            f"<= {d.GpuLowSmActivity.clear_sm_active_above:.2f}",
+            f">= {d.GpuLowSmActivity.clear_utilization_below:.2f}", f"[{d.GpuLowSmActivity.window / 60:g}m]"]),
         ("GpuMemoryHigh", "warning"): (d.GpuMemoryHigh.for_, [
             f"> {d.GpuMemoryHigh.warning:.2f}", f">= {d.GpuMemoryHigh.warning_clear:.2f}"]),
         ("GpuMemoryHigh", "critical"): (d.GpuMemoryHigh.for_, [
@@ -117,7 +124,7 @@ LONG_WINDOW = "5m"  # windows that must not age out while the test runs
 def short_rules_file(dst: Path) -> Path:
     doc = yaml.safe_load(RULES.read_text())
     for r in rules_of(doc):
-        if parse_duration(r["for"]) > 0:
+        if parse_duration(r.get("for", "0s")) > 0:
             r["for"] = SHORT
         expr = r["expr"]
         expr = expr.replace("[30m]", "[20s]")  # the utilization window
@@ -150,7 +157,8 @@ def parity_node(path: Path) -> Scenario:
     s.gpu(1).memory(81559 * 1024**2, int(0.95 * 81559 * 1024**2), reserved=0).remapped_rows(pending=True)
     s.gpu(2).clocks_event_reasons("hw_thermal").add_xid(79)
     s.gpu(3).lost()
-    s.gpu(4).utilization(2, 1).pcie(tx_kbps=1000, rx_kbps=1000).ecc(corrected=0, uncorrected=Counter(1, 0.5))
+    s.gpu(4).utilization(2, 1).gpm(**h100_activity(2)).pcie(tx_kbps=1000, rx_kbps=1000)
+    s.gpu(4).ecc(corrected=0, uncorrected=Counter(1, 0.5))
     s.write()
     return s
 

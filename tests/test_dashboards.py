@@ -36,7 +36,7 @@ from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import FakePod, fake_kubelet, pod
 from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import GIB, MIB, mig_uuid, preset
+from tests.fakenvml.presets import GIB, MIB, h100_activity, mig_uuid, preset
 from tests.prometheus_helpers import Prometheus, prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def variable_selectors(dash: dict[str, Any]) -> dict[str, tuple[str, str]]:
 def reference_labels() -> dict[str, set[str]]:
     """README's metrics reference: metric name -> its labels."""
     section = (ROOT / "README.md").read_text().split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \| \w+ \| ([^|]*) \|", section, flags=re.MULTILINE)
+    rows = re.findall(r"^\| `([a-z_0-9]+)` \| \w+ \| ([^|]*) \|", section, flags=re.MULTILINE)
     return {name: set(re.findall(r"`(\w+)`", labels)) for name, labels in rows}
 
 
@@ -454,7 +454,8 @@ def test_thresholds_are_the_alert_defaults(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_allocated_but_idle_mirrors_the_underutilized_rule(name: str) -> None:
-    """Averages of utilization use the rule's window, and compare with its threshold."""
+    """Averages of activity use the rule's window and signal (SM activity, else GPU-Util), and compare with its
+    threshold."""
     rules = RulesSettings().GpuUnderutilized
     windows: list[float] = []
     cutoffs: list[float] = []
@@ -462,16 +463,19 @@ def test_allocated_but_idle_mirrors_the_underutilized_rule(name: str) -> None:
     def visit(e: pp.Expr) -> bool:
         if isinstance(e, pp.Call) and e.func.name == "avg_over_time":
             (m,) = e.args
-            assert isinstance(m, pp.MatrixSelector) and m.vector_selector.name == "gpu_utilization_ratio"
+            assert isinstance(m, pp.MatrixSelector)
+            assert m.vector_selector.name in ("gpu_utilization_ratio", "gpu_sm_active_ratio")
             windows.append(m.range.total_seconds())
-        if (
-            isinstance(e, pp.BinaryExpr)
-            and str(e.op) == "<"
-            and isinstance(e.lhs, pp.Call)
-            and e.lhs.func.name == "avg_over_time"
-            and isinstance(e.rhs, pp.NumberLiteral)
-        ):
-            cutoffs.append(e.rhs.val)
+        if isinstance(e, pp.BinaryExpr) and str(e.op) == "<" and isinstance(e.rhs, pp.NumberLiteral):
+            lhs = e.lhs.expr if isinstance(e.lhs, pp.ParenExpr) else e.lhs
+            if isinstance(lhs, pp.BinaryExpr) and str(lhs.op) == "or":  # the rule's signal: SM activity, else GPU-Util
+                assert [metrics_of(lhs.lhs), metrics_of(lhs.rhs)] == [
+                    {"gpu_sm_active_ratio"},
+                    {"gpu_utilization_ratio"},
+                ]
+                lhs = lhs.rhs
+            if isinstance(lhs, pp.Call) and lhs.func.name == "avg_over_time":
+                cutoffs.append(e.rhs.val)
         return True
 
     for _, t in targets(load(name)):
@@ -519,14 +523,21 @@ def node_with_everything(path: Path) -> Scenario:
     s = preset("h100-8x-training", path)
     s.gpus = s.gpus[:5]
     s.gpu(0).memory(81559 * MIB, int(81559 * MIB * 0.985), reserved=512 * MIB).fans(45, 47)  # GpuMemoryHigh
-    s.gpu(1).utilization(3, 0)  # a process holds 70 GiB: allocated but idle
+    s.gpu(1).utilization(3, 0).gpm(**h100_activity(3))  # a process holds 70 GiB: allocated but idle
     s.gpu(2).clocks_event_reasons("hw_thermal").clocks(graphics=1200, sm=1200).temperature(88, memory=93)
     s.gpu(2).add_xid(79)
     s.gpu(3).utilization(40, 10).pcie(gen=3, width=8, tx_kbps=7_600_000, rx_kbps=7_000_000, replay=Counter(3, 0.5))
     s.gpu(3).ecc(corrected=Counter(5, 0.5), uncorrected=1).remapped_rows(correctable=2, pending=True)
     s.gpu(4).lost()
     s.gpu(0).add_process(10_100, 2 * GIB, name="tritonserver")
-    mig = preset("a100-mig").gpu(0).minor_number(5)
+    # The MIG GPU as a Hopper (H100 80GB has the same 3g.40gb/2g.20gb/1g.10gb profiles), so GPM gives
+    # each instance its activity.
+    mig = preset("a100-mig").gpu(0).minor_number(5).gpm_supported()
+    mig.set("name", "NVIDIA H100 80GB HBM3")
+    for m, inst in enumerate(mig.migs):
+        inst.set("name", str(inst.values["name"]).replace("A100-SXM4-80GB", "H100 80GB HBM3"))
+        inst.gpm(sm_util=30 + 20 * m, sm_occupancy=12, any_tensor_util=20, dram_bw_util=15, graphics_util=60,
+                 fp64_util=0, fp32_util=3, fp16_util=1)  # fmt: skip
     s.gpus.append(mig)
     return s
 

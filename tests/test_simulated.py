@@ -129,8 +129,16 @@ def test_every_field_the_simulator_promises_is_filled(day: Day) -> None:
         r = readings[0]
         assert r.up and r.static is not None and r.uuid == r.static.uuid and r.index == r.static.index, profile
         for name in GpuReading.__slots__:
-            if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio"):
+            if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio", "activity"):
                 assert getattr(r, name) is not None, (profile, name)
+        # GPM is Hopper and newer: the simulated H100s have it, the L40S and RTX 6000 Ada do not.
+        assert (r.activity is not None) == r.static.gpm_supported == ("H100" in r.static.name), profile
+        if r.activity is not None:
+            assert None not in (getattr(r.activity, f) for f in r.activity.__slots__), profile
+            assert r.activity.sm is not None and r.utilization_ratio is not None
+            assert r.activity.sm <= r.utilization_ratio, "SM activity never exceeds GPU-Util"
+        for p in r.processes:
+            assert p.sm_utilization_ratio is not None and p.memory_utilization_ratio is not None
         assert set(r.temperature_celsius) == {"gpu", "memory"}
         assert set(r.clock_hertz) == {"graphics", "sm", "memory", "video"}
         assert set(r.clock_event_active) == REASONS

@@ -73,7 +73,7 @@ class RuleEngine:
         self.node = node
         self.resend_interval = resend_interval
         self.resolved_retention = resolved_retention
-        horizon = max(rules.GpuUnderutilized.window, rules.GpuIdle.window)
+        horizon = max(rules.GpuUnderutilized.window, rules.GpuIdle.window, rules.GpuLowSmActivity.window)
         self._horizon = horizon
         self._history: dict[int, GpuHistory] = {}
         self._alerts: dict[tuple[tuple[str, str], ...], _Tracked] = {}
@@ -85,7 +85,7 @@ class RuleEngine:
         now = snapshot.taken_at
         out: list[tuple[GpuReading, Check]] = []
         for g in snapshot.gpus:
-            h = self._history.setdefault(g.index, GpuHistory(SampleWindow(self._horizon)))
+            h = self._history.setdefault(g.index, GpuHistory(SampleWindow(self._horizon), SampleWindow(self._horizon)))
             h.observe(g, now)
             for rule in RULES:
                 for c in rule(g, h, now, self.rules):

@@ -35,6 +35,7 @@ class GpuHistory:
     """What the windowed rules remember of one GPU between snapshots."""
 
     utilization: SampleWindow
+    sm_active: SampleWindow
     ecc_uncorrected: IncreaseTracker = field(default_factory=IncreaseTracker)
     xids: dict[int, IncreaseTracker] = field(default_factory=dict)
 
@@ -45,6 +46,10 @@ class GpuHistory:
             self.utilization.add(now, g.utilization_ratio)
         else:
             self.utilization.trim(now)
+        if g.activity is not None and g.activity.sm is not None:
+            self.sm_active.add(now, g.activity.sm)
+        else:
+            self.sm_active.trim(now)
         if (n := g.ecc_errors_total.get("uncorrected")) is not None:
             self.ecc_uncorrected.observe(now, n)
         for code, count in g.xid_errors_total.items():
@@ -67,9 +72,22 @@ def _holds_memory(g: GpuReading) -> bool:
 Rule = Callable[[GpuReading, GpuHistory, float, RulesSettings], Iterator[Check]]
 
 
+def activity_mean(h: GpuHistory, now: float, window: float, signal: str) -> tuple[float | None, str]:
+    """The mean activity over ``window`` and the name of the signal it came from.
+
+    ``auto`` takes SM activity where the window holds any (a GPU with GPM), else GPU-Util: the
+    same choice as the PromQL ``avg_over_time(gpu_sm_active_ratio[w]) or avg_over_time(gpu_utilization_ratio[w])``.
+    """
+    if signal != "gpu_utilization":
+        sm = h.sm_active.mean(now, window)
+        if sm is not None or signal == "sm_active":
+            return sm, "SM activity"
+    return h.utilization.mean(now, window), "GPU utilization"
+
+
 def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuUnderutilized
-    mean = h.utilization.mean(now, r.window) if g.up else None
+    mean, signal = activity_mean(h, now, r.window, r.signal) if g.up else (None, "")
     holds = g.up and _holds_memory(g)
     if mean is None:
         yield Check("GpuUnderutilized", "warning", False, True, "", "", for_seconds=r.for_)
@@ -80,9 +98,30 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
         fire=holds and mean < r.threshold,
         clear=not holds or mean > r.clear_threshold,
         summary=f"{_gpu(g)} is allocated but idle",
-        description=f"{len(g.processes)} process(es) hold GPU memory but utilization averaged {_pct(mean)} over "
+        description=f"{len(g.processes)} process(es) hold GPU memory but {signal} averaged {_pct(mean)} over "
                     f"the last {window} (threshold {_pct(r.threshold)}).",
         value=mean, for_seconds=r.for_,
+    )  # fmt: skip
+
+
+def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    r = cfg.GpuLowSmActivity
+    util = h.utilization.mean(now, r.window) if g.up else None
+    sm = h.sm_active.mean(now, r.window) if g.up else None
+    if util is None or sm is None:  # no GPM on this GPU: the rule has nothing to say
+        yield Check("GpuLowSmActivity", "warning", False, True, "", "", for_seconds=r.for_)
+        return
+    window = f"{r.window / 60:g} min"
+    yield Check(
+        "GpuLowSmActivity", "warning",
+        fire=util >= r.utilization_at_least and sm < r.sm_active_below,
+        clear=util < r.clear_utilization_below or sm > r.clear_sm_active_above,
+        summary=f"{_gpu(g)} looks busy but its SMs mostly idle",
+        description=f"GPU utilization averaged {_pct(util)} but SM activity only {_pct(sm)} over the last {window} "
+                    f"(thresholds: utilization at least {_pct(r.utilization_at_least)}, SM activity below "
+                    f"{_pct(r.sm_active_below)}): kernels too small or launch-bound, for example tiny batches "
+                    f"or one stream.",
+        value=sm, for_seconds=r.for_,
     )  # fmt: skip
 
 
@@ -231,7 +270,7 @@ def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> I
 # Every rule; a rule may answer for several severities or label sets of its alert, and the
 # engine drops the answers of alerts that are switched off.
 RULES: tuple[Rule, ...] = (
-    underutilized, idle, memory_high, pcie_bottleneck, pcie_link_degraded, lost, xid, thermal,
+    underutilized, low_sm_activity, idle, memory_high, pcie_bottleneck, pcie_link_degraded, lost, xid, thermal,
     ecc_uncorrectable, row_remap,
 )  # fmt: skip
 

@@ -7,7 +7,7 @@ of range are refused by validation, so a typo never silently disables an alert.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -28,11 +28,34 @@ class UnderutilizedRule(_Rule):
     window: Duration = Field(1800.0, gt=0, description="utilization is averaged over this window")
     threshold: Ratio = 0.10
     clear_threshold: Ratio = 0.15
+    signal: Literal["auto", "gpu_utilization", "sm_active"] = Field(
+        "auto",
+        description="activity signal: SM activity (GPM) where the GPU has it, else GPU-Util (auto); or one of them",
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> UnderutilizedRule:
         if self.clear_threshold < self.threshold:
             raise ValueError(f"clear_threshold {self.clear_threshold} must not be below threshold {self.threshold}")
+        return self
+
+
+class LowSmActivityRule(_Rule):
+    """GPU-Util says busy while few SMs work: launch-bound code, tiny batches, one stream."""
+
+    for_: Duration = Field(1800.0, alias="for")
+    window: Duration = Field(1800.0, gt=0, description="both signals are averaged over this window")
+    utilization_at_least: Ratio = 0.80
+    sm_active_below: Ratio = 0.25
+    clear_utilization_below: Ratio = 0.75
+    clear_sm_active_above: Ratio = 0.30
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> LowSmActivityRule:
+        if self.clear_utilization_below > self.utilization_at_least:
+            raise ValueError("clear_utilization_below must not be above utilization_at_least")
+        if self.clear_sm_active_above < self.sm_active_below:
+            raise ValueError("clear_sm_active_above must not be below sm_active_below")
         return self
 
 
@@ -95,6 +118,7 @@ class InstantRule(_Rule):
 class RulesSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     GpuUnderutilized: UnderutilizedRule = UnderutilizedRule()
+    GpuLowSmActivity: LowSmActivityRule = LowSmActivityRule()
     GpuIdle: IdleRule = IdleRule()
     GpuMemoryHigh: MemoryHighRule = MemoryHighRule()
     GpuPcieBottleneck: PcieBottleneckRule = PcieBottleneckRule()

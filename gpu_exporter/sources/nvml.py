@@ -114,6 +114,8 @@ class _Device:
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
         self.process_util_seen = 0  # driver timestamp (us) of the newest per-process sample read
+        self.process_util_at: float | None = None  # when it was last read (monotonic)
+        self.process_util: dict[int, tuple[float | None, float | None]] = {}  # pid -> (sm, memory) then
         self.gpm: SamplePair[Any] | None = None
         self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)
         self.lost = False
@@ -141,9 +143,10 @@ class _Device:
                 raise _unavailable(e) from e
             if e.value in _UNSUPPORTED:
                 self.unsupported.add(what)
-                if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                    self.missing.add(what)
-                self._errors(function, "not_supported")
+                missing = e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+                if missing:
+                    self.missing.add(what)  # an older driver: said apart, so the reason is visible
+                self._errors(function, "function_not_found" if missing else "not_supported")
                 log.debug("nvml_query_unsupported", gpu=self.index, query=what)
                 return None
             self._errors(function, error_name(e.value))
@@ -153,8 +156,15 @@ class _Device:
 class NvmlBackend:
     """Reads GPUs through the real NVML library (libnvidia-ml.so.1) via nvidia-ml-py."""
 
-    def __init__(self, errors: ErrorSink) -> None:
+    def __init__(
+        self, errors: ErrorSink, *, profiling_interval: float = 10.0, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self._errors = errors
+        # GPM and per-process utilization are re-read this often: the driver's own CPU cost of
+        # them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200) dwarfs everything
+        # else a poll does, so they get their own, slower cadence.
+        self._profiling_interval = profiling_interval
+        self._mono = monotonic
         self._devices: dict[int, _Device] = {}
         self._lock = threading.Lock()
         self._xid_counts: dict[int, Counter[int]] = {}
@@ -258,6 +268,9 @@ class NvmlBackend:
                 for pair in [dev.gpm, *dev.mig_gpm.values()]:
                     if pair is not None:
                         pair.unsupported.clear()  # asked again after each static refresh, as other queries are
+                if dev.gpm is not None and dev.gpm.closed:
+                    dev.gpm = None
+                dev.mig_gpm = {k: v for k, v in dev.mig_gpm.items() if not v.closed}
             else:
                 self._free_gpm(old)
         dev.uuid_seen = uuid
@@ -482,7 +495,7 @@ class NvmlBackend:
 
     def _new_pair(self, dev: _Device, identity: object) -> SamplePair[Any] | None:
         try:
-            return SamplePair(_GPM_CALLS, identity, time.monotonic)
+            return SamplePair(_GPM_CALLS, identity, self._mono, self._profiling_interval)
         except pynvml.NVMLError as e:
             self._gpm_failed(dev, "nvmlGpmSampleAlloc", e)
             return None
@@ -499,11 +512,12 @@ class NvmlBackend:
             return None
         ids = tuple(i for i in _GPM_IDS if i not in pair.unsupported)
         if not ids:
+            pair.close()  # this device has none of the metrics: keep no buffers for it
             return None
         try:
             answers, fresh = pair.take(fill, ids)
         except pynvml.NVMLError as e:
-            self._gpm_failed(dev, what, e)
+            self._gpm_failed(dev, getattr(e, "gpm_function", what), e)
             return None
         if answers is None:
             return None
@@ -535,7 +549,9 @@ class NvmlBackend:
             # A version mismatch means this driver and these bindings disagree on the struct:
             # treated as unsupported (as gpud does), said once, until the next static refresh.
             dev.unsupported.add(function)
-            self._errors(function, "not_supported" if e.value in _UNSUPPORTED else error_name(e.value))
+            self._errors(
+                function, error_name(e.value) if e.value != pynvml.NVML_ERROR_NOT_SUPPORTED else "not_supported"
+            )
             log.info("gpm_unavailable", gpu=dev.index, function=function, reason=str(e))
             self._free_gpm(dev, whole_gpu=function != "nvmlGpmMigSampleGet")
             return
@@ -565,6 +581,13 @@ class NvmlBackend:
         what = "nvmlDeviceGetProcessUtilization"
         if what in dev.unsupported:
             return processes
+        now = self._mono()
+        if dev.process_util_at is not None and now - dev.process_util_at < self._profiling_interval:
+            # Not due: the values read last time, for the processes still there (a new one waits).
+            return tuple(replace(p, sm_utilization_ratio=dev.process_util[p.pid][0],
+                                 memory_utilization_ratio=dev.process_util[p.pid][1])
+                         if p.pid in dev.process_util else p for p in processes)  # fmt: skip
+        dev.process_util_at = now
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
         except pynvml.NVMLError as e:
@@ -581,10 +604,12 @@ class NvmlBackend:
                 latest[sample.pid] = sample
             dev.process_util_seen = max(dev.process_util_seen, int(sample.timeStamp))
         out = []
+        dev.process_util = {}
         for p in processes:
             sample = latest.get(p.pid)
             sm = self._percent(what, sample.smUtil) if sample is not None else 0.0
             mem = self._percent(what, sample.memUtil) if sample is not None else 0.0
+            dev.process_util[p.pid] = (sm, mem)
             out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
         return tuple(out)
 
@@ -667,11 +692,26 @@ def _raise(handle: Any, e: pynvml.NVMLError) -> None:
     raise e
 
 
+class _GpmMetric(ctypes.Structure):
+    """nvmlGpmMetric_t (nvml.h), metricInfo flattened; plain ctypes, as nvidia-ml-py's
+    attribute-hooked structs cost a Python call per field read."""
+
+    _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint), ("value", ctypes.c_double),
+                ("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p), ("unit", ctypes.c_char_p)]  # fmt: skip
+
+
+class _GpmMetricsGet(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
+                ("sample1", ctypes.c_void_p), ("sample2", ctypes.c_void_p),
+                ("metrics", _GpmMetric * _GPM_METRIC_SLOTS)]  # fmt: skip
+
+
 class _NvmlGpmCalls:
-    """GPM through nvidia-ml-py, with a metrics struct long enough for any driver."""
+    """GPM through nvidia-ml-py, with a metrics struct long enough for any driver, one per thread
+    (each GPU is read by one thread at a time), so polls allocate nothing."""
 
     def __init__(self) -> None:
-        self._struct: type[ctypes.Structure] | None = None
+        self._local = threading.local()
 
     def alloc(self) -> Any:
         return pynvml.nvmlGpmSampleAlloc()
@@ -680,19 +720,26 @@ class _NvmlGpmCalls:
         pynvml.nvmlGpmSampleFree(sample)
 
     def metrics(self, older: Any, newer: Any, ids: tuple[int, ...]) -> dict[int, tuple[int, float]]:
-        if self._struct is None:
-            self._struct = type("nvmlGpmMetricsGet_t", (ctypes.Structure,), {"_fields_": [
-                ("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
-                ("sample1", pynvml.c_nvmlGpmSample_t), ("sample2", pynvml.c_nvmlGpmSample_t),
-                ("metrics", pynvml.c_nvmlGpmMetric_t * _GPM_METRIC_SLOTS)]})  # fmt: skip
-        mg: Any = self._struct()
+        mg = getattr(self._local, "mg", None)
+        if mg is None:
+            mg = self._local.mg = _GpmMetricsGet()
         mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(ids)
-        mg.sample1, mg.sample2 = older, newer
+        mg.sample1 = ctypes.cast(older, ctypes.c_void_p).value
+        mg.sample2 = ctypes.cast(newer, ctypes.c_void_p).value
+        metrics = mg.metrics
         for i, metric in enumerate(ids):
-            mg.metrics[i].metricId = metric
-        pynvml.nvmlGpmMetricsGet(mg)
-        return {int(m.metricId): (int(m.nvmlReturn), float(m.value)) for m in mg.metrics[: len(ids)]}
+            metrics[i].metricId = metric
+        try:
+            pynvml.nvmlGpmMetricsGet(mg)
+        except pynvml.NVMLError as e:
+            e.gpm_function = "nvmlGpmMetricsGet"  # tells the caller which of the pair's calls failed
+            raise
+        out = {}
+        for i in range(len(ids)):
+            m = metrics[i]
+            out[m.metricId] = (m.nvmlReturn, m.value)
+        return out
 
 
 _GPM_CALLS = _NvmlGpmCalls()

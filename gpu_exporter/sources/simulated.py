@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..snapshot import GpuReading, GpuStatic, NvLinkReading, ProcessReading, pcie_link_bytes_per_second
+from ..snapshot import Activity, GpuReading, GpuStatic, NvLinkReading, ProcessReading, pcie_link_bytes_per_second
 from .backend import GpuLost, SystemInfo
 
 PROFILES = ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle")
@@ -62,6 +62,7 @@ class _Model:
     thermal_rise_celsius: float  # above ambient at the power limit
     fan_count: int = 0
     nvlink_count: int = 0
+    gpm: bool = False  # GPM (profiling-grade activity) is Hopper and newer
 
 
 _H100 = _Model(
@@ -76,6 +77,7 @@ _H100 = _Model(
     power_idle_watts=70.0,
     thermal_rise_celsius=40.0,
     nvlink_count=18,
+    gpm=True,
 )
 # A PCIe card, to show a Gen4 link that really can be saturated.
 _L40S = _Model(
@@ -139,6 +141,8 @@ class _Load:
     pcie_tx: float
     nvlink: float  # of one link's bandwidth, per direction
     process: str | None  # name of the one process using the GPU
+    sm_share: float = 0.0  # SM activity as a fraction of utilization: how much of the GPU a kernel fills
+    tensor_share: float = 0.0  # of SM activity, the part in the tensor pipes
     decoder: float = 0.0
     restarts: int = 0  # how often that process has been restarted: it gets a new pid each time
 
@@ -155,6 +159,8 @@ def _load(profile: str, w: Mapping[str, _Wiggle], t: float, creep_offset: float)
             pcie_tx=w["tx"].between(t, 0.04, 0.10),
             nvlink=w["nvlink"].between(t, 0.30, 0.60),
             process="python3",
+            sm_share=0.82,
+            tensor_share=0.7,
         )
     if profile == "idle-allocated":
         # A forgotten notebook kernel: most of the memory held, nothing running.
@@ -167,6 +173,7 @@ def _load(profile: str, w: Mapping[str, _Wiggle], t: float, creep_offset: float)
             pcie_tx=w["tx"].between(t, 1e-5, 5e-5),
             nvlink=0.0,
             process="python3",
+            sm_share=0.5,
         )
     if profile == "memory-creep":
         # An inference server that leaks: memory climbs steadily, then it is restarted and starts over.
@@ -180,6 +187,9 @@ def _load(profile: str, w: Mapping[str, _Wiggle], t: float, creep_offset: float)
             pcie_tx=w["tx"].between(t, 0.02, 0.05),
             nvlink=w["nvlink"].between(t, 0.02, 0.05),
             process="tritonserver",
+            # Small request batches: kernels run most of the time but fill few SMs.
+            sm_share=0.22,
+            tensor_share=0.4,
             restarts=int(restarts),
         )
     if profile == "pcie-bound":
@@ -193,6 +203,7 @@ def _load(profile: str, w: Mapping[str, _Wiggle], t: float, creep_offset: float)
             pcie_tx=w["tx"].between(t, 0.05, 0.10),
             nvlink=0.0,
             process="python3",
+            sm_share=0.3,
             decoder=w["codec"].between(t, 0.30, 0.50),
         )
     if profile == "idle":
@@ -231,6 +242,7 @@ class _SimulatedGpu:
             temperature_thresholds_celsius=_THRESHOLDS,
             fan_count=model.fan_count,
             nvlink_count=model.nvlink_count,
+            gpm_supported=model.gpm,
         )
         self._wiggles = {name: _Wiggle(rng) for name in ("util", "copy", "mem", "power", "rx", "tx", "nvlink", "codec")}
         self._creep_offset = rng.uniform(0, MEMORY_CREEP_PERIOD_SECONDS)
@@ -315,7 +327,16 @@ class _SimulatedGpu:
 
         processes: tuple[ProcessReading, ...] = ()
         if load.process is not None:
-            processes = (ProcessReading(self._pid + 7 * load.restarts, load.process, used, "compute"),)
+            # The driver samples per process in whole percent.
+            processes = (ProcessReading(self._pid + 7 * load.restarts, load.process, used, "compute",
+                                        sm_utilization_ratio=round(_clamp(load.utilization), 2),
+                                        memory_utilization_ratio=round(_clamp(load.memory_copy), 2)),)  # fmt: skip
+        activity = None
+        if model.gpm:
+            sm = _clamp(load.utilization * load.sm_share)
+            activity = Activity(graphics=_clamp(load.utilization), sm=sm, sm_occupancy=sm * 0.38,
+                                tensor=sm * load.tensor_share, dram=_clamp(load.memory_copy * 0.9), fp64=0.0,
+                                fp32=sm * 0.08, fp16=sm * 0.04)  # fmt: skip
 
         return GpuReading(
             index=static.index,
@@ -354,6 +375,7 @@ class _SimulatedGpu:
             row_remap_failure=False,
             xid_errors_total=MappingProxyType({}),
             processes=processes,
+            activity=activity,
         )
 
 

@@ -77,6 +77,7 @@ enum {
     K_NVML_VERSION,
     K_CUDA_VERSION,
     K_INIT_ERROR,
+    K_GPM_METRICS_VERSION,
     /* identity */
     K_NAME,
     K_UUID,
@@ -180,6 +181,7 @@ static void init_keys(void)
     def_key(K_NVML_VERSION, KT_STR, SCOPE_SYS, "nvml_version");
     def_key(K_CUDA_VERSION, KT_NUM, SCOPE_SYS, "cuda_version");
     def_key(K_INIT_ERROR, KT_NUM, SCOPE_SYS, "init_error");
+    def_key(K_GPM_METRICS_VERSION, KT_NUM, SCOPE_SYS, "gpm_metrics_version");
     def_key(K_NAME, KT_STR, SCOPE_DEV, "name");
     def_key(K_UUID, KT_STR, SCOPE_DEV, "uuid");
     def_key(K_SERIAL, KT_STR, SCOPE_GPU, "serial");
@@ -806,7 +808,16 @@ static void carry_counters(struct dev *nd, const struct dev *od, double now)
     for (int k = 0; k < NKEYS; k++) {
         struct slot *n = &nd->s[k];
         const struct slot *o = &od->s[k];
-        if (keys[k].type != KT_NUM || !n->set || !o->set || n->err || o->err || n->base != o->base)
+        if (keys[k].type != KT_NUM || !n->set || !o->set || n->err || o->err)
+            continue;
+        if (k >= K_GPM0 && k < K_GPM0 + NGPM) {
+            /* A GPM percentage is the rate of an integral that never resets: carry what it has
+             * accumulated, whatever the new percentage. */
+            n->base = slot_value(o, now);
+            n->t0 = now;
+            continue;
+        }
+        if (n->base != o->base)
             continue;
         if (n->rate == o->rate) {
             n->t0 = o->t0;
@@ -2314,7 +2325,10 @@ nvmlReturn_t DECLDIR nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
     nvmlReturn_t r = enter();
     if (r)
         return r;
-    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
+    /* The struct version this "driver" implements: nvml.h's, unless the scenario models another. */
+    unsigned int version = NVML_GPM_METRICS_GET_VERSION;
+    get_uint(&cur->sys, K_GPM_METRICS_VERSION, &version);
+    if (metricsGet->version != version)
         return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     const struct nvmlGpmSample_st *a = metricsGet->sample1, *b = metricsGet->sample2;
     if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || !gpm_valid(metricsGet->sample1) ||

@@ -56,7 +56,17 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
         g.nvlink(link, True, tx_kib=Counter(0, 1_100_000), rx_kib=Counter(0, 1_050_000))
     g.ecc(corrected=0, uncorrected=0).remapped_rows()
     g.mig_mode(False, max_devices=7)
+    # Hopper has GPM. A dense training step keeps most SMs and the tensor pipes busy.
+    g.gpm_supported().gpm(**h100_activity(util))
+    g.process_utilization(166)
     return g
+
+
+def h100_activity(util: int) -> dict[str, float]:
+    """GPM percentages in the proportions a transformer training step shows at ``util`` GPU-Util."""
+    return {"graphics_util": util, "sm_util": round(util * 0.82, 1), "sm_occupancy": round(util * 0.31, 1),
+            "any_tensor_util": round(util * 0.58, 1), "dram_bw_util": round(util * 0.36, 1), "fp64_util": 0,
+            "fp32_util": round(util * 0.07, 1), "fp16_util": round(util * 0.03, 1)}  # fmt: skip
 
 
 def h100_training() -> Scenario:
@@ -65,7 +75,7 @@ def h100_training() -> Scenario:
         g = h100_sxm(
             s.add_gpu(), "h100", i, util=94 + i % 5, mem_used=71 * GIB + i * 37 * MIB, power_mw=610000 + 7000 * i
         )
-        g.add_process(10_000 + i, 70 * GIB + i * 37 * MIB, name="python3")
+        g.add_process(10_000 + i, 70 * GIB + i * 37 * MIB, name="python3", sm=94 + i % 5, mem=40)
     return s
 
 
@@ -200,6 +210,27 @@ def a100_mig() -> Scenario:
     return s
 
 
+def h100_mig() -> Scenario:
+    s = Scenario(
+        SCENARIO_DIR / "h100-8x-mig.scn",
+        comment="8x H100 SXM with MIG on, seven 1g.10gb instances each with a process and its own GPM activity.",
+    )
+    for i in range(8):
+        g = h100_sxm(s.add_gpu(), "h100mig", i, util=0, mem_used=60 * GIB, power_mw=450000 + 5000 * i)
+        g.unset("util.gpu", "util.memory", "process_util.sample_ms")  # not per GPU in MIG mode
+        for k in list(g.values):
+            if k.startswith("gpm.") and k != "gpm.supported":
+                g.unset(k)
+        g.mig_mode(True, max_devices=7)
+        for m in range(7):
+            gi = 7 + m  # 1g.10gb instances get GPU instance ids 7..13 on an H100
+            mig = g.add_mig("NVIDIA H100 80GB HBM3 MIG 1g.10gb", mig_uuid("h100mig", i, m), gi, 0)
+            mig.memory(9856 * MIB, (2 + m) * GIB, reserved=0)
+            mig.gpm(**h100_activity(15 + 12 * m))
+            g.add_process(50_000 + 10 * i + m, (2 + m) * GIB, name="python3", gpu_instance_id=gi, compute_instance_id=0)
+    return s
+
+
 def scale_16() -> Scenario:
     s = Scenario(SCENARIO_DIR / "scale-16x.scn", comment="16 GPUs with 4 processes each, for scale tests.")
     for i in range(16):
@@ -215,6 +246,7 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
     "pcie-degraded": pcie_degraded,
     "gpu-lost-midway": gpu_lost,
     "a100-mig": a100_mig,
+    "h100-8x-mig": h100_mig,
     "scale-16x": scale_16,
 }
 
