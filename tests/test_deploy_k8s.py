@@ -691,20 +691,22 @@ def test_host_pid_overlay(builds: dict[str, list[Doc]]) -> None:
 
 
 # The GPU operator's own dcgm-exporter (assets/state-dcgm-exporter in NVIDIA/gpu-operator).
-DCGM_EXPORTER = {"labels": {"app": "nvidia-dcgm-exporter"}, "port": 9400, "namespace": "gpu-operator"}
+DCGM_EXPORTER_LABELS = {"app": "nvidia-dcgm-exporter"}
+DCGM_EXPORTER_PORT = 9400
+GPU_OPERATOR_NAMESPACE = "gpu-operator"
 
 
 def test_gpu_operator_overlay(builds: dict[str, list[Doc]]) -> None:
     docs = builds["examples/gpu-operator"]
     assert not of_kind(docs, "Namespace")  # Helm owns it; `kubectl delete -k` must not remove it
-    assert {d["metadata"].get("namespace") for d in docs} == {DCGM_EXPORTER["namespace"]}
+    assert {d["metadata"].get("namespace") for d in docs} == {GPU_OPERATOR_NAMESPACE}
     pod = pod_spec(docs)
     assert schedulable_on(pod, OPERATOR_NODE)
     assert not schedulable_on(pod, PASSTHROUGH_NODE)  # VM passthrough: no NVML on the host
     assert not schedulable_on(pod, {**OPERATOR_NODE, "nvidia.com/gpu.deploy.operands": "false"})
     assert not schedulable_on(pod, CPU_NODE)
     # Alongside its dcgm-exporter: another port, and no selector of ours picks its pods.
-    assert {p["containerPort"] for p in exporter(docs)["ports"]} == {9445} != {DCGM_EXPORTER["port"]}
+    assert {p["containerPort"] for p in exporter(docs)["ports"]} == {9445} != {DCGM_EXPORTER_PORT}
     selectors = [
         one(docs, "Service")["spec"]["selector"],
         one(docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"],
@@ -712,9 +714,9 @@ def test_gpu_operator_overlay(builds: dict[str, list[Doc]]) -> None:
         one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"],
     ]
     for selector in selectors:
-        assert not selector.items() <= DCGM_EXPORTER["labels"].items()
+        assert not selector.items() <= DCGM_EXPORTER_LABELS.items()
     # The quota that admits system-node-critical pods comes along into the operator's namespace.
-    assert one(docs, "ResourceQuota")["metadata"]["namespace"] == DCGM_EXPORTER["namespace"]
+    assert one(docs, "ResourceQuota")["metadata"]["namespace"] == GPU_OPERATOR_NAMESPACE
 
 
 # --- checkov ------------------------------------------------------------------------------------
@@ -792,3 +794,54 @@ def test_checkov_passes_on_the_dockerfile(checkov_dockerfile: dict[str, Any]) ->
     assert {"CKV_DOCKER_2", "CKV_DOCKER_3", "CKV_DOCKER_8"} <= ids
     for c in results["skipped_checks"]:
         assert c.get("suppress_comment"), f"{c['check_id']} is skipped without a reason"
+
+
+# --- the README's Kubernetes sections -----------------------------------------------------------
+
+
+def readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+
+
+def test_readme_deploy_steps_start_with_building_and_pushing_the_image() -> None:
+    section = readme_section("On Kubernetes (kustomize)")
+    first_step = section.split("**2.", 1)[0]
+    assert "nvidia-runtime" in first_step and "k3s" in first_step  # when that overlay is needed
+    first_block = re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)[0].splitlines()
+    assert first_block[0].startswith("podman build -t registry.example.com/gpu-exporter:")
+    assert first_block[1].startswith("podman push registry.example.com/gpu-exporter:")
+
+
+def test_readme_images_snippet_overrides_the_image(tmp_path: Path) -> None:
+    section = readme_section("On Kubernetes (kustomize)")
+    snippet = re.search(r"```yaml\n(images:.*?)```", section, flags=re.DOTALL)
+    assert snippet
+    images = yaml.safe_load(snippet.group(1).replace("sha256:...", "sha256:" + "b" * 64))["images"]
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [os.path.relpath(BASE, tmp_path)], "images": images})
+    )
+    (entry,) = images
+    assert exporter(kustomize(tmp_path))["image"] == f"{entry['newName']}:{entry['newTag']}@{entry['digest']}"
+
+
+def test_readme_says_why_for_every_privilege_mount_and_overlay(builds: dict[str, list[Doc]]) -> None:
+    section = readme_section("Running on Kubernetes: what it needs and why")
+    for overlay in OVERLAYS:  # a new overlay needs its line in the table
+        assert f"`{overlay.removeprefix('examples/')}`" in section, overlay
+    pod = pod_spec(builds["base"])
+    for v in pod["volumes"]:
+        mount = next(m for m in exporter(builds["base"])["volumeMounts"] if m["name"] == v["name"])
+        assert f"`{mount['mountPath']}`" in section or f"`{v.get('hostPath', {}).get('path')}`" in section, v
+    for needle in (
+        "runAsUser: 0",
+        "capability dropped",
+        "read-only root filesystem",
+        "enforce: privileged",
+        "system-node-critical",
+        "request 96Mi, limit 448Mi",
+        "nvidia.com/gpu:NoSchedule",
+    ):
+        assert needle in section, needle
+    res = exporter(builds["base"])["resources"]
+    assert f"request {res['requests']['memory']}, limit {res['limits']['memory']}" in section
