@@ -46,8 +46,9 @@ ENV PATH="${VIRTUAL_ENV}/bin:${PATH}" \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
-# A fixed, high, numeric UID/GID, so that Kubernetes' runAsNonRoot can verify it; the DaemonSet
-# runs as the same 65532.
+# A fixed, high, numeric UID/GID, so that Kubernetes' runAsNonRoot can verify it. `docker run` and
+# deploy/k8s/components/non-root run as it; the base DaemonSet runs as uid 0 with no capabilities,
+# for the kubelet's root-only pod-resources socket (README, "Running on Kubernetes").
 RUN groupadd --system --gid 65532 gpu-exporter \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin gpu-exporter

@@ -60,11 +60,13 @@ class Prometheus:
 
 @contextmanager
 def prometheus(targets: Sequence[str], workdir: Path, rule_files: Sequence[Path] = (),
-               interval: str = "1s", labels: dict[str, str] | None = None) -> Iterator[Prometheus]:  # fmt: skip
+               interval: str = "1s", labels: dict[str, str] | None = None,
+               relabel_configs: Sequence[dict[str, Any]] = ()) -> Iterator[Prometheus]:  # fmt: skip
     """Prometheus scraping ``targets`` (host:port) and evaluating ``rule_files`` every ``interval``.
 
     ``labels`` are attached to every scraped series, as the ServiceMonitor's relabelling attaches
-    ``node`` in a cluster.
+    ``node`` in a cluster; ``relabel_configs`` then apply to the targets, as a ServiceMonitor's
+    ``relabelings`` do.
     """
     binary = shutil.which("prometheus")
     assert binary, "Prometheus is missing: apt-get install prometheus (bash .ci/setup does it)"
@@ -73,7 +75,11 @@ def prometheus(targets: Sequence[str], workdir: Path, rule_files: Sequence[Path]
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
-            {"job_name": "gpu-exporter", "static_configs": [{"targets": list(targets), "labels": labels or {}}]}
+            {
+                "job_name": "gpu-exporter",
+                "static_configs": [{"targets": list(targets), "labels": labels or {}}],
+                "relabel_configs": list(relabel_configs),
+            }
         ],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))

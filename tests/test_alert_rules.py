@@ -121,8 +121,8 @@ SHORT = "3s"
 LONG_WINDOW = "5m"  # windows that must not age out while the test runs
 
 
-def short_rules_file(dst: Path) -> Path:
-    doc = yaml.safe_load(RULES.read_text())
+def short_rules_file(dst: Path, src: Path = RULES) -> Path:
+    doc = yaml.safe_load(src.read_text())
     for r in rules_of(doc):
         if parse_duration(r.get("for", "0s")) > 0:
             r["for"] = SHORT

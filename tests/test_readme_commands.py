@@ -144,6 +144,7 @@ RUNNERS: dict[str, Runner] = {
     "~/gpu-exporter/bin/gpu-exporter --once": _once,
     "~/gpu-exporter/bin/gpu-exporter": _serve,
     "kubectl kustomize deploy/k8s/base": _kustomize,
+    "kubectl kustomize deploy/k8s/examples": _kustomize,
     "promtool check rules alerts/gpu-exporter.rules.yml": _succeeds,
     "promtool test rules alerts/tests/gpu-exporter.rules.test.yml": _succeeds,
     "gpu-exporter --alerting.alertmanager-url http://alertmanager:9093": _serve,
@@ -155,10 +156,13 @@ RUNNERS: dict[str, Runner] = {
 }  # fmt: skip
 
 OUTSIDE = {
-    "kubectl apply -k deploy/k8s/base  # needs a cluster with the prometheus-operator CRDs",
+    "podman build -t registry.example.com/gpu-exporter:0.1.0 .  # needs a container engine and Docker Hub"
+    " (python:3.11-slim)",
+    "podman push registry.example.com/gpu-exporter:0.1.0  # needs your registry",
+    "podman run --rm registry.example.com/gpu-exporter:0.1.0 --once --simulate  # needs the image built above",
+    "kubectl get runtimeclass nvidia  # needs a cluster",
+    "kubectl apply -k deploy/k8s/examples  # needs a cluster with the prometheus-operator CRDs",
     "kubectl -n gpu-exporter rollout status daemonset/gpu-exporter  # needs a cluster",
-    "docker build -t ghcr.io/OWNER/gpu-exporter:0.1.0 .  # needs a Docker engine",
-    "docker run --rm ghcr.io/OWNER/gpu-exporter:0.1.0 --once --simulate  # needs a Docker engine",
     "kubectl apply -f dashboards-configmap-labelled.yaml  # needs a cluster",
     "PROMETHEUS_URL=http://prometheus.example:9090 docker compose -f deploy/grafana/docker-compose.yaml up -d"
     "  # needs a Docker engine",
