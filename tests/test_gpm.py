@@ -506,3 +506,64 @@ def test_the_oldest_bindings_are_the_oldest_the_project_allows() -> None:
     assert len(dist) == 1, dist
     installed = dist[0].name.removeprefix("nvidia_ml_py-").removesuffix(".dist-info")
     assert installed == allowed_minimum()
+
+
+# The fake's GPM through nvidia-ml-py's own structs and calls, with no exporter code in between:
+# the layouts the fake was compiled with (nvml.h) must agree with each bindings version's, and with
+# the exporter's own struct, whose metric array is longer than any.
+BINDINGS_CHECK = """
+import ctypes, json, time, pynvml as N
+from gpu_exporter.sources import nvml as ours
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+support = N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice
+a, b = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+N.nvmlGpmSampleGet(h, a)
+time.sleep(0.15)
+N.nvmlGpmSampleGet(h, b)
+mg = N.c_nvmlGpmMetricsGet_t()
+mg.version, mg.numMetrics, mg.sample1, mg.sample2 = N.NVML_GPM_METRICS_GET_VERSION, 3, a, b
+for i, m in enumerate((2, 10, 7)):
+    mg.metrics[i].metricId = m
+N.nvmlGpmMetricsGet(mg)
+got = [(mg.metrics[i].metricId, mg.metrics[i].nvmlReturn, round(mg.metrics[i].value, 3),
+        (mg.metrics[i].metricInfo.shortName or b"").decode()) for i in range(3)]
+N.nvmlGpmSampleFree(a)
+N.nvmlGpmSampleFree(b)
+N.nvmlShutdown()
+theirs = N.c_nvmlGpmMetric_t
+layout = [ctypes.sizeof(theirs) == ctypes.sizeof(ours._GpmMetric),
+          theirs.value.offset == ours._GpmMetric.value.offset,
+          theirs.metricInfo.offset == ours._GpmMetric.shortName.offset,
+          N.c_nvmlGpmMetricsGet_t.metrics.offset == ours._GpmMetricsGet.metrics.offset,
+          N.NVML_GPM_METRIC_MAX <= ours._GPM_METRIC_SLOTS]
+print(json.dumps({"max": N.NVML_GPM_METRIC_MAX, "support": support, "got": got, "layout": layout}))
+"""
+
+
+@pytest.mark.parametrize("bindings", ["newest", "oldest"])
+def test_the_fakes_gpm_layout_agrees_with_each_bindings_version(tmp_path: Path, bindings: str) -> None:
+    s = Scenario(tmp_path / "node.scn")
+    hopper(s).gpm(hmma_tensor_util=Err("NOT_SUPPORTED"))
+    s.write()
+    env = subprocess_env(s.path)
+    if bindings == "oldest":
+        env["PYTHONPATH"] = str(oldest_bindings())
+    out = subprocess.run([sys.executable, "-c", BINDINGS_CHECK], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert (result["max"] == 98) == (bindings == "oldest")
+    assert result["support"] == 1
+    assert result["got"] == [[2, 0, 62.0, "sm_util"], [10, 0, 27.5, "dram_bw_util"], [7, 3, 0.0, ""]]
+    assert result["layout"] == [True] * 5
+
+
+def test_once_shows_activity_and_per_process_utilization(tmp_path: Path) -> None:
+    s = Scenario(tmp_path / "node.scn")
+    hopper(s).process_utilization(50).add_process(4242, GIB, name="trainer", sm=70)
+    s.write()
+    out = subprocess.run([sys.executable, "-m", "gpu_exporter", "--once"], env=subprocess_env(s.path),
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr
+    assert "activity     SM 62%   occupancy 31%   tensor 44%   DRAM 28%" in out.stdout
+    assert "trainer" in out.stdout and "SM  70%" in out.stdout
