@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from ..snapshot import Activity
 
@@ -48,8 +47,7 @@ class GpmCalls(Protocol[S]):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class MetricAnswer:
+class MetricAnswer(NamedTuple):
     """What one metric of one pair said: a ratio, or why not."""
 
     ratio: float | None
@@ -79,6 +77,7 @@ class SamplePair(Generic[S]):
         self._older_at: float | None = None
         self.unsupported: set[int] = set()  # metric ids this device answered NOT_SUPPORTED for
         self._last: dict[int, MetricAnswer] | None = None
+        self.activity: Activity | None = None  # the last answers as an Activity, kept by the caller
         self._lock = threading.Lock()  # a GPU stuck in the driver must not race a re-init's close()
         self._older = calls.alloc()
         try:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pynvml
 import structlog
@@ -341,7 +341,7 @@ class NvmlBackend:
         dev.process_names = {p.pid: p.name for p in processes}
         if processes and static.mig_mode != "enabled":
             processes = self._process_utilization(dev, processes)
-        activity = self._gpm_activity(dev, dev.gpm, lambda s: pynvml.nvmlGpmSampleGet(dev.handle, s)) \
+        activity = self._gpm_activity(dev, dev.gpm, lambda s: pynvml.nvmlGpmSampleGet(dev.handle, s.handle)) \
             if static.gpm_supported else None  # fmt: skip
         return GpuReading(
             index=static.index,
@@ -490,7 +490,7 @@ class NvmlBackend:
             if pair is not None:
                 dev.mig_gpm[key] = pair
         return self._gpm_activity(
-            dev, pair, lambda s: pynvml.nvmlGpmMigSampleGet(dev.handle, gi, s), what="nvmlGpmMigSampleGet"
+            dev, pair, lambda s: pynvml.nvmlGpmMigSampleGet(dev.handle, gi, s.handle), what="nvmlGpmMigSampleGet"
         )
 
     def _new_pair(self, dev: _Device, identity: object) -> SamplePair[Any] | None:
@@ -523,7 +523,8 @@ class NvmlBackend:
             return None
         if fresh:
             self._gpm_checked(pair, answers)
-        return activity_of(answers)
+            pair.activity = activity_of(answers)
+        return pair.activity
 
     def _gpm_checked(self, pair: SamplePair[Any], answers: dict[int, MetricAnswer]) -> None:
         for metric, a in answers.items():
@@ -706,6 +707,13 @@ class _GpmMetricsGet(ctypes.Structure):
                 ("metrics", _GpmMetric * _GPM_METRIC_SLOTS)]  # fmt: skip
 
 
+class _Sample(NamedTuple):
+    """A GPM sample buffer: nvidia-ml-py's handle, and its address for our metrics struct."""
+
+    handle: Any
+    address: int
+
+
 class _NvmlGpmCalls:
     """GPM through nvidia-ml-py, with a metrics struct long enough for any driver, one per thread
     (each GPU is read by one thread at a time), so polls allocate nothing."""
@@ -713,20 +721,20 @@ class _NvmlGpmCalls:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def alloc(self) -> Any:
-        return pynvml.nvmlGpmSampleAlloc()
+    def alloc(self) -> _Sample:
+        handle = pynvml.nvmlGpmSampleAlloc()
+        return _Sample(handle, ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
-    def free(self, sample: Any) -> None:
-        pynvml.nvmlGpmSampleFree(sample)
+    def free(self, sample: _Sample) -> None:
+        pynvml.nvmlGpmSampleFree(sample.handle)
 
-    def metrics(self, older: Any, newer: Any, ids: tuple[int, ...]) -> dict[int, tuple[int, float]]:
+    def metrics(self, older: _Sample, newer: _Sample, ids: tuple[int, ...]) -> dict[int, tuple[int, float]]:
         mg = getattr(self._local, "mg", None)
         if mg is None:
             mg = self._local.mg = _GpmMetricsGet()
         mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         mg.numMetrics = len(ids)
-        mg.sample1 = ctypes.cast(older, ctypes.c_void_p).value
-        mg.sample2 = ctypes.cast(newer, ctypes.c_void_p).value
+        mg.sample1, mg.sample2 = older.address, newer.address
         metrics = mg.metrics
         for i, metric in enumerate(ids):
             metrics[i].metricId = metric
@@ -735,11 +743,8 @@ class _NvmlGpmCalls:
         except pynvml.NVMLError as e:
             e.gpm_function = "nvmlGpmMetricsGet"  # tells the caller which of the pair's calls failed
             raise
-        out = {}
-        for i in range(len(ids)):
-            m = metrics[i]
-            out[m.metricId] = (m.nvmlReturn, m.value)
-        return out
+        # Read back by position: the answers are in the order asked.
+        return {metric: (metrics[i].nvmlReturn, metrics[i].value) for i, metric in enumerate(ids)}
 
 
 _GPM_CALLS = _NvmlGpmCalls()
