@@ -22,6 +22,7 @@ from tests.exporter_helpers import RunningDaemon, http_get, run_daemon, value, w
 from tests.fake_kubelet import fake_kubelet, pod
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import h100_sxm
+from tests.prometheus_helpers import prometheus
 
 GIB = 1024**3
 TOTAL = 81559 * 1024**2
@@ -283,3 +284,27 @@ def test_the_direct_webhook_repeats_as_alertmanager_does(tmp_path: Path) -> None
         first_three = [by_group(h)['{}:{alertname="GpuMemoryHigh", node="n1"}'][:3] for h in (direct, via_am)]
         assert first_three[0] == first_three[1]
         assert first_three[0][0] == first_three[0][1] == first_three[0][2], "a repeat is the same notification"
+
+
+# -- 7. what the daemon cannot say about itself --------------------------------------------------------
+def test_a_dead_daemon_reads_like_an_all_clear_and_only_the_prometheus_side_rule_says_otherwise(tmp_path: Path) -> None:
+    s = node(tmp_path / "node.scn", gpus=1)
+    doc = yaml.safe_load((Path(__file__).resolve().parent.parent / "alerts" / "gpu-exporter.rules.yml").read_text())
+    (health,) = [g for g in doc["groups"] if g["name"] == "gpu-exporter.health"]
+    for rule in health["rules"]:
+        rule["for"] = "2s"
+    rules = tmp_path / "health.yml"
+    rules.write_text(yaml.safe_dump({"groups": [health]}))
+    with webhook_receiver() as hook, alertmanager(hook.url, tmp_path / "am") as am:
+        cfg = config(tmp_path / "c.yaml", {"alertmanagers": [{"url": am.url}]})
+        with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d, \
+                prometheus([f"127.0.0.1:{d.port}"], tmp_path / "prom", rule_files=[rules]) as prom:  # fmt: skip
+            memory(s, 0, 0.95)
+            wait_for(lambda: statuses(hook, "GpuMemoryHigh") == ["firing"], what="the alert")
+            wait_for(lambda: prom.targets_up(), what="the daemon scraped")
+            d.proc.kill()
+            # Alertmanager ends the alert 4 x resend_interval after the last send: it looks resolved.
+            wait_for(lambda: statuses(hook, "GpuMemoryHigh") == ["firing", "resolved"], timeout=30,
+                     what="Alertmanager expiring the alert")  # fmt: skip
+            wait_for(lambda: {a["labels"]["alertname"] for a in prom.alerts() if a["state"] == "firing"}
+                     >= {"GpuExporterDown"}, timeout=30, what="the Prometheus-side health rule")  # fmt: skip
