@@ -10,6 +10,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +175,50 @@ def test_more_alerts_than_queue_size_drops_the_oldest_counted_and_logged(capsys:
     assert sorted(a.label_dict["gpu"] for a in r._firing.values()) == ["3", "4"]
     captured = capsys.readouterr()
     assert (captured.out + captured.err).count("notification_dropped") == 3
+
+
+def test_over_queue_size_a_resolution_goes_before_a_firing_alert() -> None:
+    outcomes = Outcomes()
+    r = am_receiver("http://127.0.0.1:9/nothing-listens", outcomes, queue_size=2)
+    r.submit([alert(gpu="0", state=RESOLVED, resolved_at=T0 + 1)], T0 + 1)
+    r.submit([alert(gpu="1"), alert(gpu="2")], T0 + 2)
+    assert outcomes.count("dropped") == 1
+    assert (list(r._resolved), sorted(a.label_dict["gpu"] for a in r._firing.values())) == ([], ["1", "2"])
+
+
+def test_a_state_that_arrives_while_a_request_is_in_flight_is_sent_next() -> None:
+    release = threading.Event()
+    bodies: list[Any] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            release.wait(10)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    outcomes = Outcomes()
+    try:
+        r = am_receiver(f"http://127.0.0.1:{server.server_address[1]}", outcomes)
+        r.start()
+        first = alert(gpu="0")
+        r.submit([first], T0)
+        wait_for(lambda: len(bodies) == 1, what="the first request in flight")
+        newer = replace(first, annotations=(("summary", "newer"),))
+        r.submit([newer], T0 + 1)
+        release.set()
+        wait_for(lambda: outcomes.count("sent") == 2, what="the newer state sent after the first request")
+        r.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [b[0]["annotations"]["summary"] for b in bodies] == ["GpuLost on 0", "newer"]
 
 
 def test_rejected_notifications_are_not_retried() -> None:

@@ -183,3 +183,28 @@ def test_every_alert_is_in_exactly_one_group(by: list[str]) -> None:
     docs = deliver(r, T0)
     sent = sorted(tuple(sorted(a["labels"].items())) for d in docs for a in d["alerts"])
     assert sent == sorted(a.labels for a in alerts)
+
+
+def test_an_alert_that_fired_and_resolved_within_group_wait_is_never_notified() -> None:
+    r = route(group_wait=30)
+    r.insert([alert()], T0)
+    r.insert([alert(state=RESOLVED, resolved_at=T0 + 10)], T0 + 10)
+    assert deliver(r, T0 + 30) == [], "nobody heard of it firing: its resolution is no news"
+    assert r.groups == {}
+
+
+def test_after_the_first_flush_an_old_alert_waits_for_the_tick() -> None:
+    r = route(group_wait=30, group_interval=300)
+    r.insert([alert(gpu="0")], T0)
+    deliver(r, T0 + 30)
+    # An alert that fired long ago (a new label set of an old alert) joins the group.
+    r.insert([alert(gpu="1", at=T0 - 3600)], T0 + 40)
+    assert r.next_due() == T0 + 330
+    assert deliver(r, T0 + 40) == []
+
+
+def test_fewer_labels_sort_first() -> None:
+    r = route(group_wait=0, group_by=["alertname"])
+    r.insert([alert(gpu="0", extra="x"), alert(gpu="1")], T0)
+    (doc,) = deliver(r, T0)
+    assert [a["labels"]["gpu"] for a in doc["alerts"]] == ["1", "0"]

@@ -223,7 +223,8 @@ class AlertmanagerReceiver(Receiver):
 
     def _bound(self) -> None:
         while len(self._resolved) + len(self._firing) > self._queue_size:
-            # The oldest entry goes: a resolution first, else a firing alert (it is re-sent anyway).
+            # A resolution goes first (Alertmanager ends that alert by its endsAt anyway), then the
+            # oldest firing alert (the daemon re-sends it every resend_interval).
             queue = self._resolved if self._resolved else self._firing
             labels = next(iter(queue))
             del queue[labels]
