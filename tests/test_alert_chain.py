@@ -86,6 +86,10 @@ def test_an_outage_longer_than_four_resend_intervals_gives_no_false_resolution(t
             memory(s, 1, 0.95)
             wait_for(lambda: statuses(hook, "GpuLost", gpu="2") == ["firing"]
                      and statuses(hook, "GpuMemoryHigh", gpu="1") == ["firing"], what="both alerts firing")  # fmt: skip
+            # Alertmanager logs a notification just after the webhook answered; after one more
+            # send it has, so its notification log (kept in --storage.path) knows of both.
+            sent = counter(d, "sent")
+            wait_for(lambda: counter(d, "sent") > sent, what="one more send")
             am.stop()
             stopped = time.monotonic()
             memory(s, 1, 0.5)  # GPU 1's alert resolves during the outage; GPU 2 stays lost

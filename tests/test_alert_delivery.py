@@ -257,6 +257,7 @@ def test_an_alertmanager_receiver_survives_garbage_and_delivers_once_the_receive
     outcomes = Outcomes()
     with raw_receiver(GARBAGE) as raw:
         r = am_receiver(raw.url, outcomes)
+        r.min_backoff = 0.05  # the daemon's 0.5 s doubling is tried in test_alert_chain
         r.start()
         r.submit([alert(gpu="0")], T0)
         wait_for(lambda: outcomes.count("sent") == 1, timeout=60, what="delivery after the garbage")
@@ -276,6 +277,7 @@ def test_a_webhook_survives_garbage_and_delivers_once_the_receiver_answers() -> 
     with raw_receiver(GARBAGE) as raw:
         r = WebhookReceiver(WebhookSettings(url=raw.url, name="ops", group_wait=0, group_interval=1), outcomes,
                             generator_url=lambda: "http://n1:9445/alerts")  # fmt: skip
+        r.min_backoff = 0.05
         r.start()
         r.submit([alert(gpu="0")], time.time())
         wait_for(lambda: outcomes.count("sent") == 1, timeout=60, what="delivery after the garbage")
@@ -375,6 +377,11 @@ def test_alertmanager_outage_loses_nothing(scenario: Scenario, tmp_path: Path) -
         cfg = write_config(tmp_path / "c.yaml", {"alertmanagers": [{"url": am.url}]})
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
             wait_for(lambda: "GpuPcieLinkDegraded" in names(hook.alerts(), "firing"), what="firing before")
+            # Alertmanager logs a notification just after the webhook answered; one more send from
+            # the daemon, and it has, so the restart below finds it in its notification log.
+            sent = value(d.metrics(), "gpu_exporter_notifications_total", outcome="sent") or 0
+            wait_for(lambda: (value(d.metrics(), "gpu_exporter_notifications_total", outcome="sent") or 0) > sent,
+                     what="one more send")  # fmt: skip
             am.stop()
             # During the outage: one alert resolves, another starts firing.
             healthy(s)

@@ -78,10 +78,12 @@ class Receiver:
         self._stop = False
         self._ssl = ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else None
         self._thread = threading.Thread(target=self._run, name=f"notify-{self.name}", daemon=True)
+        self.min_backoff, self.max_backoff = MIN_BACKOFF_S, MAX_BACKOFF_S
         self._backoff = MIN_BACKOFF_S
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
+        self._backoff = self.min_backoff
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
@@ -132,12 +134,12 @@ class Receiver:
                 self._count("retried")
                 ok = False
             if ok:
-                self._backoff = MIN_BACKOFF_S
+                self._backoff = self.min_backoff
                 continue
             with self._cond:
                 if self._cond.wait_for(lambda: self._stop, timeout=self._backoff):
                     return
-            self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+            self._backoff = min(self._backoff * 2, self.max_backoff)
 
     def _count(self, outcome: str) -> None:
         try:
