@@ -66,8 +66,6 @@ def alertmanager_alert(a: Alert, now: float, valid_for: float, generator_url: st
 class Receiver:
     """One destination with its own delivery thread; subclasses say what is due and send it."""
 
-    kind = ""
-
     def __init__(self, settings: ReceiverSettings, outcome: Outcome, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.name = settings.label
@@ -190,8 +188,6 @@ def _reply_excerpt(e: urllib.error.HTTPError) -> str:
 class AlertmanagerReceiver(Receiver):
     """Posts to an Alertmanager's ``/api/v2/alerts`` the current state of every alert not yet delivered."""
 
-    kind = "alertmanager"
-
     def __init__(self, settings: ReceiverSettings, outcome: Outcome, *, queue_size: int, valid_for: float,
                  generator_url: Callable[[], str], clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         super().__init__(settings, outcome, clock)
@@ -259,8 +255,6 @@ class AlertmanagerReceiver(Receiver):
 
 class WebhookReceiver(Receiver):
     """A webhook fed directly, with Alertmanager's routing semantics (see ``routing``)."""
-
-    kind = "webhook"
 
     def __init__(self, settings: WebhookSettings, outcome: Outcome, *, generator_url: Callable[[], str],
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
