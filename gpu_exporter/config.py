@@ -51,6 +51,9 @@ class KubernetesSettings(BaseModel):
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     refresh_interval: Duration = Field(10.0, gt=0)
     timeout: Duration = Field(5.0, gt=0)
+    keep_last_good_for: Duration = Field(
+        300.0, gt=0, le=86_400, description="how long pod labels outlive the kubelet's last successful answer"
+    )
     # nvidia.com/gpu.shared: the device plugin's name for time-sliced GPUs with renameByDefault.
     resource_names: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu", "nvidia.com/gpu.shared"])
     resource_prefixes: list[str] = Field(default_factory=lambda: ["nvidia.com/mig-"])

@@ -12,7 +12,7 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from .alerting.delivery import Notifier, Receiver
+from .alerting.delivery import OUTCOMES, AlertmanagerReceiver, Notifier, Receiver, WebhookReceiver
 from .alerting.engine import RuleEngine, node_name
 from .config import Settings
 from .kubernetes.attribution import Attributor
@@ -41,11 +41,14 @@ class Daemon:
         attach = None
         if pod_labels is not None:
             # gRPC costs ~10 MiB of memory; load it only where pod attribution is on.
+            from .kubernetes.kubelet import OUTCOMES as KUBELET_OUTCOMES
             from .kubernetes.kubelet import PodResourcesWatcher
 
+            self.metrics.watch_kubelet(KUBELET_OUTCOMES)
             self.watcher = PodResourcesWatcher(
                 k8s.pod_resources_socket, resource_names=k8s.resource_names, resource_prefixes=k8s.resource_prefixes,
                 refresh_interval=k8s.refresh_interval, timeout=k8s.timeout, outcome=self.metrics.count_kubelet,
+                keep_last_good_for=k8s.keep_last_good_for, expired=self.metrics.count_attribution_expired,
             )  # fmt: skip
             attach = Attributor(self.watcher.devices).attach
         self.collector = SnapshotCollector(RenderOptions(settings.process_top_n, pod_labels))
@@ -54,11 +57,19 @@ class Daemon:
         self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
                                  resend_interval=alerting.resend_interval,
                                  resolved_retention=alerting.resolved_retention, pod_labels=pod_labels)  # fmt: skip
-        receivers = [Receiver(r, "alertmanager", alerting.queue_size, self.metrics.count_notification)
-                     for r in alerting.alertmanagers]  # fmt: skip
-        receivers += [Receiver(r, "webhook", alerting.queue_size, self.metrics.count_notification)
-                      for r in alerting.webhooks]  # fmt: skip
-        self.notifier = Notifier(receivers, resend_interval=alerting.resend_interval, generator_url=self.alerts_url)
+        # Like Prometheus: a firing alert stays valid for four resend intervals (or evaluation
+        # intervals, if longer); if the daemon dies, Alertmanager resolves it by itself.
+        valid_for = 4 * max(alerting.resend_interval, settings.poll_interval)
+        count = self.metrics.count_notification
+        receivers: list[Receiver] = [
+            AlertmanagerReceiver(r, count, queue_size=alerting.queue_size, valid_for=valid_for,
+                                 generator_url=self.alerts_url)
+            for r in alerting.alertmanagers
+        ]  # fmt: skip
+        receivers += [WebhookReceiver(r, count, generator_url=self.alerts_url) for r in alerting.webhooks]
+        for r in receivers:
+            self.metrics.watch_receiver(r.name, OUTCOMES)
+        self.notifier = Notifier(receivers)
         registry.register(AlertsCollector(self.engine.active, lambda: [(r.name, len(r)) for r in receivers]))
         self.exposition = Exposition(registry)
         self.poller = Poller(

@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,25 +125,147 @@ class Alertmanager:
         self.proc = None
 
 
+# Every alert its own group: one notification per alert change.
+EVERY_ALERT_ALONE = {"group_by": ["..."], "group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"}
+
+
 @contextmanager
-def alertmanager(webhook_url: str, workdir: Path) -> Iterator[Alertmanager]:
+def alertmanager(webhook_url: str, workdir: Path, route: dict[str, Any] | None = None,
+                 receiver: str = "hook", send_resolved: bool = True) -> Iterator[Alertmanager]:  # fmt: skip
+    """A real Alertmanager whose root route (``route``: group_by and the intervals) sends every
+    alert to one webhook receiver named ``receiver``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "alertmanager.yml").write_text(
-        "route:\n"
-        "  receiver: hook\n"
-        "  group_by: ['...']\n"  # every alert its own group: one notification per alert change
-        "  group_wait: 0s\n"
-        "  group_interval: 1s\n"
-        "  repeat_interval: 1h\n"
-        "receivers:\n"
-        "  - name: hook\n"
-        "    webhook_configs:\n"
-        f"      - url: {webhook_url}\n"
-        "        send_resolved: true\n"
-    )
+    config = {
+        "route": {"receiver": receiver, **(route or EVERY_ALERT_ALONE)},
+        "receivers": [{"name": receiver, "webhook_configs": [{"url": webhook_url, "send_resolved": send_resolved}]}],
+    }
+    (workdir / "alertmanager.yml").write_text(json.dumps(config))
     am = Alertmanager(free_port(), workdir)
     am.start()
     try:
         yield am
     finally:
         am.stop()
+
+
+# -- receivers that speak garbage ------------------------------------------------------------------
+GARBAGE_REPLIES: dict[str, bytes] = {
+    # A status line that is not HTTP at all (http.client: BadStatusLine).
+    "not-http": b"SSH-2.0-OpenSSH_9.2\r\n",
+    # A 200 whose body is cut short (IncompleteRead).
+    "truncated": b'HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: application/json\r\n\r\n{"stat',
+    # The connection closed with no reply (RemoteDisconnected).
+    "hang-up": b"",
+    # A header line longer than http.client accepts (LineTooLong).
+    "long-header": b"HTTP/1.1 200 OK\r\nX-Junk: " + b"x" * 70_000 + b"\r\n\r\n",
+    # A status code that is not a number (BadStatusLine).
+    "bad-status": b"HTTP/1.1 two hundred OK\r\n\r\n",
+}
+
+
+@dataclass
+class RawReceiver:
+    """A raw TCP server on 127.0.0.1 that answers each request as its script says.
+
+    ``script`` lists the replies of the first requests (keys of GARBAGE_REPLIES, or ``http``);
+    once it is used up, every request gets ``then``: ``http`` (a proper 200, the JSON body
+    recorded) or ``proxy`` (forwarded to ``upstream`` and its reply relayed, e.g. to a real
+    Alertmanager).
+    """
+
+    port: int = 0
+    script: list[str] = field(default_factory=list)
+    then: str = "http"
+    upstream: str | None = None
+    bodies: list[Any] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)  # what each request got, in order
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def next_reply(self) -> str:
+        with self.lock:
+            mode = self.script.pop(0) if self.script else self.then
+            self.replies.append(mode)
+            return mode
+
+
+def _read_request(conn: socket.socket) -> tuple[str, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return "", b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next((int(v) for k, _, v in (line.partition(":") for line in lines[1:])
+                   if k.strip().lower() == "content-length"), 0)  # fmt: skip
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return lines[0], body
+
+
+@contextmanager
+def raw_receiver(script: list[str], then: str = "http", upstream: str | None = None) -> Iterator[RawReceiver]:
+    rec = RawReceiver(script=list(script), then=then, upstream=upstream)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    listener.settimeout(0.2)
+    rec.port = listener.getsockname()[1]
+    stopping = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            try:
+                request_line, body = _read_request(conn)
+                if not request_line:
+                    return
+                mode = rec.next_reply()
+                if mode in GARBAGE_REPLIES:
+                    conn.sendall(GARBAGE_REPLIES[mode])
+                    return
+                status, reply = 200, b""
+                if mode == "proxy":
+                    assert rec.upstream is not None
+                    path = request_line.split(" ")[1]
+                    req = urllib.request.Request(rec.upstream.rstrip("/") + path, data=body, method="POST",
+                                                 headers={"Content-Type": "application/json"})  # fmt: skip
+                    try:
+                        with urllib.request.urlopen(req, timeout=5) as r:
+                            status, reply = r.status, r.read()
+                    except urllib.error.HTTPError as e:
+                        status, reply = e.code, e.read()
+                else:
+                    with rec.lock:
+                        rec.bodies.append(json.loads(body or b"null"))
+                conn.sendall(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                             % (status, len(reply), reply))  # fmt: skip
+            except OSError:
+                pass
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        stopping.set()
+        thread.join(5)
+        listener.close()

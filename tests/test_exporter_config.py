@@ -54,7 +54,12 @@ def test_durations(text: str, seconds: float) -> None:
             ["rules.GpuMemoryHigh.warning", "1.5", "less than or equal to 1"],
         ),
         ([], {}, "rules:\n  GpuMemoryHigh:\n    warning: 0.99\n", ["warning <= critical"]),
-        ([], {}, "alerting:\n  alertmanagers:\n    - url: am:9093\n", ["alerting.alertmanagers.0.url", "https?"]),
+        (
+            [],
+            {},
+            "alerting:\n  alertmanagers:\n    - url: am:9093\n",
+            ["alerting.alertmanagers.0.url", "http:// or https://"],
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem(

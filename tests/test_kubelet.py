@@ -235,15 +235,36 @@ def test_background_thread_refreshes_on_its_interval(kubelet: FakeKubelet) -> No
 # -- failures ------------------------------------------------------------------------------------
 
 
-def test_failing_kubelet_empties_the_mapping_and_recovers(kubelet: FakeKubelet) -> None:
+class FakeClock:
+    """Monotonic seconds that a test moves on by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Expiries:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def test_a_failing_kubelet_keeps_the_last_good_mapping_then_drops_it_after_the_bound(kubelet: FakeKubelet) -> None:
     kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
-    outcomes = Outcomes()
-    with capture_logs() as logs, watcher_for(kubelet.socket_path, outcome=outcomes) as w:
+    outcomes, expiries, clock = Outcomes(), Expiries(), FakeClock()
+    good = {"GPU-a": (ref("ns", "p"),)}
+    with capture_logs() as logs, watcher_for(kubelet.socket_path, outcome=outcomes, keep_last_good_for=300,
+                                             expired=expiries, clock=clock) as w:  # fmt: skip
         assert w.refresh()
         kubelet.fail = True
         for _ in range(3):
+            clock.now += 99
             assert not w.refresh()
-            assert dict(w.devices()) == {}, "no stale pod labels while the kubelet fails"
+            assert dict(w.devices()) == good, "a failed refresh keeps the pods of the last successful one"
             assert not w.available
         assert outcomes.seen == ["ok", "error", "error", "error"]
         failures = events(logs, "pod_attribution_failed")
@@ -251,12 +272,36 @@ def test_failing_kubelet_empties_the_mapping_and_recovers(kubelet: FakeKubelet) 
         assert failures[0]["log_level"] == "warning"
         assert failures[0]["reason"] == "UNAVAILABLE"
         assert "failing on purpose" in failures[0]["error"]
+        assert expiries.count == 0 and not events(logs, "pod_attribution_expired")
+        clock.now += 3  # 300 s since the last success
+        assert not w.refresh()
+        assert dict(w.devices()) == {}, "no pod labels from a kubelet silent for longer than the bound"
+        expired = events(logs, "pod_attribution_expired")
+        assert expiries.count == 1 and len(expired) == 1
+        assert expired[0]["log_level"] == "warning" and expired[0]["devices"] == 1
+        clock.now += 1000
+        assert not w.refresh()
+        assert expiries.count == 1, "dropped, logged and counted once"
+        assert len(events(logs, "pod_attribution_expired")) == 1
         kubelet.fail = False
         assert w.refresh()
-        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
+        assert dict(w.devices()) == good
         assert w.available
         assert outcomes.last == "ok"
         assert len(events(logs, "pod_attribution_on")) == 2  # at first, and again on recovery
+
+
+def test_a_pod_leaves_only_when_a_successful_list_no_longer_shows_it(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"])), pod("ns", "q", ("main", GPU, ["GPU-b"]))]
+    with watcher_for(kubelet.socket_path) as w:
+        assert w.refresh()
+        kubelet.pods = [kubelet.pods[1]]
+        kubelet.fail = True
+        assert not w.refresh()
+        assert set(w.devices()) == {"GPU-a", "GPU-b"}
+        kubelet.fail = False
+        assert w.refresh()
+        assert set(w.devices()) == {"GPU-b"}
 
 
 def test_hanging_kubelet_costs_at_most_the_timeout(kubelet: FakeKubelet) -> None:
@@ -279,7 +324,7 @@ def test_hanging_kubelet_costs_at_most_the_timeout(kubelet: FakeKubelet) -> None
         elapsed = time.monotonic() - t0
         assert results == [False]
         assert timeout * 0.9 <= elapsed < timeout + 1.5
-        assert dict(w.devices()) == {}
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}, "the last good mapping outlives a timeout"
         assert outcomes.last == "error"
         kubelet.release()
         assert w.refresh(), "the next refresh tries again"
@@ -355,14 +400,28 @@ def test_kubelet_restart(kubelet: FakeKubelet) -> None:
     outcomes = Outcomes()
     with watcher_for(kubelet.socket_path, outcome=outcomes) as w:
         assert w.refresh()
-        kubelet.stop()
+        kubelet.stop()  # its socket goes away while it restarts
         assert not w.refresh()
-        assert dict(w.devices()) == {}
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}, "a restart is no reason to forget the pods"
         kubelet.pods = [pod("ns", "q", ("main", GPU, ["GPU-a"]))]
         kubelet.start()
         assert w.refresh(), "a new channel: no wait for gRPC's reconnect backoff"
         assert dict(w.devices()) == {"GPU-a": (ref("ns", "q"),)}
         assert outcomes.seen == ["ok", "missing", "ok"]
+
+
+def test_a_kubelet_gone_for_longer_than_the_bound_takes_the_pods_with_it(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+    clock, expiries = FakeClock(), Expiries()
+    with watcher_for(kubelet.socket_path, keep_last_good_for=60, clock=clock, expired=expiries) as w:
+        assert w.refresh()
+        kubelet.stop()
+        clock.now += 59.9
+        assert not w.refresh()
+        assert "GPU-a" in w.devices()
+        clock.now += 0.1
+        assert not w.refresh()
+        assert dict(w.devices()) == {} and expiries.count == 1
 
 
 def test_background_thread_finds_a_late_socket(tmp_path: Path) -> None:
@@ -430,7 +489,7 @@ def test_an_unexpected_error_is_a_failed_refresh(kubelet: FakeKubelet, monkeypat
             m.setattr(kubelet_module, "build_device_map", broken)
             assert not w.refresh()
             assert not w.refresh()
-        assert dict(w.devices()) == {}
+        assert dict(w.devices()) == {"GPU-a": (ref("ns", "p"),)}
         failures = events(logs, "pod_attribution_failed")
         assert len(failures) == 1 and failures[0]["reason"] == "KeyError" and failures[0]["exc_info"] is True
         assert w.refresh()
@@ -442,3 +501,5 @@ def test_rejects_nonsense_settings() -> None:
         PodResourcesWatcher(timeout=0)
     with pytest.raises(ValueError):
         PodResourcesWatcher(refresh_interval=-1)
+    with pytest.raises(ValueError):
+        PodResourcesWatcher(keep_last_good_for=0)

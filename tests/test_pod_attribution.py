@@ -68,7 +68,8 @@ def test_whole_gpus_time_slicing_churn_and_alerts(tmp_path: Path) -> None:
             pod("other", "cpu-job", ("app", "example.com/foo", ["dev0"])),  # not a GPU: ignored
         ]
         cfg = config(tmp_path / "c.yaml", kubelet.socket_path, rules={"GpuMemoryHigh": {"for": "0s"}},
-                     alerting={"webhooks": [{"url": hook.url}], "resend_interval": "1s"})  # fmt: skip
+                     alerting={"webhooks": [{"url": hook.url, "group_wait": "0s", "group_interval": "1s"}],
+                               "resend_interval": "1s"})  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
             wait_for(lambda: gpu0(d)[1] == "trainer-0", what="pod labels on GPU 0")
             h = holders(d)
@@ -127,8 +128,11 @@ def test_a_hanging_kubelet_stalls_neither_polls_nor_scrapes(tmp_path: Path) -> N
                 assert time.monotonic() - t1 < 0.5
             wait_for(lambda: (value(d.metrics(), "gpu_exporter_kubelet_refreshes_total", outcome="error") or 0) >= 1,
                      what="the failed refresh counted")  # fmt: skip
-            # No stale labels while the kubelet does not answer: the next poll goes without them.
-            wait_for(lambda: gpu0(d) == ("", "", ""), timeout=5, what="labels dropped")
+            # A kubelet that hangs keeps the last good labels (within keep_last_good_for).
+            errors = value(d.metrics(), "gpu_exporter_kubelet_refreshes_total", outcome="error") or 0
+            wait_for(lambda: (value(d.metrics(), "gpu_exporter_kubelet_refreshes_total", outcome="error") or 0)
+                     >= errors + 2, timeout=10, what="two more failed refreshes")  # fmt: skip
+            assert gpu0(d)[1] == "trainer-0"
             kubelet.release()
             kubelet.hang = 0
             wait_for(lambda: gpu0(d)[1] == "trainer-0", timeout=20, what="recovery")
@@ -168,7 +172,32 @@ def test_the_kubelet_socket_vanishing_and_coming_back(tmp_path: Path) -> None:
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
             wait_for(lambda: gpu0(d)[1] == "trainer-0", what="attribution")
             kubelet.stop()  # the kubelet restarts: its socket is gone for a while
-            wait_for(lambda: gpu0(d) == ("", "", ""), what="labels dropped, not stale")
+            wait_for(lambda: (value(d.metrics(), "gpu_exporter_kubelet_refreshes_total", outcome="missing") or 0) >= 3,
+                     what="refreshes finding no socket")  # fmt: skip
+            assert gpu0(d) == ("ml", "trainer-0", "main"), "the last good labels outlive a restart"
             assert value(d.metrics(), "gpu_up", gpu="0") == 1
             kubelet.start()
+            ok = value(d.metrics(), "gpu_exporter_kubelet_refreshes_total", outcome="ok") or 0
+            wait_for(lambda: (value(d.metrics(), "gpu_exporter_kubelet_refreshes_total", outcome="ok") or 0) > ok,
+                     what="attribution back")  # fmt: skip
+            assert gpu0(d)[1] == "trainer-0"
+
+
+def test_pod_labels_are_dropped_after_keep_last_good_for_with_a_log_line_and_a_count(tmp_path: Path) -> None:
+    s = node(tmp_path / "node.scn")
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.pods = [pod("ml", "trainer-0", ("main", "nvidia.com/gpu", [uuid(s, 0)]))]
+        cfg = config(tmp_path / "c.yaml", kubelet.socket_path, kubernetes={"keep_last_good_for": "1s"})
+        with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
+            wait_for(lambda: gpu0(d)[1] == "trainer-0", what="attribution")
+            m = d.metrics()
+            assert value(m, "gpu_exporter_pod_attribution_expired_total") == 0
+            assert [value(m, "gpu_exporter_kubelet_refreshes_total", outcome=o) for o in ("error", "missing")] == [0, 0]
+            kubelet.fail = True
+            wait_for(lambda: gpu0(d) == ("", "", ""), what="labels dropped after the bound")
+            assert value(d.metrics(), "gpu_exporter_pod_attribution_expired_total") == 1
+            expired = [e for e in d.log if e.get("event") == "pod_attribution_expired"]
+            assert len(expired) == 1 and expired[0]["level"] == "warning"
+            kubelet.fail = False
             wait_for(lambda: gpu0(d)[1] == "trainer-0", what="attribution back")
+            assert value(d.metrics(), "gpu_exporter_pod_attribution_expired_total") == 1

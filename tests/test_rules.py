@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, holding_now
+from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, fingerprint, holding_now
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.alerting.window import IncreaseTracker, SampleWindow
 from gpu_exporter.config import load_settings
-from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, ProcessReading
+from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, PodRef, ProcessReading
 
 GIB = 1024**3
 STEP = 15.0  # seconds between polls in the traces
@@ -306,3 +306,78 @@ def test_rule_engine_is_deterministic_for_a_trace() -> None:
     a = run(trace_memory_creep())[1]
     b = run(trace_memory_creep())[1]
     assert [[replace(x) for x in batch] for batch in a] == b
+
+
+# -- identity and labels ---------------------------------------------------------------------------
+def test_fingerprints_are_prometheus_label_set_fingerprints() -> None:
+    # prometheus/common model: TestLabelsToSignature's vectors (the same hash as LabelSet.Fingerprint).
+    assert int(fingerprint((("fear", "love is not enough"), ("name", "garland, briggs"))), 16) == 5799056148416392346
+    assert int(fingerprint(()), 16) == 14695981039346656037
+
+
+def test_empty_label_values_are_never_sent() -> None:
+    engine = RuleEngine(fast_rules(GpuLost={"for": "0s"}), "node-a", resend_interval=3600)
+    lost_unread = GpuReading(index=3, uuid="", up=False, error="GPU is lost")  # lost before its UUID was read
+    (sent,) = engine.evaluate(snap(T0, lost_unread)).to_send
+    assert sent.label_dict == {"alertname": "GpuLost", "severity": "critical", "gpu": "3", "node": "node-a"}
+    assert sent.fingerprint == fingerprint(tuple(sorted(sent.label_dict.items())))
+    assert [a.labels for a in engine.active()] == [sent.labels]
+    assert "uuid unknown" in dict(sent.annotations)["description"]
+
+
+def pods_engine(**rules: dict[str, Any]) -> RuleEngine:
+    return RuleEngine(fast_rules(**rules), "node-a", resend_interval=3600, pod_labels=("namespace", "pod", "container"))
+
+
+FULL = int(0.95 * 80 * GIB)
+
+
+def test_a_new_holder_of_a_firing_alert_keeps_its_state_and_start() -> None:
+    engine = pods_engine(GpuMemoryHigh={"for": "60s"})
+    a, b = (PodRef("ml", "train-a", "main"),), (PodRef("ml", "train-b", "main"),)
+    engine.evaluate(snap(T0, gpu(memory_used_bytes=FULL, pods=a)))
+    (fired,) = [x for x in engine.evaluate(snap(T0 + 60, gpu(memory_used_bytes=FULL, pods=a))).to_send
+                if x.label_dict["severity"] == "warning"]  # fmt: skip
+    assert fired.state == FIRING and fired.label_dict["pod"] == "train-a"
+    sent = [x for x in engine.evaluate(snap(T0 + 75, gpu(memory_used_bytes=FULL, pods=b))).to_send
+            if x.label_dict["severity"] == "warning"]  # fmt: skip
+    # To a receiver the label set is the alert: the old one ends, the new one fires from the same start.
+    assert [(x.state, x.label_dict["pod"], x.starts_at) for x in sent] == [
+        (RESOLVED, "train-a", T0 + 60), (FIRING, "train-b", T0 + 60)]  # fmt: skip
+    assert sent[0].resolved_at == T0 + 75
+    (active,) = [x for x in engine.active() if x.label_dict["severity"] == "warning"]
+    assert active.state == FIRING and active.active_at == T0 and active.label_dict["pod"] == "train-b"
+    # Unchanged holders: nothing more until the resend interval.
+    assert engine.evaluate(snap(T0 + 90, gpu(memory_used_bytes=FULL, pods=b))).to_send == []
+
+
+def test_a_holder_change_while_pending_does_not_restart_for() -> None:
+    engine = pods_engine(GpuMemoryHigh={"for": "60s"})
+    a = (PodRef("ml", "train-a", "main"),)
+    engine.evaluate(snap(T0, gpu(memory_used_bytes=FULL, pods=a)))
+    engine.evaluate(snap(T0 + 30, gpu(memory_used_bytes=FULL)))  # the pod labels went away
+    sent = engine.evaluate(snap(T0 + 60, gpu(memory_used_bytes=FULL, pods=a))).to_send
+    assert {(x.state, x.label_dict.get("pod")) for x in sent} == {(FIRING, "train-a")}
+    assert all(x.active_at == T0 for x in engine.active())
+
+
+def test_a_uuid_read_late_relabels_the_alert_without_restarting_it() -> None:
+    engine = RuleEngine(fast_rules(GpuLost={"for": "30s"}), "node-a", resend_interval=3600)
+    engine.evaluate(snap(T0, GpuReading(index=0, uuid="", up=False, error="lost")))
+    (fired,) = engine.evaluate(snap(T0 + 30, GpuReading(index=0, uuid="", up=False, error="lost"))).to_send
+    assert "uuid" not in fired.label_dict
+    sent = engine.evaluate(snap(T0 + 45, GpuReading(index=0, uuid="GPU-0", up=False, error="lost"))).to_send
+    assert [(x.state, x.label_dict.get("uuid"), x.starts_at) for x in sent] == [
+        (RESOLVED, None, T0 + 30), (FIRING, "GPU-0", T0 + 30)]  # fmt: skip
+
+
+def test_a_new_alert_replaces_the_resolution_of_the_same_labels() -> None:
+    engine = RuleEngine(fast_rules(GpuLost={"for": "0s"}), "n", resend_interval=15, resolved_retention=900)
+    lost = GpuReading(index=0, uuid="GPU-0", up=False, error="lost")
+    assert [a.state for a in engine.evaluate(snap(T0, lost)).to_send] == [FIRING]
+    assert [a.state for a in engine.evaluate(snap(T0 + 15, gpu())).to_send] == [RESOLVED]
+    assert [a.state for a in engine.evaluate(snap(T0 + 30, gpu())).to_send] == [RESOLVED]  # re-sent, as Prometheus
+    # It fires again: from now on only the new alert is sent, never the old resolution, which
+    # would end the new alert at a receiver that merges by label set.
+    for t in (45, 60, 75):
+        assert [(a.state, a.starts_at) for a in engine.evaluate(snap(T0 + t, lost)).to_send] == [(FIRING, T0 + 45)]

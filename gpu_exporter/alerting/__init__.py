@@ -1,8 +1,8 @@
 """Alerting: judging snapshots and telling people.
 
 Rule settings (``settings``), sliding windows (``window``), the rules (``rules``), the engine that
-tracks pending and firing alerts across polls (``engine``), and delivery to Alertmanager and
-webhooks (``delivery``).
+tracks pending and firing alerts across polls (``engine``), delivery to Alertmanager and
+webhooks (``delivery``), and Alertmanager's routing for webhooks fed directly (``routing``).
 
 May import: ``snapshot`` and the helpers at the top (``durations``).
 Never: ``serving`` (rules know no HTTP page or exposition), ``sources`` (rules judge snapshots,

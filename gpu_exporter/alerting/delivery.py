@@ -1,161 +1,153 @@
 """Delivery of alerts to Alertmanager (API v2) and to webhooks (Alertmanager's payload, v4).
 
-Each receiver has its own bounded queue and thread, so a slow or dead receiver never blocks
-polling, scraping or the other receivers.  A batch that fails for a reason that may pass
-(connection refused, timeout, 5xx, 429) is retried with exponential backoff until it is
-delivered, in order, so an outage loses nothing; one the receiver rejects (other 4xx) is counted
-and logged.  If the queue ever overflows, the oldest batch goes, counted and logged.
+Each receiver has its own thread, so a slow or dead receiver never blocks polling, scraping or
+the other receivers.  Neither holds history, only the current state of each alert:
+
+* An Alertmanager receiver keeps, per label set, the latest firing state and the latest
+  resolution not yet delivered.  A send carries all of them, with ``endsAt`` computed when the
+  request is made, so whatever arrives after an outage is the current state: a firing alert is
+  never delivered with an ``endsAt`` that passed during the outage (which Alertmanager would read
+  as resolved), and a resolution that happened during it is delivered.  The queue is bounded by
+  the number of alerts, not by the length of the outage.
+* A webhook receiver routes alerts as an Alertmanager route would (``routing``).
+
+Any failure of a send (refused or reset connection, timeout, TLS error, a 5xx or 429, a reply that
+is not HTTP or is cut short) is counted as ``retried`` and tried again with exponential backoff,
+with the state of that moment.  A reply the receiver means (another 4xx) is counted as ``rejected``
+and logged; an Alertmanager receiver drops what it rejected, a webhook tries the group again at its
+next ``group_interval``, as Alertmanager does.  The delivery thread survives anything a send raises.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
-from .engine import FIRING, Alert
-from .settings import ReceiverSettings
+from .engine import FIRING, RESOLVED, Alert, Labels
+from .routing import Route, rfc3339
+from .settings import ReceiverSettings, WebhookSettings
 
 log = structlog.get_logger(__name__)
 
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
+REPLY_LIMIT = 64 * 1024  # read at most this much of a reply; it is not used
 
+OUTCOMES = ("sent", "retried", "rejected", "dropped")
 # (receiver, outcome) -> count: sent, retried, rejected, dropped
 Outcome = Callable[[str, str], None]
 
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+__all__ = ["OUTCOMES", "AlertmanagerReceiver", "Notifier", "Receiver", "WebhookReceiver", "alertmanager_alert",
+           "rfc3339"]  # fmt: skip
 
 
 def alertmanager_alert(a: Alert, now: float, valid_for: float, generator_url: str) -> dict[str, Any]:
-    """One alert as Prometheus posts it: firing ones expire ``valid_for`` ahead unless re-sent."""
+    """One alert as Prometheus posts it: firing ones expire ``valid_for`` after ``now`` unless re-sent."""
     ends = now + valid_for if a.state == FIRING else (a.resolved_at or now)
     return {
         "labels": a.label_dict,
         "annotations": dict(a.annotations),
-        "startsAt": rfc3339(a.fired_at or a.active_at),
+        "startsAt": rfc3339(a.starts_at),
         "endsAt": rfc3339(ends),
         "generatorURL": generator_url,
     }
 
 
-def webhook_payload(alerts: list[Alert], now: float, valid_for: float, generator_url: str, receiver: str,
-                    external_url: str) -> dict[str, Any]:  # fmt: skip
-    """Alertmanager's webhook body (version 4), for setups without an Alertmanager."""
-    items = []
-    for a in alerts:
-        item = alertmanager_alert(a, now, valid_for, generator_url)
-        item["status"] = "firing" if a.state == FIRING else "resolved"
-        if a.state == FIRING:
-            item["endsAt"] = "0001-01-01T00:00:00Z"  # what Alertmanager sends for an open alert
-        item["fingerprint"] = a.fingerprint
-        items.append(item)
-    labels = [a.label_dict for a in alerts]
-    common_labels = {k: v for k, v in labels[0].items() if all(x.get(k) == v for x in labels)} if labels else {}
-    annotations = [dict(a.annotations) for a in alerts]
-    common_annotations = (
-        {k: v for k, v in annotations[0].items() if all(x.get(k) == v for x in annotations)} if annotations else {}
-    )
-    return {
-        "version": "4",
-        "groupKey": "{}:" + json.dumps(common_labels, sort_keys=True),
-        "truncatedAlerts": 0,
-        "status": "firing" if any(a.state == FIRING for a in alerts) else "resolved",
-        "receiver": receiver,
-        "groupLabels": {},
-        "commonLabels": common_labels,
-        "commonAnnotations": common_annotations,
-        "externalURL": external_url,
-        "alerts": items,
-    }
-
-
 class Receiver:
-    """One destination with its own queue and delivery thread."""
+    """One destination with its own delivery thread; subclasses say what is due and send it."""
 
-    def __init__(self, settings: ReceiverSettings, kind: str, queue_size: int, outcome: Outcome,
-                 sleep: Callable[[float], bool] | None = None) -> None:  # fmt: skip
+    def __init__(self, settings: ReceiverSettings, outcome: Outcome, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.kind = kind  # "alertmanager" or "webhook"
         self.name = settings.label
-        self.url = settings.url.rstrip("/") + "/api/v2/alerts" if kind == "alertmanager" else settings.url
-        self._queue: deque[bytes] = deque()
-        self._queue_size = queue_size
+        self.url = settings.url
+        self._outcome = outcome
+        self._clock = clock
         self._cond = threading.Condition()
         self._stop = False
-        self._outcome = outcome
         self._ssl = ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else None
         self._thread = threading.Thread(target=self._run, name=f"notify-{self.name}", daemon=True)
-        self._sleep = sleep or self._interruptible_sleep
+        self.min_backoff, self.max_backoff = MIN_BACKOFF_S, MAX_BACKOFF_S
+        self._backoff = MIN_BACKOFF_S
 
+    # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
+        self._backoff = self.min_backoff
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-            left = len(self._queue)
         self._thread.join(timeout)
+        left = len(self)
         if left:
             # Firing alerts are re-sent by the next daemon, and Alertmanager expires the rest by
             # their endsAt; still, say what did not go out.
-            log.warning("notifications_undelivered_at_shutdown", receiver=self.name, count=left)
+            log.warning("notifications_undelivered_at_shutdown", receiver=self.name, alerts=left)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def __len__(self) -> int:
-        with self._cond:
-            return len(self._queue)
+        """Alerts waiting to be delivered."""
+        raise NotImplementedError
 
-    def submit(self, body: bytes) -> None:
-        with self._cond:
-            if len(self._queue) >= self._queue_size:
-                self._queue.popleft()
-                self._outcome(self.name, "dropped")
-                log.error("notification_dropped", receiver=self.name, queue_size=self._queue_size,
-                          reason="queue full while the receiver is unreachable")  # fmt: skip
-            self._queue.append(body)
-            self._cond.notify()
+    def submit(self, alerts: list[Alert], now: float) -> None:
+        raise NotImplementedError
 
-    def _interruptible_sleep(self, seconds: float) -> bool:
-        """Sleep unless stopped; True if stopping."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._stop, timeout=seconds)
-            return self._stop
+    # -- the thread -------------------------------------------------------------------------------
+    def _wait_s(self, now: float) -> float | None:
+        """Seconds until something is due (0 or less: now); None if nothing is waiting. Under the lock."""
+        raise NotImplementedError
+
+    def _deliver(self) -> bool:
+        """Send what is due; False if something must be tried again after a backoff."""
+        raise NotImplementedError
 
     def _run(self) -> None:
-        backoff = MIN_BACKOFF_S
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or bool(self._queue))
-                if self._stop:
-                    return
-                body = self._queue[0]
-            result = self._post(body)
-            if result == "retry":
-                self._outcome(self.name, "retried")
-                if self._sleep(backoff):
-                    return
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                while True:
+                    if self._stop:
+                        return
+                    wait = self._wait_s(self._clock())
+                    if wait is not None and wait <= 0:
+                        break
+                    self._cond.wait(wait)
+            try:
+                ok = self._deliver()
+            except Exception:  # a bug, not the receiver's fault: say so, and go on all the same
+                log.exception("notification_failed", receiver=self.name, will_retry=True)
+                self._count("retried")
+                ok = False
+            if ok:
+                self._backoff = self.min_backoff
                 continue
-            backoff = MIN_BACKOFF_S
             with self._cond:
-                if self._queue and self._queue[0] is body:
-                    self._queue.popleft()
-            self._outcome(self.name, result)
+                if self._cond.wait_for(lambda: self._stop, timeout=self._backoff):
+                    return
+            self._backoff = min(self._backoff * 2, self.max_backoff)
 
-    def _post(self, body: bytes) -> str:
+    def _count(self, outcome: str) -> None:
+        try:
+            self._outcome(self.name, outcome)
+        except Exception:  # a metrics callback must not stop delivery
+            log.exception("notification_outcome_callback_failed", receiver=self.name)
+
+    # -- one request ------------------------------------------------------------------------------
+    def _post(self, doc: Any) -> str:
+        """POST ``doc`` as JSON; "sent", "retry" or "rejected", whatever happens on the way."""
         headers = {"Content-Type": "application/json", "User-Agent": "gpu-exporter"}
         s = self.settings
         if s.bearer_token:
@@ -163,32 +155,152 @@ class Receiver:
         elif s.basic_auth_username is not None:
             token = base64.b64encode(f"{s.basic_auth_username}:{s.basic_auth_password or ''}".encode()).decode()
             headers["Authorization"] = f"Basic {token}"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
+            body = json.dumps(doc).encode()
+            req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
             with urllib.request.urlopen(req, timeout=s.timeout, context=self._ssl) as r:
-                r.read()
+                reply = r.read(REPLY_LIMIT)
+                if r.length and len(reply) < REPLY_LIMIT:  # the connection closed before the body ended
+                    raise http.client.IncompleteRead(reply, r.length)
             return "sent"
         except urllib.error.HTTPError as e:
             if e.code >= 500 or e.code == 429:
                 log.warning("notification_failed", receiver=self.name, status=e.code, will_retry=True)
                 return "retry"
-            log.error("notification_rejected", receiver=self.name, status=e.code,
-                      body=e.read(500).decode(errors="replace"))  # fmt: skip
+            detail = _reply_excerpt(e)
+            log.error("notification_rejected", receiver=self.name, status=e.code, body=detail)
             return "rejected"
-        except (OSError, TimeoutError) as e:
-            log.warning("notification_failed", receiver=self.name, error=str(e), will_retry=True)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            # OSError: refused, reset, timeout, TLS, DNS.  HTTPException: a status line that is
+            # not HTTP, a body cut short, a closed connection.  ValueError: what urllib raises
+            # for a URL it cannot use.
+            log.warning("notification_failed", receiver=self.name, error=f"{type(e).__name__}: {e}", will_retry=True)
             return "retry"
+
+
+def _reply_excerpt(e: urllib.error.HTTPError) -> str:
+    try:
+        return e.read(500).decode(errors="replace")
+    except Exception as read_error:  # the body of a rejection can be as broken as any other reply
+        return f"(unreadable: {type(read_error).__name__})"
+
+
+class AlertmanagerReceiver(Receiver):
+    """Posts to an Alertmanager's ``/api/v2/alerts`` the current state of every alert not yet delivered."""
+
+    def __init__(self, settings: ReceiverSettings, outcome: Outcome, *, queue_size: int, valid_for: float,
+                 generator_url: Callable[[], str], clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        super().__init__(settings, outcome, clock)
+        self.url = settings.url.rstrip("/") + "/api/v2/alerts"
+        self.valid_for = valid_for
+        self._generator_url = generator_url
+        self._queue_size = queue_size
+        # label set -> latest state; a resolution is kept apart from a later firing of the same
+        # labels, so that both arrive, the resolution first.
+        self._resolved: dict[Labels, Alert] = {}
+        self._firing: dict[Labels, Alert] = {}
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._resolved) + len(self._firing)
+
+    def submit(self, alerts: list[Alert], now: float) -> None:
+        with self._cond:
+            for a in alerts:
+                if a.state == RESOLVED:
+                    firing = self._firing.get(a.labels)
+                    if firing is not None and firing.starts_at == a.starts_at:
+                        del self._firing[a.labels]  # that alert's firing state is superseded
+                    self._resolved.pop(a.labels, None)
+                    self._resolved[a.labels] = a
+                else:
+                    self._firing.pop(a.labels, None)
+                    self._firing[a.labels] = a
+            self._bound()
+            self._cond.notify()
+
+    def _bound(self) -> None:
+        while len(self._resolved) + len(self._firing) > self._queue_size:
+            # A resolution goes first (Alertmanager ends that alert by its endsAt anyway), then the
+            # oldest firing alert (the daemon re-sends it every resend_interval).
+            queue = self._resolved if self._resolved else self._firing
+            labels = next(iter(queue))
+            del queue[labels]
+            self._count("dropped")
+            log.error("notification_dropped", receiver=self.name, queue_size=self._queue_size,
+                      alert=dict(labels), reason="more alerts waiting than queue_size")  # fmt: skip
+
+    def _wait_s(self, now: float) -> float | None:
+        return 0.0 if self._resolved or self._firing else None
+
+    def _deliver(self) -> bool:
+        with self._cond:
+            batch = [*self._resolved.values(), *self._firing.values()]
+        if not batch:
+            return True
+        now = self._clock()  # endsAt counts from the moment of sending, not of queueing
+        url = self._generator_url()
+        result = self._post([alertmanager_alert(a, now, self.valid_for, url) for a in batch])
+        if result == "retry":
+            self._count("retried")
+            return False
+        with self._cond:
+            for a in batch:
+                queue = self._resolved if a.state == RESOLVED else self._firing
+                if queue.get(a.labels) is a:  # unless a newer state came in meanwhile
+                    del queue[a.labels]
+        self._count(result)
+        return True
+
+
+class WebhookReceiver(Receiver):
+    """A webhook fed directly, with Alertmanager's routing semantics (see ``routing``)."""
+
+    def __init__(self, settings: WebhookSettings, outcome: Outcome, *, generator_url: Callable[[], str],
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        super().__init__(settings, outcome, clock)
+        self.route = Route(settings)
+        self._generator_url = generator_url
+
+    def __len__(self) -> int:
+        with self._cond:
+            return self.route.waiting()
+
+    def submit(self, alerts: list[Alert], now: float) -> None:
+        with self._cond:
+            self.route.insert(alerts, self._clock())
+            self._cond.notify()
+
+    def _wait_s(self, now: float) -> float | None:
+        due = self.route.next_due()
+        return None if due is None else due - now
+
+    def _deliver(self) -> bool:
+        with self._cond:
+            notifications = self.route.due(self._clock())
+        ok = True
+        for n in notifications:
+            url = self._generator_url()
+            with self._cond:
+                doc = self.route.payload(n, external_url=url.rsplit("/", 1)[0], generator_url=url)
+            result = "sent" if doc is None else self._post(doc)
+            with self._cond:
+                if result == "sent":
+                    self.route.delivered(n, self._clock())
+                elif result == "retry":
+                    self.route.failed(n, self._clock() + self._backoff)
+            if doc is None:
+                continue
+            self._count("retried" if result == "retry" else result)
+            ok = ok and result != "retry"
+        return ok
 
 
 class Notifier:
     """Fans evaluated alerts out to every receiver."""
 
-    def __init__(self, receivers: list[Receiver], *, resend_interval: float, generator_url: Callable[[], str],
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(self, receivers: list[Receiver]) -> None:
         self.receivers = receivers
-        self.resend_interval = resend_interval
-        self._generator_url = generator_url
-        self._clock = clock
 
     def start(self) -> None:
         for r in self.receivers:
@@ -198,17 +310,8 @@ class Notifier:
         for r in self.receivers:
             r.stop()
 
-    def send(self, alerts: list[Alert], now: float | None = None) -> None:
-        if not alerts or not self.receivers:
+    def send(self, alerts: list[Alert], now: float) -> None:
+        if not alerts:
             return
-        now = self._clock() if now is None else now
-        # Like Prometheus: a firing alert stays valid for four resend intervals; if the daemon
-        # dies, Alertmanager resolves it by itself.
-        valid_for = 4 * self.resend_interval
-        url = self._generator_url()
         for r in self.receivers:
-            if r.kind == "alertmanager":
-                doc: Any = [alertmanager_alert(a, now, valid_for, url) for a in alerts]
-            else:
-                doc = webhook_payload(alerts, now, valid_for, url, r.name, url.rsplit("/", 1)[0])
-            r.submit(json.dumps(doc).encode())
+            r.submit(alerts, now)

@@ -3,11 +3,18 @@
 Like Prometheus: an alert is pending while its condition holds for less than ``for``; it fires
 after that; a pending alert whose condition stops holding is dropped. Unlike a bare threshold,
 a firing alert resolves only when its separate clear condition holds.
+
+An alert is *identified* by its name, severity, node, GPU index and its rule's own labels (``xid``).
+The GPU's ``uuid`` and the pod labels are carried along with their latest values: a change of the
+pod holding a GPU, or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is
+sent never holds an empty label value (Prometheus and Alertmanager drop those), so the label set,
+and the fingerprint computed from it, are the same here, in Alertmanager and in Prometheus.  When
+the labels of a firing alert change, receivers get the old label set resolved and the new one
+firing from the same start, because to them a label set *is* the alert.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import threading
@@ -21,10 +28,35 @@ from .window import SampleWindow
 
 PENDING, FIRING, RESOLVED = "pending", "firing", "resolved"
 
+Labels = tuple[tuple[str, str], ...]  # sorted by name, no empty values
+
+# Prometheus's label-set fingerprint (prometheus/common model.LabelSet.Fingerprint): FNV-1a 64 over
+# each name and value, each followed by the byte 0xff, in name order.  Alertmanager shows it as
+# ``fingerprint`` in webhooks, so the direct webhook's fingerprints equal Alertmanager's.
+_FNV_OFFSET = 14695981039346656037
+_FNV_PRIME = 1099511628211
+_SEPARATOR = 0xFF
+_MASK = (1 << 64) - 1
+
+
+def fingerprint(labels: Labels) -> str:
+    h = _FNV_OFFSET
+    for name, value in sorted(labels):
+        for part in (name, value):
+            for byte in part.encode():
+                h = ((h ^ byte) * _FNV_PRIME) & _MASK
+            h = ((h ^ _SEPARATOR) * _FNV_PRIME) & _MASK
+    return f"{h:016x}"
+
+
+def sendable(labels: dict[str, str]) -> Labels:
+    """Labels as they are sent: sorted, without empty values."""
+    return tuple(sorted((k, v) for k, v in labels.items() if v))
+
 
 @dataclass(frozen=True)
 class Alert:
-    labels: tuple[tuple[str, str], ...]  # sorted
+    labels: Labels
     annotations: tuple[tuple[str, str], ...]
     state: str
     active_at: float  # when the condition started to hold
@@ -38,7 +70,12 @@ class Alert:
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256(repr(self.labels).encode()).hexdigest()[:16]
+        return fingerprint(self.labels)
+
+    @property
+    def starts_at(self) -> float:
+        """``startsAt`` as Prometheus sends it: when the alert fired."""
+        return self.fired_at if self.fired_at is not None else self.active_at
 
 
 @dataclass
@@ -56,6 +93,9 @@ class Transitions:
     """What changed in one evaluation, for the notifiers."""
 
     to_send: list[Alert] = field(default_factory=list)
+
+
+Identity = tuple[tuple[str, str], ...]
 
 
 class RuleEngine:
@@ -76,7 +116,8 @@ class RuleEngine:
         horizon = max(rules.GpuUnderutilized.window, rules.GpuIdle.window, rules.GpuLowSmActivity.window)
         self._horizon = horizon
         self._history: dict[int, GpuHistory] = {}
-        self._alerts: dict[tuple[tuple[str, str], ...], _Tracked] = {}
+        self._active: dict[Identity, _Tracked] = {}  # pending and firing, by identity
+        self._resolved: dict[Labels, _Tracked] = {}  # resolved, re-sent for the retention, by label set
         self._lock = threading.Lock()
 
     # -- evaluation -----------------------------------------------------------------------------
@@ -103,81 +144,93 @@ class RuleEngine:
                 return Transitions(self._due(now))
             seen = set()
             for g, c in self.checks(snapshot):
-                key = self._labels(g, c)
-                seen.add(key)
-                self._step(key, g, c, now)
-            for key, tracked in list(self._alerts.items()):
-                if key not in seen and tracked.alert.state != RESOLVED:
-                    self._leave(key, tracked, now)  # the GPU or its data went away
+                identity = self._identity(g, c)
+                seen.add(identity)
+                self._step(identity, self._labels(g, c), g, c, now)
+            for identity, tracked in list(self._active.items()):
+                if identity not in seen:  # the GPU or its data went away
+                    del self._active[identity]
+                    if tracked.alert.state == FIRING:
+                        self._resolve(tracked.alert, now)
             return Transitions(self._due(now))
 
-    def _labels(self, g: GpuReading, c: Check) -> tuple[tuple[str, str], ...]:
+    def _identity(self, g: GpuReading, c: Check) -> Identity:
+        return (("alertname", c.alertname), ("severity", c.severity), ("gpu", str(g.index)), *c.extra_labels)
+
+    def _labels(self, g: GpuReading, c: Check) -> Labels:
         labels = {"alertname": c.alertname, "severity": c.severity, "gpu": str(g.index), "uuid": g.uuid,
                   "node": self.node, **dict(c.extra_labels)}  # fmt: skip
         if self.pod_labels and g.pods:
-            # Who holds the GPU is part of the alert's identity: a new pod on an idle card is a new alert.
             for name, value in zip(self.pod_labels, pod_label_values(g.pods), strict=True):
-                if value:
-                    labels[name] = value
-        return tuple(sorted(labels.items()))
+                labels[name] = value
+        return sendable(labels)
 
-    def _step(self, key: tuple[tuple[str, str], ...], g: GpuReading, c: Check, now: float) -> None:
-        tracked = self._alerts.get(key)
-        current = tracked.alert if tracked else None
+    def _step(self, identity: Identity, labels: Labels, g: GpuReading, c: Check, now: float) -> None:
+        tracked = self._active.get(identity)
         annotations = (("description", c.description), ("summary", c.summary)) if c.summary else None
-        if current is None or current.state == RESOLVED:
+        if tracked is None:
             if c.fire:
                 state = FIRING if c.for_seconds <= 0 else PENDING
-                alert = Alert(key, annotations or (), state, active_at=now,
+                alert = Alert(labels, annotations or (), state, active_at=now,
                               fired_at=now if state == FIRING else None, value=c.value)  # fmt: skip
-                self._alerts[key] = _Tracked(alert)
+                # A new alert replaces a resolved one of the same labels, as in Prometheus: the
+                # resolution was sent already, and re-sending it now would end the new alert.
+                self._resolved.pop(labels, None)
+                self._active[identity] = _Tracked(alert)
             return
-        assert tracked is not None
+        current = tracked.alert
         if current.state == PENDING:
             if not c.fire:
-                del self._alerts[key]  # never fired: nothing to tell anyone
+                del self._active[identity]  # never fired: nothing to tell anyone
                 return
-            alert = replace(current, annotations=annotations or current.annotations, value=c.value)
+            alert = replace(current, labels=labels, annotations=annotations or current.annotations, value=c.value)
             if now - current.active_at >= c.for_seconds:
                 alert = replace(alert, state=FIRING, fired_at=now)
+                self._resolved.pop(labels, None)
             tracked.alert = alert
             return
         # firing
         if c.clear:
-            tracked.alert = replace(current, state=RESOLVED, resolved_at=now)
-            tracked.last_sent = None  # the resolution goes out now
-        else:
-            tracked.alert = replace(current, annotations=annotations or current.annotations, value=c.value)
-
-    def _leave(self, key: tuple[tuple[str, str], ...], tracked: _Tracked, now: float) -> None:
-        if tracked.alert.state == PENDING:
-            del self._alerts[key]
-        else:
-            tracked.alert = replace(tracked.alert, state=RESOLVED, resolved_at=now)
+            del self._active[identity]
+            self._resolve(current, now)
+            return
+        if labels != current.labels:
+            # Who holds the GPU changed (or its UUID became known): the alert goes on, but to a
+            # receiver the old label set ends here and the new one fires from the same start.
+            self._resolve(current, now)
+            self._resolved.pop(labels, None)
             tracked.last_sent = None
+        tracked.alert = replace(current, labels=labels, annotations=annotations or current.annotations,
+                                value=c.value)  # fmt: skip
+
+    def _resolve(self, alert: Alert, now: float) -> None:
+        self._resolved[alert.labels] = _Tracked(replace(alert, state=RESOLVED, resolved_at=now))
 
     def _due(self, now: float) -> list[Alert]:
-        """Firing alerts not sent for a resend interval, and fresh resolutions (kept for a while,
-        re-sent like Prometheus does, then forgotten)."""
+        """Fresh resolutions, re-sent every resend interval for the retention as Prometheus does,
+        then firing alerts not sent for a resend interval.  Resolutions go first, so a label set
+        that ended is resolved before the one that replaces it fires."""
         due = []
-        for key, tracked in list(self._alerts.items()):
-            a = tracked.alert
-            if a.state == PENDING:
-                continue
-            if a.state == RESOLVED and a.resolved_at is not None and now - a.resolved_at > self.resolved_retention:
-                del self._alerts[key]
+        for labels, tracked in list(self._resolved.items()):
+            resolved_at = tracked.alert.resolved_at
+            if resolved_at is not None and now - resolved_at > self.resolved_retention:
+                del self._resolved[labels]
+            elif tracked.last_sent is None or now - tracked.last_sent >= self.resend_interval:
+                tracked.last_sent = now
+                due.append(tracked.alert)
+        for tracked in self._active.values():
+            if tracked.alert.state != FIRING:
                 continue
             if tracked.last_sent is None or now - tracked.last_sent >= self.resend_interval:
                 tracked.last_sent = now
-                due.append(a)
+                due.append(tracked.alert)
         return due
 
     # -- reading --------------------------------------------------------------------------------
     def active(self) -> list[Alert]:
         """Pending and firing alerts, for the alerts page and the ALERTS-like metric."""
         with self._lock:
-            return sorted((t.alert for t in self._alerts.values() if t.alert.state in (PENDING, FIRING)),
-                          key=lambda a: a.labels)  # fmt: skip
+            return sorted((t.alert for t in self._active.values()), key=lambda a: a.labels)
 
 
 def holding_now(engine: RuleEngine, snapshot: NodeSnapshot) -> Iterable[tuple[GpuReading, Check]]:

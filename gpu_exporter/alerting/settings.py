@@ -1,19 +1,28 @@
 """Settings of the alert rules and of alert delivery (the ``rules:`` and ``alerting:`` YAML keys).
 
 Every rule is on by default except GpuIdle; any threshold or duration can be changed, and any
-rule switched off with ``enabled: false``.  Unknown rules, negative durations and thresholds out
-of range are refused by validation, so a typo never silently disables an alert.
+rule switched off with ``enabled: false``.  Unknown rules, negative durations, durations and
+thresholds out of a sane range and receiver URLs that cannot work are refused by validation, so a
+typo never silently disables an alert and no setting fails later, at send time.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ..durations import parse_duration
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+DAY = 86_400.0
+# Far beyond any sensible rule window or delivery interval, and far inside what a timestamp can
+# hold: 4 x resend_interval is added to "now" for every firing alert.
+MAX_DURATION_S = 30 * DAY
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_DURATION_S)]
 Ratio = Annotated[float, Field(ge=0, le=1)]
 
 
@@ -131,11 +140,60 @@ class RulesSettings(BaseModel):
     GpuRowRemapPending: InstantRule = InstantRule()
 
 
+# What http.client refuses anywhere in a URL (it raises InvalidURL at send time).
+_UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+
+
+def receiver_url(url: str) -> str:
+    """The URL as given, if an HTTP request can be sent to it; else a ValueError saying why."""
+    if _UNSENDABLE.search(url):
+        raise ValueError("a URL cannot hold spaces or control characters (percent-encode them)")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError as e:
+        raise ValueError(f"not a valid URL: {e}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("the URL must start with http:// or https://")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("credentials in the URL are not sent; use basic_auth_username and basic_auth_password")
+    host = parts.hostname
+    if not host:
+        raise ValueError("the URL has no host")
+    if port == 0:
+        raise ValueError("port 0 cannot be connected to")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not all(_HOST_LABEL.match(label) for label in host.removesuffix(".").split(".")):
+            try:
+                host.encode("idna")
+            except UnicodeError:
+                raise ValueError(f"{host!r} is not a valid host name") from None
+    return url
+
+
+ReceiverUrl = Annotated[str, AfterValidator(receiver_url)]
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def group_by_labels(names: list[str]) -> list[str]:
+    if "..." in names and len(names) > 1:
+        raise ValueError("'...' (group by every label) cannot be combined with label names")
+    bad = [n for n in names if n != "..." and not _LABEL_NAME.match(n)]
+    if bad:
+        raise ValueError(f"not label names: {bad}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a label is listed twice: {names}")
+    return names
+
+
 class ReceiverSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(pattern=r"^https?://", description="Alertmanager base URL, or the webhook's full URL")
-    name: str | None = None
-    timeout: Duration = Field(10.0, gt=0)
+    url: ReceiverUrl = Field(description="Alertmanager base URL, or the webhook's full URL")
+    name: str | None = Field(None, min_length=1)
+    timeout: Duration = Field(10.0, gt=0, le=300)
     basic_auth_username: str | None = None
     basic_auth_password: str | None = None
     bearer_token: str | None = None
@@ -152,11 +210,28 @@ class ReceiverSettings(BaseModel):
         return self.name or self.url
 
 
+class WebhookSettings(ReceiverSettings):
+    """A webhook fed directly, routed as an Alertmanager route with these settings would route it."""
+
+    group_by: Annotated[list[str], AfterValidator(group_by_labels)] = Field(
+        default_factory=lambda: ["alertname", "node"], description="alerts with equal values of these go together"
+    )
+    group_wait: Duration = Field(30.0, le=3600, description="how long a new group waits for more alerts")
+    group_interval: Duration = Field(300.0, gt=0, le=DAY, description="how long between notifications of a group")
+    repeat_interval: Duration = Field(4 * 3600.0, gt=0, description="how long before an unchanged group is re-sent")
+    send_resolved: bool = True
+
+    @property
+    def receiver(self) -> str:
+        """The ``receiver`` field of the payload, as Alertmanager fills it with the receiver's name."""
+        return self.name or "webhook"
+
+
 class AlertingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     alertmanagers: list[ReceiverSettings] = Field(default_factory=list)
-    webhooks: list[ReceiverSettings] = Field(default_factory=list)
-    resend_interval: Duration = Field(60.0, gt=0, description="firing alerts are re-sent this often")
-    resolved_retention: Duration = Field(900.0, description="resolved alerts are re-sent for this long")
-    queue_size: int = Field(10_000, ge=1, description="notifications held per receiver while it is down")
-    external_url: str | None = Field(None, description="base URL of this daemon, for generatorURL")
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
+    resend_interval: Duration = Field(60.0, gt=0, le=DAY, description="firing alerts are re-sent this often")
+    resolved_retention: Duration = Field(900.0, le=7 * DAY, description="resolved alerts are re-sent for this long")
+    queue_size: int = Field(10_000, ge=1, le=1_000_000, description="alerts held per receiver while it is down")
+    external_url: ReceiverUrl | None = Field(None, description="base URL of this daemon, for generatorURL")

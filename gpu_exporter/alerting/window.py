@@ -6,6 +6,7 @@ snapshots and never sleep.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 
@@ -25,9 +26,11 @@ class SampleWindow:
             self._samples.popleft()
 
     def mean(self, now: float, window: float) -> float | None:
-        """Arithmetic mean of the samples in (now - window, now], as PromQL's avg_over_time."""
+        """Mean of the samples in (now - window, now]: the correctly rounded sum (``math.fsum``) over
+        the count, as the shipped PromQL's ``sum_over_time / count_over_time``.  A plain ``sum``
+        drifts: ``sum([0.1] * 60) / 60`` is 0.09999999999999999, below a 10% threshold."""
         values = [v for t, v in self._samples if now - window < t <= now]
-        return sum(values) / len(values) if values else None
+        return math.fsum(values) / len(values) if values else None
 
     def __len__(self) -> int:
         return len(self._samples)

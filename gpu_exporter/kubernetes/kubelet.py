@@ -6,6 +6,13 @@ assigned to each container.  A background thread asks every ``refresh_interval``
 in a new immutable mapping, so readers (the scrape path) never wait on the kubelet; a kubelet that
 hangs costs the refresh thread at most ``timeout`` per call.
 
+A failed refresh (the kubelet restarting, its socket gone for a moment, an error or a timeout)
+keeps the last good mapping: a pod leaves only when a successful ``List`` no longer shows it.  A
+kubelet restart therefore changes no label of any series or alert.  Only when no refresh has
+succeeded for ``keep_last_good_for`` seconds is the mapping dropped, logged once
+(``pod_attribution_expired``) and counted, so labels never name pods long after the kubelet could
+have said they left.
+
 Device ids are normalised to the keys the rest of the exporter can look up:
 
 * ``GPU-<uuid>`` (whole GPU) and ``MIG-<uuid>`` (MIG device), the NVIDIA device plugin's default
@@ -21,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -35,6 +43,8 @@ __all__ = ["DeviceMap", "PodRef", "PodResourcesWatcher", "build_device_map", "no
 log = structlog.get_logger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_KEEP_LAST_GOOD_FOR_S = 300.0
+OUTCOMES = ("ok", "error", "missing")
 # What the kubelet's own pod-resources client allows; the default 4 MiB could cut off a busy node.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 STOP_JOIN_S = 1.0
@@ -82,8 +92,10 @@ class PodResourcesWatcher:
     """Keeps the latest device -> pod mapping from the kubelet's pod-resources socket.
 
     ``outcome`` is told how each refresh went: ``ok``, ``error`` (the kubelet did not answer in
-    time or answered with an error) or ``missing`` (no socket: not on Kubernetes, or the socket is
-    not mounted).  A watcher is started and stopped once.
+    time or answered with an error) or ``missing`` (no socket: not on Kubernetes, the socket is
+    not mounted, or the kubelet is restarting).  ``expired`` is called when the last good mapping
+    is dropped after ``keep_last_good_for`` seconds without a successful refresh.  ``clock`` is
+    monotonic seconds (tests drive it).  A watcher is started and stopped once.
     """
 
     def __init__(
@@ -95,18 +107,25 @@ class PodResourcesWatcher:
         refresh_interval: float = 10.0,
         timeout: float = 5.0,
         outcome: Callable[[str], None] = lambda o: None,
+        keep_last_good_for: float = DEFAULT_KEEP_LAST_GOOD_FOR_S,
+        expired: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if refresh_interval <= 0 or timeout <= 0:
-            raise ValueError("refresh_interval and timeout must be positive")
+        if refresh_interval <= 0 or timeout <= 0 or keep_last_good_for <= 0:
+            raise ValueError("refresh_interval, timeout and keep_last_good_for must be positive")
         self.socket_path = socket_path
         self.resource_names = frozenset(resource_names)
         self.resource_prefixes = tuple(resource_prefixes)
         self.refresh_interval = refresh_interval
         self.timeout = timeout
         self._outcome = outcome
+        self.keep_last_good_for = keep_last_good_for
+        self._expired = expired
+        self._clock = clock
         self._target = "unix://" + os.path.abspath(socket_path)
         self._devices: DeviceMap = _EMPTY
         self._last_ok = False
+        self._last_ok_at: float | None = None  # clock() of the last successful refresh
         # What the last refresh found ("ok", "missing" or "error:<reason>"), to log changes only.
         self._state: str | None = None
         self._outcome_failed = False
@@ -121,7 +140,8 @@ class PodResourcesWatcher:
     # -- readers ---------------------------------------------------------------------------------
 
     def devices(self) -> DeviceMap:
-        """The latest mapping (immutable; empty while attribution is off or failing)."""
+        """The last good mapping (immutable; empty while attribution is off, before the first
+        successful refresh, and after ``keep_last_good_for`` without one)."""
         return self._devices
 
     @property
@@ -171,8 +191,9 @@ class PodResourcesWatcher:
     def refresh(self) -> bool:
         """One ``List`` call (at most ``timeout``); swaps in the new mapping and returns True on success.
 
-        On any failure the mapping becomes empty: metrics go on without pod labels rather than with
-        labels that may name pods which are gone or that moved.  The next refresh tries again.
+        A failure keeps the last good mapping until ``keep_last_good_for`` has passed since the last
+        success; then metrics go on without pod labels rather than with labels that may name pods
+        which are gone or that moved.  The next refresh tries again.
         """
         with self._refreshing:
             if self._stopped:
@@ -187,7 +208,8 @@ class PodResourcesWatcher:
     def _refresh(self) -> bool:
         if self._socket_missing():
             self._drop_channel()  # the kubelet went away: start afresh when its socket is back
-            self._set(_EMPTY, ok=False)
+            self._last_ok = False
+            self._expire_if_stale()
             if self._state != "missing":
                 log.info(
                     "pod_attribution_off",
@@ -219,6 +241,7 @@ class PodResourcesWatcher:
         if self._stopped:
             return False
         self._set(devices, ok=True)
+        self._last_ok_at = self._clock()
         if self._state != "ok":
             log.info(
                 "pod_attribution_on",
@@ -232,7 +255,8 @@ class PodResourcesWatcher:
         return True
 
     def _failed(self, detail: str, reason: str, *, exc_info: bool = False) -> None:
-        self._set(_EMPTY, ok=False)
+        self._last_ok = False
+        self._expire_if_stale()
         state = "error:" + reason
         if self._state != state:  # once per distinct reason, not once per refresh
             log.warning(
@@ -240,11 +264,31 @@ class PodResourcesWatcher:
                 socket=self.socket_path,
                 reason=reason,
                 error=detail,
-                detail="metrics carry no pod labels until the kubelet answers again",
+                detail=f"keeping the last good pod labels for up to {self.keep_last_good_for:g} s since the last "
+                "successful refresh",
                 exc_info=exc_info,
             )
             self._state = state
         self._report("error")
+
+    def _expire_if_stale(self) -> None:
+        """Drop the last good mapping once it is older than ``keep_last_good_for``; log and count it once."""
+        if self._last_ok_at is None or self._clock() - self._last_ok_at < self.keep_last_good_for:
+            return
+        self._last_ok_at = None  # expired: nothing more to drop until the next success
+        had = len(self._devices)
+        self._set(_EMPTY, ok=False)
+        log.warning(
+            "pod_attribution_expired",
+            socket=self.socket_path,
+            devices=had,
+            detail=f"no successful refresh from the kubelet for {self.keep_last_good_for:g} s; "
+            "pod labels are dropped until it answers again",
+        )
+        try:
+            self._expired()
+        except Exception:
+            log.exception("pod_attribution_expired_callback_failed")
 
     def _set(self, devices: DeviceMap, *, ok: bool) -> None:
         self._devices = devices  # one reference swap: readers see the old or the new map, whole

@@ -34,7 +34,7 @@ def alerts_html(alerts: Sequence[Alert]) -> bytes:
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
             *(html.escape(x) for x in (
                 a.label_dict["alertname"], a.state, a.label_dict["severity"],
-                f"{a.label_dict['gpu']} {a.label_dict['uuid']}", rfc3339(a.active_at),
+                f"{a.label_dict['gpu']} {a.label_dict.get('uuid', '(uuid unknown)')}", rfc3339(a.active_at),
                 dict(a.annotations).get("description", ""),
             ))
         )

@@ -100,8 +100,9 @@ _DEFS = [
     MetricDef("gpu_exporter_last_poll_success_timestamp_seconds", "gauge", "Unix time of the last poll in which NVML answered."),
     MetricDef("gpu_exporter_alerts", "gauge", "Pending and firing alerts, like Prometheus's ALERTS: the number of alerts with these labels."),
     MetricDef("gpu_exporter_notifications_total", "counter", "Alert notifications by receiver and outcome (sent, retried, rejected, dropped)."),
-    MetricDef("gpu_exporter_notification_queue_length", "gauge", "Notifications waiting for a receiver that is slow or down."),
+    MetricDef("gpu_exporter_notification_queue_length", "gauge", "Alerts waiting for a receiver that is slow or down (to an Alertmanager: not yet delivered; to a webhook: in groups with an undelivered change)."),
     MetricDef("gpu_exporter_kubelet_refreshes_total", "counter", "Refreshes of pod attribution from the kubelet's PodResources API, by outcome (ok, error, missing)."),
+    MetricDef("gpu_exporter_pod_attribution_expired_total", "counter", "Times the last good pod attribution was dropped because the kubelet had not answered for kubernetes.keep_last_good_for."),
     MetricDef("gpu_exporter_nvml_errors_total", "counter", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh)."),
 ]  # fmt: skip
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
@@ -300,7 +301,7 @@ class AlertsCollector(Collector):
         counts: dict[tuple[str, ...], int] = {}
         for a in self._alerts():
             labels = a.label_dict
-            alert_key = (labels["alertname"], a.state, labels["severity"], labels["gpu"], labels["uuid"])
+            alert_key = (labels["alertname"], a.state, labels["severity"], labels["gpu"], labels.get("uuid", ""))
             counts[alert_key] = counts.get(alert_key, 0) + 1
         for label_values, n in sorted(counts.items()):
             fam.add_metric(list(label_values), n)
@@ -337,6 +338,7 @@ class SelfMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         d = METRICS
+        self._registry = registry
         build = Gauge("gpu_exporter_build_info", d["gpu_exporter_build_info"].help,
                       ["version", "python_version", "nvidia_ml_py_version"], registry=registry)  # fmt: skip
         build.labels(__version__, platform.python_version(), _package_version("nvidia-ml-py")).set(1)
@@ -370,6 +372,29 @@ class SelfMetrics:
             ["function", "error"],
             registry=registry,
         )
+
+        self.pod_attribution_expired: Counter | None = None
+
+    def watch_kubelet(self, outcomes: Iterable[str]) -> None:
+        """Pod attribution is on: every refresh outcome and the expiry counter exist from the start,
+        at 0, so that ``increase()`` sees the first failure."""
+        for outcome in outcomes:
+            self.kubelet_refreshes.labels(outcome)
+        if self.pod_attribution_expired is None:
+            self.pod_attribution_expired = Counter(
+                "gpu_exporter_pod_attribution_expired",
+                METRICS["gpu_exporter_pod_attribution_expired_total"].help,
+                registry=self._registry,
+            )
+
+    def watch_receiver(self, receiver: str, outcomes: Iterable[str]) -> None:
+        """Every delivery outcome of ``receiver`` exists from the start, at 0."""
+        for outcome in outcomes:
+            self.notifications.labels(receiver, outcome)
+
+    def count_attribution_expired(self) -> None:
+        if self.pod_attribution_expired is not None:
+            self.pod_attribution_expired.inc()
 
     def count_error(self, function: str, error: str) -> None:
         self.nvml_errors.labels(function, error).inc()
