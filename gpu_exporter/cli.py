@@ -174,10 +174,13 @@ def run_once(settings: Settings, fmt: str) -> int:
 
 def run_daemon(settings: Settings) -> int:
     from .daemon import Daemon
+    from .serving.connections import raise_fd_limit
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # Each client costs a file descriptor; the soft limit (often 1024) is only a default.
+    raise_fd_limit()
     try:
         daemon = Daemon(settings, lambda errors: make_backend(settings, errors))
         daemon.start()

@@ -262,3 +262,39 @@ def test_the_kubernetes_tls_and_auth_example(tmp_path: Path, ca: trustme.CA) -> 
     tls_files(tmp_path, ca, "tls")
     config = load_web_config(tmp_path / "web.yml")
     assert config.ssl_context is not None and set(config.users) == {"prometheus"}
+
+
+@pytest.mark.parametrize(
+    ("accept", "gzipped"),
+    [
+        ("gzip", True),
+        ("GZIP", True),
+        ("gzip;q=1.0", True),
+        ("br, gzip;q=0.001", True),
+        ("*", True),
+        ("identity;q=1, *;q=0.5", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.000", False),
+        ("identity, gzip;q=0", False),
+        ("*;q=0.5, gzip;q=0", False),
+        ("deflate", False),
+        ("x-gzip-not", False),
+        ("", False),
+    ],
+)
+def test_gzip_only_where_accepted(tmp_path: Path, accept: str, gzipped: bool) -> None:
+    with server(tmp_path) as srv:
+        status, headers, body = get(srv.port, headers={"Accept-Encoding": accept})
+        assert status == 200
+        assert (headers.get("Content-Encoding") == "gzip") is gzipped, headers
+        assert body.startswith(b"\x1f\x8b") is gzipped
+
+
+def test_a_duplicate_content_length_is_refused(tmp_path: Path) -> None:
+    with server(tmp_path) as srv:
+        for lengths in ((b"0", b"0"), (b"0", b"5"), (b"5", b"0")):
+            request = (b"GET /metrics HTTP/1.1\r\nContent-Length: " + lengths[0] + b"\r\nContent-Length: "
+                       + lengths[1] + b"\r\n\r\nhello")  # fmt: skip
+            answer = raw(srv.port, request)
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+            assert b"Connection: close" in answer
