@@ -255,15 +255,13 @@ class WebConfigWatcher:
                     log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
             return self._config
 
-    def reload(self, path: Path | None) -> WebConfig:
-        """Load ``path`` now (SIGHUP); WebConfigError leaves the configuration in force unchanged."""
-        config = load_web_config(path)
+    def install(self, path: Path | None, config: WebConfig) -> None:
+        """Use ``config``, loaded from ``path``, from now on (a reload on SIGHUP)."""
         with self._lock:
             self.path = path
             self._config = config
             self._stamps = self._stat()
             self._checked = time.monotonic()
-        return config
 
     def remembered(self, config: WebConfig, header: str | None) -> bool | None:
         """The answer for credentials already checked (or unparseable), without bcrypt; None if unknown."""
