@@ -12,8 +12,9 @@ buffers); here, what a request can hold:
 - at most ``max_pipelined`` requests in a row are answered on a connection whose client sends the
   next before reading the last; then the connection is closed;
 - a password is checked by bcrypt in ``auth_workers`` threads with at most ``auth_queue`` checks
-  waiting; more get 429 at once.  Checks that succeeded are remembered, so a scraper that got in
-  once is not held up by a flood of wrong passwords;
+  waiting; more get 429 at once.  After a failed check the worker rests as long as the check took,
+  so wrong passwords get at most half a core per worker.  Checks that succeeded are remembered, so
+  a scraper that got in once is not held up by a flood of wrong passwords;
 - only GET and HEAD are served;
 - anything malformed gets a short 4xx and the connection is closed, never a traceback.
 
@@ -30,6 +31,7 @@ import html
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -57,6 +59,10 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _MAX_BODY = 64 * 1024
 _BACKLOG = 1024
+# asyncio accepts up to its backlog argument in one go, before it reads from any of them: a burst
+# of 1,000 new sockets would each close an older one to make room, a scraper's included, before
+# the scraper's request is even read.  A few per turn of the loop leaves the rest in the kernel.
+_ACCEPT_BATCH = 64
 # Headers whose repetition makes a request ambiguous (request smuggling, RFC 9112 6.3).
 _SINGLE = frozenset({"content-length", "transfer-encoding", "host", "authorization"})
 
@@ -88,13 +94,13 @@ class HttpServer:
         *,
         web: WebConfigWatcher | None = None,
         max_requests: int = 40,
-        max_connections: int = 1024,
+        max_connections: int = 512,
         read_timeout: float = 10.0,
         idle_timeout: float = 120.0,
         write_timeout: float = 30.0,
         max_header_bytes: int = 16 * 1024,
         pressure_idle_timeout: float = 5.0,
-        max_handshakes: int = 32,
+        max_handshakes: int = 128,
         handshake_timeout: float = 5.0,
         max_pipelined: int = 16,
         auth_workers: int = 1,
@@ -160,8 +166,9 @@ class HttpServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            self._loop.create_server(self._accept, sock=self._sock, backlog=_BACKLOG)
+            self._loop.create_server(self._accept, sock=self._sock, backlog=_ACCEPT_BATCH)
         )
+        self._sock.listen(_BACKLOG)  # the kernel's queue stays long
         self._loop.create_task(self.connections.sweep_forever())
         self._started.set()
         self._loop.run_forever()
@@ -257,9 +264,18 @@ class HttpServer:
         self._auth_pending += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._auth_pool, self._web.check_basic_auth, config, header)
+            return await loop.run_in_executor(self._auth_pool, self._check_paced, config, header)
         finally:
             self._auth_pending -= 1
+
+    def _check_paced(self, config: WebConfig, header: str | None) -> bool:
+        """A bcrypt check; a failed one then rests as long as it took, so that a flood of wrong
+        passwords gets at most half a core, whatever the cost of the hashes."""
+        t0 = time.monotonic()
+        ok = self._web.check_basic_auth(config, header)
+        if not ok:
+            time.sleep(time.monotonic() - t0)
+        return ok
 
     async def _discard_body(self, conn: Connection, headers: dict[str, str]) -> None:
         if "transfer-encoding" in headers:
