@@ -207,6 +207,20 @@ def test_a_stalled_writer_is_cut_off_and_its_socket_closed(tmp_path: Path) -> No
             s.close()
 
 
+def test_clients_that_do_not_read_hold_little_memory_together(tmp_path: Path) -> None:
+    # Past the bound on connections waiting for their clients to read, the one waiting longest
+    # goes, long before the 30 s write timeout: their unsent answers cannot pile up.
+    with server(tmp_path, series=8000, max_stalled_writers=4) as srv, held([]) as attack:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(METRICS * 20)
+            attack.append(s)
+        wait_for(lambda: srv.connections.counts.get("stalled_writer", 0) >= 6, timeout=10,
+                 what="stalled writers beyond the bound closed")  # fmt: skip
+        served_promptly(lambda: get(srv.port, timeout=5))
+
+
 # -- 3. TLS memory ----------------------------------------------------------------------------------------
 def test_handshake_only_tls_connections_stay_under_the_pod_limit_and_memory_comes_back(
     tmp_path: Path, ca: trustme.CA

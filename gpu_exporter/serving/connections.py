@@ -20,7 +20,10 @@ What one client can take from the others is bounded here, whatever it does:
   served at once.  Each TLS connection reads through
   a 16 KiB buffer instead of asyncio's 256 KiB one (0.04 instead of 0.28 MiB per idle connection).
 - **Buffers.** A connection buffers at most ``limit`` bytes of request (reading pauses beyond), and
-  at most two 16 KiB chunks of response: a client that does not read stalls only itself.
+  hands the response to the transport 256 KiB at a time, waiting while 64 KiB are unsent (smaller
+  pieces cost 40 ms of delayed ACKs per TLS scrape).  At most ``max_stalled`` connections may wait
+  on clients that do not read; one more closes the one that has waited longest.  So a client that
+  does not read stalls only itself, and all of them together hold at most ~20 MiB.
 - **Memory back.** After every 256 closed connections (or 64 fewer open than at the peak), their
   reference cycles are collected, and at most every 5 s glibc is asked to return free memory to the
   system (``malloc_trim``): without both, RSS climbs under churn and stays at its peak after.
@@ -32,6 +35,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import select
 import ssl
 import time
 from asyncio import sslproto
@@ -43,7 +47,8 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-WRITE_CHUNK = 16 * 1024
+WRITE_CHUNK = 256 * 1024
+_WRITE_HIGH = 64 * 1024
 _TLS_READ = 16 * 1024
 _FIRST_TLS_BYTES = 4096
 _CLOSE_GRACE = 2.0
@@ -118,7 +123,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _open(self, transport: asyncio.Transport) -> None:
         self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_CHUNK)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH)
         self._table.set_state(self, IDLE)
         self._table.opened(self)
 
@@ -223,7 +228,7 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- writing --------------------------------------------------------------------------------------
     async def send(self, head: bytes, body: bytes, timeout: float) -> None:
-        """Write a response in chunks, so that at most two chunks wait in memory for a slow client."""
+        """Write a response in pieces, so that little of it waits in memory for a slow client."""
         transport = self.transport
         assert transport is not None
         async with asyncio.timeout(timeout):
@@ -235,9 +240,14 @@ class Connection(asyncio.BufferedProtocol):
                 if self.lost:
                     raise ConnectionError("the client went away")
                 transport.write(chunk)
-                while self._write_paused and not self.lost:
-                    self._drain_waiter = asyncio.get_running_loop().create_future()
-                    await self._drain_waiter
+                if self._write_paused and not self.lost:
+                    self._table.stalled(self, True)
+                    try:
+                        while self._write_paused and not self.lost:
+                            self._drain_waiter = asyncio.get_running_loop().create_future()
+                            await self._drain_waiter
+                    finally:
+                        self._table.stalled(self, False)
             if self.lost:
                 raise ConnectionError("the client went away")
 
@@ -273,6 +283,7 @@ class ConnectionTable:
         max_handshakes: int = 128,
         handshake_timeout: float = 5.0,
         handshake_preempt: float = 1.0,
+        max_stalled: int = 64,
     ) -> None:
         self._handler = handler
         self.max_connections = max_connections
@@ -282,6 +293,8 @@ class ConnectionTable:
         self.max_handshakes = max_handshakes
         self.handshake_timeout = handshake_timeout
         self.handshake_preempt = handshake_preempt
+        self.max_stalled = max_stalled
+        self._stalled: OrderedDict[Connection, None] = OrderedDict()  # waiting longest first
         self.scratch = memoryview(bytearray(64 * 1024))  # one read at a time: the loop is one thread
         self._open: set[Connection] = set()
         # Closed to make room, longest unchanged first: the silent ones that never spoke, the other
@@ -343,7 +356,19 @@ class ConnectionTable:
         elif state != BUSY:
             self._active[conn] = None
 
+    def stalled(self, conn: Connection, waiting: bool) -> None:
+        """A connection waits for its client to take the response, or no longer does."""
+        if not waiting:
+            self._stalled.pop(conn, None)
+            return
+        self._stalled[conn] = None
+        while len(self._stalled) > self.max_stalled:
+            oldest, _ = self._stalled.popitem(last=False)
+            self._count("stalled_writer")
+            oldest.abort()
+
     def forget(self, conn: Connection) -> None:
+        self._stalled.pop(conn, None)
         self._open.discard(conn)
         self._mute.pop(conn, None)
         self._silent.pop(conn, None)
@@ -383,7 +408,8 @@ class ConnectionTable:
             return
         now = time.monotonic()
         for conn, protocol in list(self._handshaking.items()):
-            if now - protocol.heard_at >= self.handshake_preempt:
+            # Quiet as far as we know; but a busy loop may not have read what has arrived.
+            if now - protocol.heard_at >= self.handshake_preempt and not _pending_input(conn.raw):
                 self._count("handshake_preempted")
                 conn.abort()
 
@@ -466,6 +492,18 @@ class ConnectionTable:
             self._trim_due = False
             self._trimmed_at = now
             await asyncio.get_running_loop().run_in_executor(None, self._libc.malloc_trim, 0)
+
+
+def _pending_input(transport: asyncio.Transport | None) -> bool:
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()  # not select(): descriptors may be above 1024
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _libc() -> Any:

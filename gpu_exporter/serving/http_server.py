@@ -103,6 +103,7 @@ class HttpServer:
         max_handshakes: int = 128,
         handshake_timeout: float = 5.0,
         max_pipelined: int = 16,
+        max_stalled_writers: int = 64,
         auth_workers: int = 1,
         auth_queue: int = 4,
     ) -> None:
@@ -126,7 +127,7 @@ class HttpServer:
         self.connections = ConnectionTable(
             self._serve, max_connections=connection_cap(max_connections), limit=max_header_bytes,
             read_timeout=read_timeout, pressure_idle_timeout=pressure_idle_timeout, max_handshakes=max_handshakes,
-            handshake_timeout=handshake_timeout,
+            handshake_timeout=handshake_timeout, max_stalled=max_stalled_writers,
         )  # fmt: skip
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
