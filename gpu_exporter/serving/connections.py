@@ -17,8 +17,8 @@ What one client can take from the others is bounded here, whatever it does:
   ``max_handshakes`` at once, each within ``handshake_timeout``; while others wait for a slot, a
   handshake whose client has sent nothing for ``handshake_preempt`` is cut off.  Waiting clients
   are taken newest first: under a flood, the old ones time out and a client that just came is
-  served at once.  Each TLS connection reads through
-  a 16 KiB buffer instead of asyncio's 256 KiB one (0.04 instead of 0.28 MiB per idle connection).
+  served at once.  Each TLS connection reads through a 16 KiB buffer instead of asyncio's 256 KiB
+  one (0.04 instead of 0.28 MiB per idle connection).
 - **Buffers.** A connection buffers at most ``limit`` bytes of request (reading pauses beyond), and
   hands the response to the transport 256 KiB at a time, waiting while 64 KiB are unsent (smaller
   pieces cost 40 ms of delayed ACKs per TLS scrape).  At most ``max_stalled`` connections may wait
