@@ -15,7 +15,6 @@ import pytest
 import trustme
 import yaml
 
-from gpu_exporter.cli import main
 from gpu_exporter.serving.web_config import WebConfigError, load_web_config
 from tests.web_helpers import hashed, tls_files
 
@@ -142,7 +141,8 @@ def test_once_with_a_good_web_config_runs(tmp_path: Path, ca: trustme.CA) -> Non
     crt, key = tls_files(tmp_path, ca)
     web = tmp_path / "web.yml"
     web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}}))
-    assert main(["--simulate", "--once", "--web.config.file", str(web)]) in (0, 1)
+    out = once("--web.config.file", str(web))
+    assert out.returncode in (0, 1), out.stderr
 
 
 # -- 7. web config values that would break every request -------------------------------------------------
