@@ -8,9 +8,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -21,6 +21,9 @@ from .serving.web_config import WebConfigError
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.gpm import MIN_INTERVAL_S
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
 
 log = structlog.get_logger(__name__)
 
@@ -158,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.once:
         return run_once(settings, args.format)
-    return run_daemon(settings)
+    return run_daemon(settings, lambda: load_settings(cli, config))
 
 
 SECOND_LOOK_S = 0.2
@@ -171,8 +174,14 @@ def needs_second_look(snapshot: NodeSnapshot) -> bool:
 def run_once(settings: Settings, fmt: str) -> int:
     from .once import as_json, as_table, findings
     from .serving.metrics import RenderOptions
+    from .serving.web_config import load_web_config
     from .sources.poller import Poller
 
+    try:
+        load_web_config(settings.web_config_file)  # what the daemon would refuse, --once refuses too
+    except WebConfigError as e:
+        print(f"gpu-exporter: {e}", file=sys.stderr)
+        return 2
     # One look takes its two GPM samples 200 ms apart, whatever the daemon's profiling interval.
     backend = make_backend(settings, lambda f, e: None, profiling_interval=MIN_INTERVAL_S)
     poller = Poller(backend, errors=lambda f, e: None, gpu_timeout_s=settings.gpu_timeout)
@@ -184,7 +193,7 @@ def run_once(settings: Settings, fmt: str) -> int:
             time.sleep(SECOND_LOOK_S)
             snapshot = poller.poll()
     finally:
-        poller.close()
+        _close_without_waiting(poller.close)
     if not snapshot.nvml_up:
         print(f"gpu-exporter: cannot read the GPUs: {snapshot.nvml_error}", file=sys.stderr)
         print("hint: is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
@@ -196,22 +205,50 @@ def run_once(settings: Settings, fmt: str) -> int:
     return 1 if problems else 0
 
 
-def run_daemon(settings: Settings) -> int:
-    from .daemon import Daemon
+def _close_without_waiting(close: Callable[[], None], limit_s: float = 1.5) -> None:
+    """Close NVML, but not wait for a driver call that hangs: the answer is already known."""
+    closer = threading.Thread(target=close, name="close", daemon=True)
+    closer.start()
+    closer.join(limit_s)
 
+
+def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None) -> int:
+    """The daemon, until SIGTERM or SIGINT; SIGHUP applies ``reread()`` (the config file again)."""
+    from .daemon import Daemon
+    from .serving.connections import raise_fd_limit
+
+    wake = threading.Event()
     stop = threading.Event()
+    hup = threading.Event()
+
+    def on_signal(event: threading.Event) -> Callable[..., None]:
+        def handler(*_: object) -> None:
+            event.set()
+            wake.set()
+
+        return handler
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal(stop))
+    signal.signal(signal.SIGHUP, on_signal(hup))  # by default SIGHUP would end the process
+    # Each client costs a file descriptor; the soft limit (often 1024) is only a default.
+    raise_fd_limit()
     try:
         daemon = Daemon(settings, lambda errors: make_backend(settings, errors))
-        daemon.start()
     except WebConfigError as e:
         print(f"gpu-exporter: {e}", file=sys.stderr)
         return 2
+    try:
+        daemon.start()
     except OSError as e:
         print(f"gpu-exporter: cannot listen on {settings.listen_address}: {e.strerror or e}", file=sys.stderr)
         return 2
-    stop.wait()
+    while not stop.is_set():
+        wake.wait()
+        wake.clear()
+        if hup.is_set() and not stop.is_set():
+            hup.clear()
+            reload(daemon, reread)
     daemon.stop()
     log.info("stopped")
     sys.stdout.flush()
@@ -219,3 +256,16 @@ def run_daemon(settings: Settings) -> int:
     # A GPU read stuck in the driver holds a worker thread that the interpreter would join at
     # exit; the stop must not wait for the driver.
     os._exit(0)
+
+
+def reload(daemon: Daemon, reread: Callable[[], Settings] | None) -> None:
+    """Read the configuration again and apply it; on any error, keep running as before and say why."""
+    if reread is None:
+        log.warning("config_reload_failed", error="no configuration to read again")
+        return
+    try:
+        daemon.reload(reread())
+    except (ConfigError, WebConfigError) as e:
+        log.error("config_reload_failed", error=str(e), keeping="the running configuration")
+    except Exception as e:  # a reload must never take the daemon down
+        log.exception("config_reload_failed", error=f"{type(e).__name__}: {e}", keeping="the running configuration")

@@ -1,27 +1,33 @@
 """Settings: CLI flags > environment (GPU_EXPORTER_*) > YAML file (--config) > defaults.
 
 Any bad value, unknown key or unreadable file raises ConfigError, whose message names the
-setting, the value and what is allowed; the CLI turns it into exit status 2.
+setting (or environment variable, or file), the value and what is allowed, in a few lines
+whatever the input; the CLI turns it into exit status 2.  Files that settings name (a receiver's
+``ca_file``) are opened here too, so the daemon and ``--once`` refuse the same input.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
+    SettingsError,
 )
 
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
 from .serving.http_server import parse_listen_address
+from .yamlfile import YamlFileError, clip, read_mapping, short
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -116,24 +122,14 @@ class Settings(BaseSettings):
         return v
 
 
-def _yaml_mapping(path: Path) -> None:
-    """YamlConfigSettingsSource silently ignores missing files and odd shapes; we don't."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of settings, not a {type(data).__name__}")
-
-
 def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
     """Settings from every source.  ``cli`` holds only the flags actually given."""
+    file_data: dict[str, Any] | None = None
     if config_file is not None:
-        _yaml_mapping(config_file)
+        try:
+            file_data = read_mapping(config_file, "config file") or {}
+        except YamlFileError as e:
+            raise ConfigError(str(e)) from e
 
     class _Sourced(Settings):
         @classmethod
@@ -146,14 +142,51 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-            if config_file is not None:
-                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            if file_data is not None:
+                sources.append(InitSettingsSource(settings_cls, init_kwargs=file_data))
             return tuple(sources)
 
     try:
-        return _Sourced(**(cli or {}))
+        settings = _Sourced(**(cli or {}))
     except ValidationError as e:
         raise ConfigError(_describe(e, config_file)) from e
+    except SettingsError as e:  # a value in the environment that should be JSON and is not
+        raise ConfigError(_describe_env(e)) from e
+    _check_named_files(settings)
+    return settings
+
+
+def _describe_env(e: SettingsError) -> str:
+    m = re.search(r'field "([^"]+)"', str(e))
+    field = m.group(1) if m else ""
+    problems = []
+    for name, value in sorted(os.environ.items()):
+        rest = name.upper().removeprefix(ENV_PREFIX).lower()
+        if not field or not name.upper().startswith(ENV_PREFIX):
+            continue
+        if rest != field and not rest.startswith(field + "__"):
+            continue
+        try:
+            json.loads(value)
+        except ValueError as err:
+            problems.append(f"{name} must be JSON ({err}), got {short(value)}")
+    return clip("; ".join(problems)) if problems else clip(f"{e} (environment variables {ENV_PREFIX}*)")
+
+
+def _check_named_files(settings: Settings) -> None:
+    """Files named by settings must be readable now, not at the first alert."""
+    for kind in ("alertmanagers", "webhooks"):
+        for i, receiver in enumerate(getattr(settings.alerting, kind)):
+            if not receiver.ca_file:
+                continue
+            try:
+                ssl.create_default_context(cafile=receiver.ca_file)
+            except (OSError, ssl.SSLError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                raise ConfigError(
+                    f"invalid alerting.{kind}.{i}.ca_file = {receiver.ca_file!r}: "
+                    f"cannot load it as CA certificates: {reason}"
+                ) from e
 
 
 def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
@@ -180,5 +213,5 @@ def _describe(e: ValidationError, config_file: Path | None) -> str:
         value = err.get("input")
         msg = err["msg"].removeprefix("Value error, ")
         env = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
-        lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {value!r}: {msg}")
-    return "; ".join(lines)
+        lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {short(value)}: {msg}")
+    return clip("; ".join(lines))

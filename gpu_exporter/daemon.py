@@ -1,4 +1,6 @@
-"""Wires the poller, the snapshot readers and the HTTP server together."""
+"""Wires the poller, the snapshot readers and the HTTP server together, and applies a re-read
+configuration (SIGHUP): rules, receivers and the web config change in place; every other setting
+needs a restart, and the log names each one that changed."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from .kubernetes.attribution import Attributor
 from .serving.exposition import Exposition
 from .serving.http_server import HttpServer
 from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
-from .serving.web_config import WebConfigWatcher
+from .serving.web_config import WebConfigWatcher, load_web_config
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend
 from .sources.poller import Poller
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from .kubernetes.kubelet import PodResourcesWatcher
 
 log = structlog.get_logger(__name__)
+
+RELOADABLE = frozenset({"rules", "alerting", "web_config_file"})
 
 
 class Daemon:
@@ -57,20 +61,12 @@ class Daemon:
         self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
                                  resend_interval=alerting.resend_interval,
                                  resolved_retention=alerting.resolved_retention, pod_labels=pod_labels)  # fmt: skip
-        # Like Prometheus: a firing alert stays valid for four resend intervals (or evaluation
-        # intervals, if longer); if the daemon dies, Alertmanager resolves it by itself.
-        valid_for = 4 * max(alerting.resend_interval, settings.poll_interval)
-        count = self.metrics.count_notification
-        receivers: list[Receiver] = [
-            AlertmanagerReceiver(r, count, queue_size=alerting.queue_size, valid_for=valid_for,
-                                 generator_url=self.alerts_url)
-            for r in alerting.alertmanagers
-        ]  # fmt: skip
-        receivers += [WebhookReceiver(r, count, generator_url=self.alerts_url) for r in alerting.webhooks]
-        for r in receivers:
-            self.metrics.watch_receiver(r.name, OUTCOMES)
-        self.notifier = Notifier(receivers)
-        registry.register(AlertsCollector(self.engine.active, lambda: [(r.name, len(r)) for r in receivers]))
+        # Rules average utilization over samples kept this long; a longer window needs a restart.
+        self._horizon = max(settings.rules.GpuUnderutilized.window, settings.rules.GpuIdle.window)
+        self._evaluating = threading.Lock()  # a reload swaps rules and receivers between evaluations
+        self.notifier = Notifier(self._receivers(settings, []))
+        registry.register(AlertsCollector(self.engine.active,
+                                          lambda: [(r.name, len(r)) for r in self.notifier.receivers]))  # fmt: skip
         self.exposition = Exposition(registry)
         self.poller = Poller(
             make_backend(self.metrics.count_error),
@@ -106,10 +102,41 @@ class Daemon:
             base = f"http://{self.engine.node}:{port}"
         return base.rstrip("/") + "/alerts"
 
+    def _receivers(self, settings: Settings, running: list[Receiver]) -> list[Receiver]:
+        """Receivers for ``settings``; those already running with the same settings are kept, queue and all."""
+        alerting = settings.alerting
+        # Like Prometheus: a firing alert stays valid for four resend intervals (or evaluation
+        # intervals, if longer; the poll interval needs a restart); if the daemon dies, Alertmanager
+        # resolves it by itself.
+        valid_for = 4 * max(alerting.resend_interval, self.settings.poll_interval)
+        count = self.metrics.count_notification
+        out: list[Receiver] = []
+        spare = list(running)
+        for r in alerting.alertmanagers:
+            kept = next((x for x in spare if isinstance(x, AlertmanagerReceiver) and x.settings == r), None)
+            if kept is not None and alerting.queue_size == self.settings.alerting.queue_size:
+                spare.remove(kept)
+                kept.valid_for = valid_for  # read when each batch is sent
+                out.append(kept)
+            else:
+                out.append(AlertmanagerReceiver(r, count, queue_size=alerting.queue_size, valid_for=valid_for,
+                                                generator_url=self.alerts_url))  # fmt: skip
+        for w in alerting.webhooks:
+            same = next((x for x in spare if isinstance(x, WebhookReceiver) and x.settings == w), None)
+            if same is not None:
+                spare.remove(same)
+                out.append(same)
+            else:
+                out.append(WebhookReceiver(w, count, generator_url=self.alerts_url))
+        for x in out:
+            self.metrics.watch_receiver(x.name, OUTCOMES)
+        return out
+
     def publish(self, snapshot: NodeSnapshot) -> None:
         self.collector.snapshot = snapshot
         # Rules see the snapshot before it is rendered, so /metrics and the alerts agree.
-        self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.taken_at)
+        with self._evaluating:
+            self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.taken_at)
         self.metrics.nvml_up.set(1 if snapshot.nvml_up else 0)
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
         if snapshot.nvml_up:
@@ -157,6 +184,45 @@ class Daemon:
         log.info("listening", address=self.settings.listen_address, port=self._http.port,
                  poll_interval_s=self.settings.poll_interval, tls=self.web.current().ssl_context is not None,
                  basic_auth=self.web.current().auth_required)  # fmt: skip
+
+    def reload(self, new: Settings) -> None:
+        """Apply a re-read configuration, all of it or (on WebConfigError) none of it."""
+        running = self.settings
+        web = load_web_config(new.web_config_file)  # fails before anything has changed
+        rules, pinned = new.rules, []
+        for name in ("GpuUnderutilized", "GpuIdle"):
+            rule = getattr(rules, name)
+            if rule.window > self._horizon:
+                # The engine keeps samples for the windows it started with; a longer one would
+                # silently average over less than it says.
+                kept = rule.model_copy(update={"window": getattr(running.rules, name).window})
+                rules = rules.model_copy(update={name: kept})
+                pinned.append(f"rules.{name}.window")
+        old_receivers = self.notifier.receivers
+        receivers = self._receivers(new, old_receivers)
+        with self._evaluating:
+            self.engine.rules = rules
+            self.engine.resend_interval = new.alerting.resend_interval
+            self.engine.resolved_retention = new.alerting.resolved_retention
+            self.notifier.receivers = receivers
+        self.web.install(new.web_config_file, web)
+        for r in receivers:
+            if r not in old_receivers:
+                r.start()
+        for r in old_receivers:
+            if r not in receivers:
+                r.stop()  # says how many notifications it could not deliver
+        self.settings = running.model_copy(
+            update={"rules": rules, "alerting": new.alerting, "web_config_file": new.web_config_file}
+        )
+        for name in type(running).model_fields:
+            if name not in RELOADABLE and getattr(running, name) != getattr(new, name):
+                log.warning("setting_needs_restart", setting=name, running=str(getattr(running, name)),
+                            configured=str(getattr(new, name)))  # fmt: skip
+        for name in pinned:
+            log.warning("setting_needs_restart", setting=name, reason="longer than the windows the daemon started with")
+        log.info("config_reloaded", receivers=[r.name for r in receivers], web_config_file=str(new.web_config_file),
+                 tls=web.ssl_context is not None, basic_auth=web.auth_required)  # fmt: skip
 
     @property
     def port(self) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 from tests.fakenvml import SCENARIO_ENV, Scenario, build_library, load_in_process
 
@@ -71,6 +72,12 @@ def spawn_sleeper() -> subprocess.Popen[bytes]:
             raise TimeoutError(f"process {proc.pid} did not start")
         time.sleep(0.001)
     return proc
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    """A throwaway certificate authority for TLS tests."""
+    return trustme.CA()
 
 
 def pytest_report_header() -> list[str]:

@@ -127,9 +127,12 @@ def _listening_port(proc: subprocess.Popen[str], log: list[dict[str, object]], t
 
 
 @contextmanager
-def run_daemon(scenario: Path, *args: str, library_dir: Path | None = None) -> Iterator[RunningDaemon]:
-    """The real daemon in a subprocess against the fake NVML, on a free loopback port."""
-    cmd = [sys.executable, "-m", "gpu_exporter", "--web.listen-address", "127.0.0.1:0", "--log.format", "json", *args]
+def run_daemon(scenario: Path, *args: str, library_dir: Path | None = None,
+               listen_flag: bool = True) -> Iterator[RunningDaemon]:  # fmt: skip
+    """The real daemon in a subprocess against the fake NVML, on a free loopback port (given as a
+    flag unless ``listen_flag`` is False: then the config file must say where)."""
+    listen = ["--web.listen-address", "127.0.0.1:0"] if listen_flag else []
+    cmd = [sys.executable, "-m", "gpu_exporter", *listen, "--log.format", "json", *args]
     proc = start(cmd, scenario, library_dir=library_dir, stdin=subprocess.DEVNULL)
     log: list[dict[str, object]] = []
     drain = threading.Thread(target=_drain, args=(proc, log), daemon=True)

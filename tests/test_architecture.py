@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # logs) may import any part.
 PARTS = ("snapshot", "sources", "alerting", "serving", "kubernetes")
 WIRING = ("cli", "daemon", "config", "once", "logs", "__main__")
-HELPERS = ("durations",)  # parsing helpers with no dependencies, usable anywhere
+HELPERS = ("durations", "yamlfile")  # parsing helpers with no dependencies, usable anywhere
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ def part_of(module: str, package: str = PACKAGE) -> str | None:
 FORBIDDEN: dict[str, set[str]] = {
     "snapshot": {*PARTS, *WIRING, *HELPERS} - {"snapshot"},
     "durations": {*PARTS, *WIRING},
+    "yamlfile": {*PARTS, *WIRING, "durations"},
     "sources": {"serving", "alerting", "kubernetes", *WIRING},
     "alerting": {"serving", "sources", "kubernetes", *WIRING},
     "serving": {"sources", "kubernetes", *WIRING},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import http.client
 import socket
 import ssl
@@ -10,88 +9,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import bcrypt
 import pytest
 import trustme
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Gauge
 
-from gpu_exporter.serving.exposition import Exposition
 from gpu_exporter.serving.http_server import HttpServer
-from gpu_exporter.serving.web_config import WebConfigError, WebConfigWatcher, load_web_config
+from gpu_exporter.serving.web_config import WebConfigError, load_web_config
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
-
-
-def hashed(password: str, rounds: int = 4) -> str:
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=rounds)).decode()
-
-
-def basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-
-
-@contextmanager
-def server(tmp_path: Path, web: Mapping[str, Any] | None = None, **kw: Any) -> Iterator[HttpServer]:
-    """The real HTTP server in this process, serving a small registry."""
-    registry = CollectorRegistry()
-    Gauge("gpu_up", "help", ["gpu"], registry=registry).labels("0").set(1)
-    expo = Exposition(registry)
-    expo.render()
-    path = None
-    if web is not None:
-        path = tmp_path / "web.yml"
-        path.write_text(yaml.safe_dump(web))
-    srv = HttpServer("127.0.0.1:0", expo, lambda: (True, "ready"), web=WebConfigWatcher(path), **kw)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
-        context: ssl.SSLContext | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:  # fmt: skip
-    conn: http.client.HTTPConnection
-    if context is not None:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
-    else:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request(method, path, headers=headers or {})
-        r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read()
-    finally:
-        conn.close()
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-def tls_files(tmp_path: Path, ca: trustme.CA, name: str = "server") -> tuple[Path, Path]:
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
-    cert.private_key_and_cert_chain_pem.write_to_path(str(key))
-    cert.cert_chain_pems[0].write_to_path(str(crt))
-    return crt, key
-
-
-def client_context(ca: trustme.CA, client_cert: trustme.LeafCert | None = None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context()
-    ca.configure_trust(ctx)
-    if client_cert is not None:
-        client_cert.configure_cert(ctx)
-    return ctx
+from tests.web_helpers import basic, client_context, get, hashed, raw, server, tls_files
 
 
 # -- TLS and mTLS ---------------------------------------------------------------------------------------
@@ -209,18 +141,6 @@ def test_daemon_with_tls_and_auth(tmp_path: Path, ca: trustme.CA, scenario: Scen
 
 
 # -- bad clients ---------------------------------------------------------------------------------------
-def raw(port: int, data: bytes, timeout: float = 5) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(data)
-        chunks = []
-        try:
-            while chunk := s.recv(65536):
-                chunks.append(chunk)
-        except (TimeoutError, ConnectionResetError):
-            pass
-    return b"".join(chunks)
-
-
 def test_malformed_requests_get_4xx_and_the_connection_closed(tmp_path: Path) -> None:
     with server(tmp_path) as srv:
         cases = {
@@ -342,3 +262,39 @@ def test_the_kubernetes_tls_and_auth_example(tmp_path: Path, ca: trustme.CA) -> 
     tls_files(tmp_path, ca, "tls")
     config = load_web_config(tmp_path / "web.yml")
     assert config.ssl_context is not None and set(config.users) == {"prometheus"}
+
+
+@pytest.mark.parametrize(
+    ("accept", "gzipped"),
+    [
+        ("gzip", True),
+        ("GZIP", True),
+        ("gzip;q=1.0", True),
+        ("br, gzip;q=0.001", True),
+        ("*", True),
+        ("identity;q=1, *;q=0.5", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.000", False),
+        ("identity, gzip;q=0", False),
+        ("*;q=0.5, gzip;q=0", False),
+        ("deflate", False),
+        ("x-gzip-not", False),
+        ("", False),
+    ],
+)
+def test_gzip_only_where_accepted(tmp_path: Path, accept: str, gzipped: bool) -> None:
+    with server(tmp_path) as srv:
+        status, headers, body = get(srv.port, headers={"Accept-Encoding": accept})
+        assert status == 200
+        assert (headers.get("Content-Encoding") == "gzip") is gzipped, headers
+        assert body.startswith(b"\x1f\x8b") is gzipped
+
+
+def test_a_duplicate_content_length_is_refused(tmp_path: Path) -> None:
+    with server(tmp_path) as srv:
+        for lengths in ((b"0", b"0"), (b"0", b"5"), (b"5", b"0")):
+            request = (b"GET /metrics HTTP/1.1\r\nContent-Length: " + lengths[0] + b"\r\nContent-Length: "
+                       + lengths[1] + b"\r\n\r\nhello")  # fmt: skip
+            answer = raw(srv.port, request)
+            assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
+            assert b"Connection: close" in answer

@@ -17,26 +17,32 @@ The same YAML that Prometheus's Go exporters read::
 The file and the certificates it names are re-read when they change, without a restart: a
 ``WebConfigWatcher`` checks their modification times at most once a second, and a changed file
 that fails to load is logged and ignored, keeping the last good configuration.
+
+Values that would break every request are refused at load: a bcrypt cost outside 4..16 (31 is
+bcrypt's own limit; above 16 one check takes seconds), a header value with control characters
+(header injection) or outside Latin-1, a TLS maximum version below the minimum.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
+import re
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import bcrypt
 import structlog
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..yamlfile import YamlFileError, clip, read_mapping
 
 log = structlog.get_logger(__name__)
 
@@ -45,13 +51,47 @@ ALLOWED_HEADERS = frozenset(
     {"Strict-Transport-Security", "X-Content-Type-Options", "X-Frame-Options", "X-XSS-Protection",
      "Content-Security-Policy"}
 )  # fmt: skip
-_AUTH_CACHE_S = 60.0
-_AUTH_CACHE_MAX = 256
+_REMEMBER_GOOD = 256  # credentials that passed, most recently used kept
+_REMEMBER_BAD = 1024  # and that failed: a scraper retrying an old password costs no bcrypt
 _CHECK_EVERY_S = 1.0
+MAX_BCRYPT_COST = 16
+# $2b$, two digits of cost, 22 characters of salt (the last carries 2 bits, so only 4 letters
+# fit), 31 of hash: anything else bcrypt rejects, or answers with an empty reply.
+_BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{21}[.Oeu][./A-Za-z0-9]{31}$")
+_TLS_ORDER = {"TLS12": 12, "TLS13": 13}
 
 
 class WebConfigError(Exception):
     pass
+
+
+def _bcrypt_hash(v: str) -> str:
+    m = _BCRYPT.match(v)
+    if m is None:
+        raise ValueError("must be a bcrypt hash ($2b$, cost, 53 characters of salt and hash; 60 in all)")
+    cost = int(m.group(1))
+    if not 4 <= cost <= MAX_BCRYPT_COST:
+        raise ValueError(
+            f"bcrypt cost {cost} is outside 4..{MAX_BCRYPT_COST}: "
+            + ("bcrypt cannot check it" if not 4 <= cost <= 31 else "each check would take seconds")
+            + "; use 10 to 12 (htpasswd -nbB -C 10 user password)"
+        )
+    return v
+
+
+def _header_value(v: str) -> str:
+    bad = next((c for c in v if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F), None)
+    if bad is not None:
+        raise ValueError(f"contains the control character {bad!r}, which would end the header and start another")
+    try:
+        v.encode("latin-1")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{v[e.start]!r} is outside Latin-1, which HTTP headers are written in") from e
+    return v
+
+
+BcryptHash = Annotated[str, AfterValidator(_bcrypt_hash)]
+HeaderValue = Annotated[str, AfterValidator(_header_value)]
 
 
 class _TLS(BaseModel):
@@ -63,10 +103,18 @@ class _TLS(BaseModel):
     min_version: Literal["TLS12", "TLS13"] = "TLS12"
     max_version: Literal["TLS12", "TLS13"] | None = None
 
+    @model_validator(mode="after")
+    def _versions(self) -> _TLS:
+        if self.max_version is not None and _TLS_ORDER[self.max_version] < _TLS_ORDER[self.min_version]:
+            raise ValueError(
+                f"max_version {self.max_version} is below min_version {self.min_version}: no handshake could succeed"
+            )
+        return self
+
 
 class _HTTP(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, HeaderValue] = Field(default_factory=dict)
 
     @field_validator("headers")
     @classmethod
@@ -81,15 +129,7 @@ class _File(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tls_server_config: _TLS | None = None
     http_server_config: _HTTP = Field(default_factory=_HTTP)
-    basic_auth_users: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("basic_auth_users")
-    @classmethod
-    def _bcrypt(cls, v: dict[str, str]) -> dict[str, str]:
-        for user, hashed in v.items():
-            if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")) or len(hashed) != 60:
-                raise ValueError(f"the password of user {user!r} must be a bcrypt hash ($2b$..., 60 characters)")
-        return v
+    basic_auth_users: dict[str, BcryptHash] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,19 +145,21 @@ class WebConfig:
     def auth_required(self) -> bool:
         return bool(self.users)
 
+    @property
+    def decoy_hash(self) -> bytes:
+        """What an unknown user's password is checked against: the costliest configured hash, so
+        that an unknown user takes as long as a known one with a wrong password."""
+        return max(self.users.values(), key=lambda h: int(h[4:6]))
+
 
 def load_web_config(path: Path | None) -> WebConfig:
     """Parse and check the file and everything it names; raises WebConfigError saying what is wrong."""
     if path is None:
         return WebConfig()
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as e:
-        raise WebConfigError(f"cannot read web config file {path}: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        raise WebConfigError(f"web config file {path} is not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise WebConfigError(f"web config file {path} must hold a mapping")
+        raw = read_mapping(path, "web config file") or {}
+    except YamlFileError as e:
+        raise WebConfigError(str(e)) from e
     try:
         cfg = _File.model_validate(raw)
     except ValidationError as e:
@@ -126,7 +168,7 @@ def load_web_config(path: Path | None) -> WebConfig:
             key = ".".join(str(p) for p in err["loc"])
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
             problems.append(f"{key}: {msg}")
-        raise WebConfigError(f"web config file {path}: " + "; ".join(problems)) from e
+        raise WebConfigError(clip(f"web config file {path}: " + "; ".join(problems))) from e
     base = path.parent
     files = [path]
     context = None
@@ -171,7 +213,7 @@ def _ssl_context(t: _TLS, base: Path) -> tuple[ssl.SSLContext, list[Path]]:
 
 
 class WebConfigWatcher:
-    """The current WebConfig, reloaded when the file or a certificate changes."""
+    """The current WebConfig, reloaded when the file or a certificate changes, or on request."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -179,8 +221,10 @@ class WebConfigWatcher:
         self._stamps = self._stat()
         self._checked = time.monotonic()
         self._lock = threading.Lock()
-        self._auth_cache: dict[bytes, float] = {}
-        self._dummy = bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=4))
+        # sha256(user, stored hash, password) -> None: keyed by the stored hash too, so a changed
+        # password in the file forgets what was learnt about the old one.
+        self._good: OrderedDict[bytes, None] = OrderedDict()
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
 
     def _stat(self) -> tuple[tuple[int, int], ...]:
         out = []
@@ -206,35 +250,64 @@ class WebConfigWatcher:
                 try:
                     self._config = load_web_config(self.path)
                     self._stamps = self._stat()
-                    self._auth_cache.clear()
                     log.info("web_config_reloaded", path=str(self.path))
                 except WebConfigError as e:
                     log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
             return self._config
 
-    def check_basic_auth(self, config: WebConfig, header: str | None) -> bool:
-        """Whether an ``Authorization: Basic`` header names a user with the right password.
+    def install(self, path: Path | None, config: WebConfig) -> None:
+        """Use ``config``, loaded from ``path``, from now on (a reload on SIGHUP)."""
+        with self._lock:
+            self.path = path
+            self._config = config
+            self._stamps = self._stat()
+            self._checked = time.monotonic()
 
-        bcrypt is slow on purpose, so a success is remembered for a minute under a hash of the
-        credentials; an unknown user still costs a bcrypt check, so timing does not tell users apart.
-        """
+    def remembered(self, config: WebConfig, header: str | None) -> bool | None:
+        """The answer for credentials already checked (or unparseable), without bcrypt; None if unknown."""
         user, password = _parse_basic(header)
         if user is None or password is None:
             return False
-        key = hashlib.sha256(b"%s\0%s" % (user.encode(), password.encode())).digest()
-        now = time.monotonic()
+        key = _key(config, user, password)
         with self._lock:
-            expires = next((t for k, t in self._auth_cache.items() if hmac.compare_digest(k, key)), None)
-        if expires is not None and expires > now:
-            return True
+            if key in self._good:
+                self._good.move_to_end(key)
+                return True
+            if key in self._bad:
+                return False
+        return None
+
+    def check_basic_auth(self, config: WebConfig, header: str | None) -> bool:
+        """Whether an ``Authorization: Basic`` header names a user with the right password.
+
+        bcrypt is slow on purpose, so the answer is remembered (as exporter-toolkit does) under a
+        hash of the credentials; an unknown user costs a check against the costliest configured
+        hash, so timing does not tell users apart.
+        """
+        known = self.remembered(config, header)
+        if known is not None:
+            return known
+        user, password = _parse_basic(header)
+        assert user is not None and password is not None
         hashed = config.users.get(user)
-        ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self._dummy) and hashed is not None
-        if ok:
-            with self._lock:
-                if len(self._auth_cache) >= _AUTH_CACHE_MAX:
-                    self._auth_cache.clear()
-                self._auth_cache[key] = now + _AUTH_CACHE_S
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else config.decoy_hash)
+        except ValueError:  # a hash bcrypt cannot read; refused at load, so only if bcrypt changes its mind
+            log.error("basic_auth_hash_unreadable", user=user)
+            ok = False
+        ok = ok and hashed is not None
+        key = _key(config, user, password)
+        with self._lock:
+            table, size = (self._good, _REMEMBER_GOOD) if ok else (self._bad, _REMEMBER_BAD)
+            table[key] = None
+            if len(table) > size:
+                table.popitem(last=False)
         return ok
+
+
+def _key(config: WebConfig, user: str, password: str) -> bytes:
+    stored = config.users.get(user, b"")
+    return hashlib.sha256(b"\0".join((user.encode(), stored, password.encode()))).digest()
 
 
 def _parse_basic(header: str | None) -> tuple[str | None, str | None]:

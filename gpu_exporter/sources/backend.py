@@ -41,6 +41,11 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+    def count(self) -> int | None:
+        """How many GPUs the driver sees now (some may have appeared since ``open``); None if it
+        cannot say at the moment.  Raises BackendUnavailable."""
+        ...
+
     def read_static(self, index: int) -> GpuStatic:
         """Slow-changing facts of GPU ``index``.  Raises GpuLost."""
         ...

@@ -77,6 +77,8 @@ _GPM_IDS = tuple(METRIC_FIELDS)
 # releases, under the same struct version 1.  A driver built with a larger maximum than the
 # bindings could write past their array, so we hand it our own struct, longer than any so far.
 _GPM_METRIC_SLOTS = 1024
+# NVML's "not available" in an unsigned answer; never a real reading.
+_SENTINELS = frozenset({0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
 
 
 def error_name(code: int) -> str:
@@ -131,7 +133,11 @@ class _Device:
         if what in self.unsupported:
             return None
         try:
-            return fn(self.handle, *args)
+            value = fn(self.handle, *args)
+            if isinstance(value, int) and value in _SENTINELS:
+                self._errors(what.split("(", 1)[0], "out_of_range")
+                return None
+            return value
         except pynvml.NVMLError as e:
             function = what.split("(", 1)[0]
             if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
@@ -168,7 +174,13 @@ class NvmlBackend:
         self._devices: dict[int, _Device] = {}
         self._lock = threading.Lock()
         self._xid_counts: dict[int, Counter[int]] = {}
-        self._xid_stop = threading.Event()
+        # One XID thread for the backend's life, watching the NVML session of the moment: a
+        # registration stuck in a hung driver holds that one thread, however often NVML restarts.
+        self._xid_cond = threading.Condition()
+        self._xid_session: tuple[int, int] | None = None  # (serial, GPU count) while open
+        self._xid_serial = 0
+        self._xid_idle = threading.Event()
+        self._xid_idle.set()
         self._xid_thread: threading.Thread | None = None
         self._open = False
 
@@ -186,16 +198,30 @@ class NvmlBackend:
         except pynvml.NVMLError as e:
             self.close()
             raise _unavailable(e) from e
-        self._xid_stop.clear()
-        self._xid_thread = threading.Thread(target=self._watch_xids, args=(count,), name="xid-events", daemon=True)
-        self._xid_thread.start()
+        with self._xid_cond:
+            self._xid_serial += 1
+            self._xid_session = (self._xid_serial, count)
+            self._xid_cond.notify_all()
+        if self._xid_thread is None or not self._xid_thread.is_alive():
+            self._xid_thread = threading.Thread(target=self._watch_xids, name="xid-events", daemon=True)
+            self._xid_thread.start()
         return SystemInfo(driver_version=driver, cuda_version=_cuda_version(cuda), gpu_count=count)
 
+    def count(self) -> int | None:
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as e:
+            if e.value in _DRIVER_GONE:
+                raise _unavailable(e) from e
+            self._errors("nvmlDeviceGetCount", error_name(e.value))
+            return None
+
     def close(self) -> None:
-        self._xid_stop.set()
-        if self._xid_thread is not None:
-            self._xid_thread.join(timeout=2 * _XID_WAIT_MS / 1000)
-            self._xid_thread = None
+        with self._xid_cond:
+            self._xid_session = None
+            self._xid_cond.notify_all()
+        # Let the XID thread free its event set before NVML shuts down, unless the driver holds it.
+        self._xid_idle.wait(timeout=2 * _XID_WAIT_MS / 1000)
         with self._lock:
             devices = list(self._devices.values())
             self._devices.clear()
@@ -294,12 +320,17 @@ class NvmlBackend:
         if (mt := fields.get((_FI_MEMORY_TEMP, 0))) is not None:
             temps["memory"] = float(mt)
         fans = {
-            str(i): s / 100
+            str(i): r
             for i in range(static.fan_count)
-            if (s := c(f"nvmlDeviceGetFanSpeed_v2({i})", N.nvmlDeviceGetFanSpeed_v2, i)) is not None
-        }
-        if static.fan_count < 0 and (s := c("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed)) is not None:
-            fans["0"] = s / 100
+            if (r := self._ratio("nvmlDeviceGetFanSpeed_v2",
+                                 c(f"nvmlDeviceGetFanSpeed_v2({i})", N.nvmlDeviceGetFanSpeed_v2, i))) is not None
+        }  # fmt: skip
+        if (
+            static.fan_count < 0
+            and (r := self._ratio("nvmlDeviceGetFanSpeed", c("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed)))
+            is not None
+        ):
+            fans["0"] = r
         power = c("nvmlDeviceGetPowerUsage", N.nvmlDeviceGetPowerUsage)
         limit = c("nvmlDeviceGetEnforcedPowerLimit", N.nvmlDeviceGetEnforcedPowerLimit)
         energy = c("nvmlDeviceGetTotalEnergyConsumption", N.nvmlDeviceGetTotalEnergyConsumption)
@@ -348,10 +379,10 @@ class NvmlBackend:
             uuid=static.uuid,
             up=True,
             static=static,
-            utilization_ratio=util.gpu / 100 if util is not None else None,
-            memory_copy_utilization_ratio=util.memory / 100 if util is not None else None,
-            encoder_utilization_ratio=enc[0] / 100 if enc is not None else None,
-            decoder_utilization_ratio=dec[0] / 100 if dec is not None else None,
+            utilization_ratio=self._ratio("nvmlDeviceGetUtilizationRates", util.gpu if util else None),
+            memory_copy_utilization_ratio=self._ratio("nvmlDeviceGetUtilizationRates", util.memory if util else None),
+            encoder_utilization_ratio=self._ratio("nvmlDeviceGetEncoderUtilization", enc[0] if enc else None),
+            decoder_utilization_ratio=self._ratio("nvmlDeviceGetDecoderUtilization", dec[0] if dec else None),
             memory_total_bytes=total,
             memory_used_bytes=used,
             memory_free_bytes=free,
@@ -385,6 +416,15 @@ class NvmlBackend:
             migs=self._migs(dev, static) if static.mig_mode == "enabled" else (),
             activity=activity,
         )
+
+    def _ratio(self, function: str, percent: int | None) -> float | None:
+        """A percentage as a ratio; beyond 100 it is a sentinel or garbage: left out, and counted."""
+        if percent is None:
+            return None
+        if not 0 <= percent <= 100:
+            self._errors(function, "out_of_range")
+            return None
+        return percent / 100
 
     def _memory(self, dev: _Device) -> tuple[int | None, int | None, int | None, int | None]:
         """Memory through the v2 struct, whose ``used`` excludes driver-reserved memory.
@@ -608,18 +648,11 @@ class NvmlBackend:
         dev.process_util = {}
         for p in processes:
             sample = latest.get(p.pid)
-            sm = self._percent(what, sample.smUtil) if sample is not None else 0.0
-            mem = self._percent(what, sample.memUtil) if sample is not None else 0.0
+            sm = self._ratio(what, sample.smUtil) if sample is not None else 0.0
+            mem = self._ratio(what, sample.memUtil) if sample is not None else 0.0
             dev.process_util[p.pid] = (sm, mem)
             out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
         return tuple(out)
-
-    def _percent(self, function: str, v: int) -> float | None:
-        """A percentage from the driver as a ratio; a value out of 0-100 (a sentinel) is unavailable."""
-        if 0 <= v <= 100:
-            return v / 100
-        self._errors(function, "out_of_range")
-        return None
 
     def _processes(self, dev: _Device, names: dict[int, str]) -> tuple[ProcessReading, ...]:
         """Compute and graphics processes; ``names`` are those already looked up, by pid."""
@@ -650,15 +683,31 @@ class NvmlBackend:
         return n
 
     # -- XID events --------------------------------------------------------------------------
-    def _watch_xids(self, count: int) -> None:
-        """Count XID events per GPU.  Runs in its own thread so the poller never waits on it."""
+    def _watch_xids(self) -> None:
+        """Count XID events per GPU, session after session.  Its own thread: the poller never waits on it."""
+        while True:
+            with self._xid_cond:
+                self._xid_cond.wait_for(lambda: self._xid_session is not None)
+                session = self._xid_session
+                self._xid_idle.clear()
+            assert session is not None
+            try:
+                self._watch_session(session)
+            except Exception:
+                log.exception("xid_watch_failed")
+            finally:
+                self._xid_idle.set()
+
+    def _watch_session(self, session: tuple[int, int]) -> None:
         try:
             event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as e:
             log.info("xid_events_unavailable", reason=str(e))
+            with self._xid_cond:  # nothing to watch until NVML is opened again
+                self._xid_cond.wait_for(lambda: self._xid_session != session)
             return
         handles: list[Any] = []
-        for index in range(count):
+        for index in range(session[1]):
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(index)
                 pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
@@ -666,13 +715,18 @@ class NvmlBackend:
             except pynvml.NVMLError as e:
                 log.info("xid_events_unavailable", gpu=index, reason=str(e))
         try:
-            while handles and not self._xid_stop.is_set():
+            while self._xid_session == session:
+                if not handles:
+                    with self._xid_cond:
+                        self._xid_cond.wait_for(lambda: self._xid_session != session)
+                    break
                 try:
                     event = pynvml.nvmlEventSetWait_v2(event_set, _XID_WAIT_MS)
                 except pynvml.NVMLError as e:
                     if e.value != pynvml.NVML_ERROR_TIMEOUT:
                         self._errors("nvmlEventSetWait", error_name(e.value))
-                        self._xid_stop.wait(1.0)
+                        with self._xid_cond:
+                            self._xid_cond.wait_for(lambda: self._xid_session != session, timeout=1.0)
                     continue
                 try:
                     index = pynvml.nvmlDeviceGetIndex(event.device)

@@ -1,16 +1,25 @@
 """Builds one immutable NodeSnapshot per poll, sampling all GPUs in parallel.
 
 The poller owns the backend's lifecycle: it opens it (retrying with backoff while NVML is
-unavailable), re-reads slow-changing facts on a slow interval, re-probes lost GPUs on every poll,
-and keeps one failing or hung GPU from holding up the others.
+unavailable), re-reads slow-changing facts on a slow interval (and looks for GPUs that appeared),
+re-probes lost GPUs on every poll, and keeps one failing or hung GPU from holding up the others.
+
+A hung driver call holds its thread until the driver lets go, so threads are bounded by design:
+each GPU has one reader thread for the life of the poller, and a GPU whose reader is still stuck is
+not asked again, whether the poll comes next or after NVML was initialised again.  The readers are
+daemon threads: a stuck one never delays the exit of ``--once`` or of the daemon.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
+from dataclasses import replace
+from functools import partial
+from typing import Any
 
 import structlog
 
@@ -20,6 +29,64 @@ from .backend import Backend, BackendUnavailable, ErrorSink, GpuLost, SystemInfo
 log = structlog.get_logger(__name__)
 
 MAX_BACKOFF_S = 60.0
+# A failure this long after the previous one starts the backoff afresh; a sooner one, after an
+# initialisation that seemed to work, goes on doubling it.
+STABLE_S = 2 * MAX_BACKOFF_S
+LOG_EVERY_S = 300.0  # the same warning at most this often, with how many were held back
+
+
+class _Reader:
+    """One GPU's reader thread: reads that GPU, one read at a time, for the life of the poller."""
+
+    def __init__(self, index: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], GpuReading], Future[GpuReading]] | None] = queue.SimpleQueue()
+        self._current: Future[GpuReading] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"gpu-read-{index}", daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None and not self._current.done()
+
+    def submit(self, read: Callable[[], GpuReading]) -> Future[GpuReading]:
+        fut: Future[GpuReading] = Future()
+        self._current = fut
+        self._jobs.put((read, fut))
+        return fut
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            read, fut = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(read())
+            except BaseException as e:  # handed to the poll that asked
+                fut.set_exception(e)
+
+
+class _Throttle:
+    """Lets the first of a repeated log line through, then one per ``every`` seconds."""
+
+    def __init__(self, clock: Callable[[], float], every: float = LOG_EVERY_S) -> None:
+        self._clock = clock
+        self._every = every
+        self._last: dict[tuple[Any, ...], tuple[float, int]] = {}
+
+    def __call__(self, *key: Any) -> int | None:
+        """None to stay quiet; else how many of these were held back since the last one said."""
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self._every:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        self._last[key] = (now, 0)
+        if len(self._last) > 1000:  # keys are bounded (GPUs, reasons); this is only a backstop
+            self._last.clear()
+        return last[1] if last is not None else 0
 
 
 class Poller:
@@ -42,18 +109,24 @@ class Poller:
         self._mono = monotonic
         self._attach = attach  # joins pod attribution into the readings
         self._system: SystemInfo | None = None
+        self._generation = 0  # one per successful open; a read from an older one is stale
+        self._counted_at = 0.0
         self._statics: dict[int, tuple[GpuStatic, float]] = {}
         self._uuids: dict[int, str] = {}  # last known, so a lost GPU keeps its identity
-        self._inflight: dict[int, Future[GpuReading]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._readers: dict[int, _Reader] = {}
         self._retry_at = 0.0
         self._backoff = 1.0
         self._down_reason: str | None = None
+        self._last_failure: tuple[str, float] | None = None  # reason, when
+        self._say = _Throttle(monotonic)
         self._lock = threading.Lock()  # one poll at a time, whoever calls
 
     def close(self) -> None:
         with self._lock:
             self._shut_backend()
+            for reader in self._readers.values():
+                reader.stop()
+            self._readers.clear()
 
     def poll(self) -> NodeSnapshot:
         with self._lock:
@@ -62,16 +135,20 @@ class Poller:
     def _poll(self) -> NodeSnapshot:
         taken_at, t0 = self._wall(), self._mono()
         if self._system is None and not self._open(t0):
-            return NodeSnapshot(taken_at=taken_at, duration_seconds=self._mono() - t0, nvml_up=False,
-                                nvml_error=self._down_reason)  # fmt: skip
+            return self._nvml_down(taken_at, t0)
+        if t0 - self._counted_at >= self._static_refresh_s and not self._recount(t0):
+            return self._nvml_down(taken_at, t0)
         system = self._system
-        assert system is not None and self._pool is not None
+        assert system is not None
         futures: dict[int, Future[GpuReading]] = {}
+        generation = self._generation
         for index in range(system.gpu_count):
-            running = self._inflight.get(index)
-            if running is not None and not running.done():
-                continue  # still stuck in the driver from an earlier poll; don't pile up threads
-            futures[index] = self._inflight[index] = self._pool.submit(self._read, index)
+            reader = self._readers.get(index)
+            if reader is None:
+                reader = self._readers[index] = _Reader(index)
+            elif reader.busy:
+                continue  # still stuck in the driver from an earlier poll: asking again adds nothing
+            futures[index] = reader.submit(partial(self._read, index, generation))
         wait(futures.values(), timeout=self._gpu_timeout_s)
         readings: list[GpuReading] = []
         for index in range(system.gpu_count):
@@ -79,6 +156,8 @@ class Poller:
             if fut is None or not fut.done():
                 why = "still waiting for the driver" if fut is None else f"no answer within {self._gpu_timeout_s:g} s"
                 self._errors("poll", "timeout")
+                if (held := self._say("gpu_not_answering", index)) is not None:
+                    log.warning("gpu_not_answering", gpu=index, reason=why, repeated=held or None)
                 readings.append(self._down(index, why))
                 continue
             try:
@@ -86,14 +165,14 @@ class Poller:
             except BackendUnavailable as e:
                 # The driver went away under us: every GPU is unreadable, start over.
                 self._mark_down(e, t0)
-                return NodeSnapshot(taken_at=taken_at, duration_seconds=self._mono() - t0, nvml_up=False,
-                                    nvml_error=self._down_reason)  # fmt: skip
+                return self._nvml_down(taken_at, t0)
         gpus = tuple(readings)
         if self._attach is not None:
             try:
                 gpus = self._attach(gpus)
             except Exception:  # attribution is an extra; the GPU data goes out without it
-                log.exception("pod_attribution_failed")
+                if self._say("pod_attribution_failed") is not None:
+                    log.exception("pod_attribution_failed")
         return NodeSnapshot(
             taken_at=taken_at,
             duration_seconds=self._mono() - t0,
@@ -103,13 +182,18 @@ class Poller:
             gpus=gpus,
         )
 
-    def _read(self, index: int) -> GpuReading:
+    def _nvml_down(self, taken_at: float, t0: float) -> NodeSnapshot:
+        return NodeSnapshot(taken_at=taken_at, duration_seconds=self._mono() - t0, nvml_up=False,
+                            nvml_error=self._down_reason)  # fmt: skip
+
+    def _read(self, index: int, generation: int) -> GpuReading:
         try:
             known = self._statics.get(index)
             if known is None or self._mono() - known[1] >= self._static_refresh_s:
                 static = self._backend.read_static(index)
-                self._statics[index] = (static, self._mono())
-                self._uuids[index] = static.uuid
+                if generation == self._generation:  # not from before a re-initialisation
+                    self._statics[index] = (static, self._mono())
+                    self._uuids[index] = static.uuid
             else:
                 static = known[0]
             return self._backend.read_gpu(static)
@@ -120,7 +204,8 @@ class Poller:
         except BackendUnavailable:
             raise
         except Exception as e:  # one bad reading never takes down the daemon or the other GPUs
-            log.exception("gpu_read_failed", gpu=index)
+            if (held := self._say("gpu_read_failed", index, type(e).__name__)) is not None:
+                log.exception("gpu_read_failed", gpu=index, repeated=held or None)
             self._errors("poll", "exception")
             self._statics.pop(index, None)
             return self._down(index, f"{type(e).__name__}: {e}")
@@ -141,30 +226,49 @@ class Poller:
             self._mark_down(BackendUnavailable(f"{type(e).__name__}: {e}"), now)
             return False
         if self._down_reason is not None:
-            log.info("nvml_available_again", gpus=system.gpu_count)
+            if (held := self._say("nvml_available_again")) is not None:
+                log.info("nvml_available_again", gpus=system.gpu_count, repeated=held or None)
         else:
             log.info("nvml_ready", gpus=system.gpu_count, driver=system.driver_version)
+        # The backoff is not reset here: if the same failure follows, it goes on doubling.
         self._system = system
+        self._generation += 1
+        self._counted_at = now
         self._down_reason = None
-        self._backoff = 1.0
         self._statics.clear()
-        self._inflight.clear()
-        self._pool = ThreadPoolExecutor(max_workers=max(system.gpu_count, 1) + 2, thread_name_prefix="gpu-read")
+        return True
+
+    def _recount(self, now: float) -> bool:
+        """Look for GPUs that appeared (hot-plug, a driver reload); False if NVML went away."""
+        assert self._system is not None
+        self._counted_at = now
+        try:
+            count = self._backend.count()
+        except BackendUnavailable as e:
+            self._mark_down(e, now)
+            return False
+        if count is not None and count > self._system.gpu_count:
+            log.info("gpus_appeared", gpus=count, before=self._system.gpu_count)
+            self._system = replace(self._system, gpu_count=count)
+        elif count is not None and count < self._system.gpu_count:
+            # Indices may have shifted; the missing ones show as down until NVML starts afresh.
+            log.warning("gpus_disappeared", gpus=count, before=self._system.gpu_count)
         return True
 
     def _mark_down(self, e: BackendUnavailable, now: float) -> None:
-        if e.reason != self._down_reason:  # say it once, not once per retry
-            log.warning("nvml_unavailable", reason=e.reason, hint=e.hint or None,
-                        retry_in_s=self._backoff)  # fmt: skip
+        last = self._last_failure
+        if last is None or last[0] != e.reason or now - last[1] >= STABLE_S:
+            self._backoff = 1.0  # a new kind of failure, or the first in a long while
+        if (held := self._say("nvml_unavailable", e.reason)) is not None:
+            log.warning("nvml_unavailable", reason=e.reason, hint=e.hint or None, retry_in_s=self._backoff,
+                        repeated=held or None)  # fmt: skip
+        self._last_failure = (e.reason, now)
         self._down_reason = e.reason
         self._shut_backend()
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
 
     def _shut_backend(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
         if self._system is not None:
             self._system = None
             try:

@@ -406,6 +406,9 @@ class SimulatedBackend:
     def close(self) -> None:
         pass
 
+    def count(self) -> int:
+        return len(self._gpus)
+
     def read_static(self, index: int) -> GpuStatic:
         gpu = self._gpu(index)
         self._raise_if_lost(gpu, self._elapsed())

@@ -1,0 +1,331 @@
+"""Hostile clients against the real server, with real sockets: none of them may lock a scraper out.
+
+Each test holds an attack (idle sockets, keep-alive sockets, pipelined requests nobody reads,
+handshake-only TLS connections, a flood of wrong passwords) and checks that a fresh scraper and
+the kubelet's probes are still served, promptly.
+"""
+
+from __future__ import annotations
+
+import http.client
+import resource
+import select
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+import trustme
+import yaml
+
+from gpu_exporter.serving.web_config import WebConfigWatcher, load_web_config
+from tests.exporter_helpers import wait_for
+from tests.web_helpers import basic, client_context, get, hashed, open_fds, proc_status, server, tls_files
+
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+METRICS = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def served_promptly(fetch: Callable[[], tuple[int, dict[str, str], bytes]], limit_s: float = 1.0) -> float:
+    """Fetch once; the answer must be a 200 within ``limit_s``.  Returns the latency."""
+    t0 = time.monotonic()
+    status, _, _ = fetch()
+    took = time.monotonic() - t0
+    assert status == 200 and took < limit_s, (status, took)
+    return took
+
+
+@contextmanager
+def held(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
+    try:
+        yield sockets
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def read_response(s: socket.socket) -> bytes:
+    """One response with a Content-Length: head and body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lengths = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    length = int(lengths[0])
+    while len(body) < length:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+# -- 1. connection exhaustion ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["idle", "keep-alive"])
+def test_two_thousand_held_sockets_do_not_lock_out_scrapers_or_probes(tmp_path: Path, kind: str) -> None:
+    with server(tmp_path) as srv, held([]) as attack:
+        for _ in range(2000):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            attack.append(s)
+            if kind == "keep-alive":
+                s.sendall(HEALTHZ)
+        if kind == "keep-alive":
+            for s in attack:
+                s.settimeout(5)
+                with suppress(OSError):  # already closed to make room for newer ones
+                    read_response(s)
+        for _ in range(5):
+            served_promptly(lambda: get(srv.port, timeout=5))
+            served_promptly(lambda: get(srv.port, "/healthz", timeout=5))
+            served_promptly(lambda: get(srv.port, "/readyz", timeout=5))
+
+
+def test_tls_keep_alive_sockets_do_not_lock_out_an_authenticated_scraper(tmp_path: Path, ca: trustme.CA) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    web = {"tls_server_config": {"cert_file": str(crt), "key_file": str(key)},
+           "basic_auth_users": {"prom": hashed("pw")}}  # fmt: skip
+    ctx = client_context(ca)
+    with server(tmp_path, web) as srv, held([]) as attack:
+        for _ in range(1100):
+            tls = ctx.wrap_socket(socket.create_connection(("127.0.0.1", srv.port)), server_hostname="127.0.0.1")
+            attack.append(tls)
+            tls.sendall(HEALTHZ)
+        for held_socket in attack:
+            held_socket.settimeout(5)
+            with suppress(OSError):
+                read_response(held_socket)
+        for _ in range(5):
+            served_promptly(lambda: get(srv.port, headers=basic("prom", "pw"), context=ctx, timeout=5))
+            served_promptly(lambda: get(srv.port, "/healthz", context=ctx, timeout=5))
+
+
+def test_idle_keep_alive_is_cut_short_when_the_table_fills(tmp_path: Path) -> None:
+    # 30 of 40 places taken: idle connections are closed after seconds, not after the 120 s idle
+    # timeout, until the table is no more than half full.
+    with server(tmp_path, max_connections=40) as srv, held([]) as attack:
+        for _ in range(30):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(HEALTHZ)
+            assert read_response(s).startswith(b"HTTP/1.1 200")
+            attack.append(s)
+
+        def closed() -> int:
+            readable, _, _ = select.select(attack, [], [], 0)
+            return sum(1 for s in readable if s.recv(1, socket.MSG_PEEK) == b"")
+
+        wait_for(lambda: closed() >= 10, timeout=15, what="idle connections closed under pressure")
+
+
+def test_with_the_table_half_empty_keep_alive_lasts(tmp_path: Path) -> None:
+    with server(tmp_path, max_connections=40) as srv, held([]) as attack:
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(HEALTHZ)
+            assert read_response(s).startswith(b"HTTP/1.1 200")
+            attack.append(s)
+        time.sleep(7)  # longer than the idle time under pressure
+        for s in attack:
+            s.sendall(HEALTHZ)
+            assert read_response(s).startswith(b"HTTP/1.1 200")
+
+
+def test_the_daemon_raises_its_soft_fd_limit_to_the_hard_one() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    cmd = [sys.executable, "-m", "gpu_exporter", "--simulate", "--web.listen-address", "127.0.0.1:0",
+           "--log.format", "json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, preexec_fn=low_limit, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if '"listening"' in line:
+                break
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        row = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+        soft = row.split()[3]
+        assert soft == str(hard) or (soft == "unlimited" and hard == resource.RLIM_INFINITY), row
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# -- 2. slow readers --------------------------------------------------------------------------------------
+def test_pipelined_requests_nobody_reads_do_not_block_scrapers(tmp_path: Path) -> None:
+    # ~600 KB pages, like 64 GPUs; 45 connections each ask for 200 of them and read nothing.
+    with server(tmp_path, series=8000) as srv, held([]) as attack:
+        for _ in range(45):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.setblocking(False)
+            with suppress(BlockingIOError):
+                s.send(METRICS * 200)
+            attack.append(s)
+        time.sleep(1.0)  # let the responses stall
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            served_promptly(lambda: get(srv.port, timeout=5), limit_s=2.0)
+            served_promptly(lambda: get(srv.port, "/healthz", timeout=5))
+            time.sleep(0.2)
+
+
+def test_pipelining_is_bounded_per_connection(tmp_path: Path) -> None:
+    with server(tmp_path) as srv, socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(HEALTHZ * 200)
+        s.settimeout(10)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        answered = data.count(b"HTTP/1.1 200")
+        assert 1 <= answered <= 16, answered
+        last = data[data.rindex(b"HTTP/1.1 200") :]
+        assert b"Connection: close" in last
+
+
+def test_a_stalled_writer_is_cut_off_and_its_socket_closed(tmp_path: Path) -> None:
+    with server(tmp_path, series=8000, write_timeout=1.0) as srv:
+        before = open_fds()
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(METRICS * 20)
+            wait_for(lambda: open_fds() == before + 2, timeout=5, what="the server to accept")
+            # The server gives up on this client after the write timeout and frees its socket,
+            # although the client still has not read anything.
+            wait_for(lambda: open_fds() == before + 1, timeout=10, what="the server to close its side")
+        finally:
+            s.close()
+
+
+def test_clients_that_do_not_read_hold_little_memory_together(tmp_path: Path) -> None:
+    # Past the bound on connections waiting for their clients to read, the one waiting longest
+    # goes, long before the 30 s write timeout: their unsent answers cannot pile up.
+    with server(tmp_path, series=8000, max_stalled_writers=4) as srv, held([]) as attack:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(METRICS * 20)
+            attack.append(s)
+        wait_for(lambda: srv.connections.counts.get("stalled_writer", 0) >= 6, timeout=10,
+                 what="stalled writers beyond the bound closed")  # fmt: skip
+        served_promptly(lambda: get(srv.port, timeout=5))
+
+
+# -- 3. TLS memory ----------------------------------------------------------------------------------------
+def test_handshake_only_tls_connections_stay_under_the_pod_limit_and_memory_comes_back(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}}))
+    cmd = [sys.executable, "-m", "gpu_exporter", "--simulate", "--simulate.gpus", "8", "--web.config.file", str(web),
+           "--web.listen-address", "127.0.0.1:0", "--log.format", "json"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ctx = client_context(ca)
+    try:
+        assert proc.stderr is not None
+        port = 0
+        for line in proc.stderr:
+            if '"listening"' in line:
+                port = int(yaml.safe_load(line)["port"])
+                break
+        threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+        for _ in range(5):
+            get(port, context=ctx)
+        base = proc_status(proc.pid)["rss_kib"] / 1024
+        peak = base
+        with held([]) as attack:
+            for i in range(1000):
+                with suppress(OSError):  # the server may close older ones to make room
+                    attack.append(ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                                                  server_hostname="127.0.0.1"))  # fmt: skip
+                if i % 50 == 0:
+                    peak = max(peak, proc_status(proc.pid)["rss_kib"] / 1024)
+            peak = max(peak, proc_status(proc.pid)["rss_kib"] / 1024)
+            assert peak < 128, f"RSS {peak:.0f} MiB with 1000 handshake-only TLS connections (base {base:.0f} MiB)"
+            served_promptly(lambda: get(port, context=ctx, timeout=5))
+        # Once they are gone, the memory goes back to the system.
+        wait_for(lambda: proc_status(proc.pid)["rss_kib"] / 1024 < base + max(8.0, 0.4 * (peak - base)),
+                 timeout=20, what=f"RSS to fall back from {peak:.0f} MiB toward {base:.0f} MiB")  # fmt: skip
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stalled_handshakes_cannot_hold_every_handshake_slot(tmp_path: Path, ca: trustme.CA) -> None:
+    # Two slots, five clients that start a ClientHello and go quiet: the quiet ones give their
+    # slots up to a client that is waiting, long before the 5 s handshake timeout.
+    crt, key = tls_files(tmp_path, ca)
+    web = {"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}}
+    with server(tmp_path, web, max_handshakes=2) as srv, held([]) as attack:
+        for _ in range(5):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            s.sendall(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, and nothing more
+            attack.append(s)
+        time.sleep(0.5)
+        for _ in range(3):
+            served_promptly(lambda: get(srv.port, "/healthz", context=client_context(ca), timeout=10), limit_s=3.0)
+        assert srv.connections.counts.get("handshake_preempted", 0) >= 1
+
+
+# -- 4. basic auth -----------------------------------------------------------------------------------------
+def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump({"basic_auth_users": {"prom": hashed("right", rounds=10)}}))
+    watcher = WebConfigWatcher(path)
+    config = load_web_config(path)
+
+    def cost(user: str) -> float:
+        times = []
+        for attempt in range(3):  # a new guess each time: answers already given are remembered
+            t0 = time.perf_counter()
+            assert not watcher.check_basic_auth(config, basic(user, f"wrong{attempt}")["Authorization"])
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    known = cost("prom")
+    unknown = cost("mallory")
+    assert unknown > 0.5 * known, (known, unknown)
+    # A repeated guess is answered from memory, for known and unknown users alike.
+    t0 = time.perf_counter()
+    assert not watcher.check_basic_auth(config, basic("mallory", "wrong0")["Authorization"])
+    assert time.perf_counter() - t0 < 0.5 * known
+
+
+def test_a_password_flood_does_not_starve_an_authenticated_scraper(tmp_path: Path) -> None:
+    with server(tmp_path, {"basic_auth_users": {"prom": hashed("pw", rounds=10)}}) as srv:
+        assert get(srv.port, headers=basic("prom", "pw"))[0] == 200  # verified once, before the flood
+        stop = threading.Event()
+        flood_statuses: list[int] = []
+
+        def flood(n: int) -> None:
+            while not stop.is_set():
+                with suppress(OSError, http.client.HTTPException):
+                    flood_statuses.append(get(srv.port, headers=basic("prom", f"guess{n}"), timeout=10)[0])
+
+        threads = [threading.Thread(target=flood, args=(n,), daemon=True) for n in range(50)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            latencies = []
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                latencies.append(served_promptly(lambda: get(srv.port, headers=basic("prom", "pw"), timeout=5)))
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(15)
+        assert flood_statuses and 200 not in flood_statuses
+        assert statistics.median(latencies) < 0.5, latencies

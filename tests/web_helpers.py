@@ -1,0 +1,106 @@
+"""Helpers for the HTTP server tests: an in-process server, clients, TLS material, basic auth."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import os
+import socket
+import ssl
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import trustme
+import yaml
+from prometheus_client import CollectorRegistry, Gauge
+
+from gpu_exporter.serving.exposition import Exposition
+from gpu_exporter.serving.http_server import HttpServer
+from gpu_exporter.serving.web_config import WebConfigWatcher
+
+
+def hashed(password: str, rounds: int = 4) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=rounds)).decode()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@contextmanager
+def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int = 1, **kw: Any) -> Iterator[HttpServer]:
+    """The real HTTP server in this process, serving a registry of ``series`` samples."""
+    registry = CollectorRegistry()
+    g = Gauge("gpu_up", "help", ["gpu", "uuid"], registry=registry)
+    for i in range(series):
+        g.labels(str(i), f"GPU-{i:08d}-0000-0000-0000-000000000000").set(1)
+    expo = Exposition(registry)
+    expo.render()
+    path = None
+    if web is not None:
+        path = tmp_path / "web.yml"
+        path.write_text(yaml.safe_dump(web))
+    srv = HttpServer("127.0.0.1:0", expo, lambda: (True, "ready"), web=WebConfigWatcher(path), **kw)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
+        context: ssl.SSLContext | None = None, method: str = "GET",
+        timeout: float = 10) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    conn: http.client.HTTPConnection
+    if context is not None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=timeout)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def raw(port: int, data: bytes, timeout: float = 5) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return b"".join(chunks)
+
+
+def tls_files(tmp_path: Path, ca: trustme.CA, name: str = "server") -> tuple[Path, Path]:
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(key))
+    cert.cert_chain_pems[0].write_to_path(str(crt))
+    return crt, key
+
+
+def client_context(ca: trustme.CA, client_cert: trustme.LeafCert | None = None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    if client_cert is not None:
+        client_cert.configure_cert(ctx)
+    return ctx
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """RSS (KiB), threads and open fds of a process, from /proc."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"rss_kib": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"]),
+            "fds": len(os.listdir(f"/proc/{pid}/fd"))}  # fmt: skip
