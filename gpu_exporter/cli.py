@@ -169,7 +169,8 @@ def needs_second_look(snapshot: NodeSnapshot) -> bool:
 
 
 def run_once(settings: Settings, fmt: str) -> int:
-    from .once import as_json, as_table, findings
+    from .accounting.pricing import PriceBook
+    from .once import as_json, as_table, cost_now, findings
     from .serving.metrics import RenderOptions
     from .sources.poller import Poller
 
@@ -192,7 +193,8 @@ def run_once(settings: Settings, fmt: str) -> int:
         return 2
     problems = findings(snapshot, settings.rules)
     opts = RenderOptions(process_top_n=settings.process_top_n)
-    print(as_json(snapshot, problems, opts) if fmt == "json" else as_table(snapshot, problems))
+    cost = cost_now(snapshot, settings.rules, PriceBook(settings.pricing) if settings.pricing else None)
+    print(as_json(snapshot, problems, opts, cost) if fmt == "json" else as_table(snapshot, problems, cost))
     return 1 if problems else 0
 
 

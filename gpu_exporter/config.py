@@ -19,6 +19,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .accounting.settings import AccountingSettings, PricingSettings
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
 from .serving.http_server import parse_listen_address
@@ -38,7 +39,7 @@ _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 _OWN_LABELS = {"gpu", "uuid", "name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "pid",
                "process", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile", "device_uuid",
                "sensor", "threshold", "fan", "clock", "reason", "link", "type", "cause", "xid", "alertname",
-               "severity", "node"}  # fmt: skip
+               "severity", "node", "user", "state", "currency"}  # fmt: skip
 
 
 class KubernetesSettings(BaseModel):
@@ -105,6 +106,8 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = KubernetesSettings()
     rules: RulesSettings = RulesSettings()
     alerting: AlertingSettings = AlertingSettings()
+    pricing: PricingSettings | None = None
+    accounting: AccountingSettings = AccountingSettings()
 
     @field_validator("listen_address")
     @classmethod
