@@ -67,11 +67,10 @@ def as_json(
             else:
                 gpu.setdefault(s.name, []).append({**extra, "value": value})
     for index, (state, price) in (cost.gpus if cost else {}).items():
-        gpu = gpus.get(str(index))
-        if gpu is not None:
-            gpu["state"] = state
+        if (row := gpus.get(str(index))) is not None:
+            row["state"] = state
             if price is not None:
-                gpu["gpu_price_per_hour"] = price
+                row["gpu_price_per_hour"] = price
     doc: dict[str, Any] = {
         "nvml_up": snapshot.nvml_up,
         "driver_version": snapshot.driver_version,
