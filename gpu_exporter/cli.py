@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="Prometheus exporter and alerting daemon for NVIDIA GPUs.",
-        epilog="Every flag can also be set as GPU_EXPORTER_<SETTING> in the environment or as <setting> in the "
+        epilog="`gpu-exporter report --help`: what the GPUs cost and wasted, from Prometheus. "
+        "Every flag can also be set as GPU_EXPORTER_<SETTING> in the environment or as <setting> in the "
         "--config YAML file (e.g. poll_interval: 10s); flags win over the environment, which wins over the file.",
     )
     p.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
@@ -141,6 +142,11 @@ def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: floa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:  # gpu-exporter report ...: cost and waste from Prometheus
+        from .report.command import main as report
+
+        return report(argv[1:])
     args = build_parser().parse_args(argv)
     cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
     receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}

@@ -1,0 +1,114 @@
+"""The PromQL the report asks, over a window of whole steps.
+
+Every query aggregates on the server: per GPU and holder at most, never raw samples.  Sums over
+the range are subqueries of ``increase()`` over consecutive steps, so no single evaluation loads
+more than one step of samples (Prometheus's ``query.max-samples`` is per evaluation), and the
+steps tile the range exactly: the window's end is aligned to the step, as Prometheus aligns a
+subquery's points, and its span is just under a whole number of steps so that both Prometheus 2
+(whose ranges include their start) and 3 (whose do not) see the same points.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+MAX_POINTS = 720
+GPU = "node, instance, gpu, uuid"
+WASTE = 'state=~"idle|allocated_idle"'
+HELD = 'state=~"busy|allocated_idle"'
+
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_SELECTOR = re.compile(rf"^\s*\{{(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
+
+
+class SelectorError(ValueError):
+    pass
+
+
+def selector_matchers(selector: str | None) -> str:
+    """The matchers inside a ``{...}`` selector, to add to every metric the report reads."""
+    if not selector:
+        return ""
+    if not _SELECTOR.match(selector):
+        raise SelectorError(
+            f"--selector {selector!r} is not a label selector; write it as PromQL does, e.g. "
+            '\'{cluster="eu"}\' or \'{node=~"gpu-.*", team!="ci"}\''
+        )
+    inner = selector.strip()[1:-1].strip().rstrip(",")
+    if "__name__" in inner:
+        raise SelectorError("--selector may not name metrics (__name__): the report chooses them")
+    return inner
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+    step: int
+
+    @property
+    def points(self) -> int:
+        return round((self.end - self.start) / self.step)
+
+    @property
+    def hours(self) -> float:
+        return (self.end - self.start) / 3600
+
+
+def window_for(start: float, end: float) -> Window:
+    """Whole steps ending at the last step boundary before ``end``; at most MAX_POINTS of them."""
+    span = end - start
+    if span <= 0:
+        raise ValueError("the range is empty: --start must be before --end")
+    step = next((s for s in STEPS if span / s <= MAX_POINTS), 3600 * math.ceil(span / 3600 / MAX_POINTS))
+    aligned = math.floor(end / step) * step
+    n = max(1, round(span / step))
+    return Window(aligned - n * step, aligned, step)
+
+
+@dataclass(frozen=True)
+class Query:
+    key: str
+    what: str  # for progress lines
+    expr: str
+    kind: str = "instant"  # or "range"
+
+
+def _sel(name: str, matchers: str, *extra: str) -> str:
+    parts = [m for m in (matchers, *extra) if m]
+    return f"{name}{{{', '.join(parts)}}}" if parts else name
+
+
+def queries(w: Window, matchers: str) -> list[Query]:
+    s, span = f"{w.step}s", f"{w.points * w.step * 1000 - 1}ms"
+    states = _sel("gpu_state_seconds_total", matchers)
+    price = f"max by (job, instance, gpu, uuid, currency) ({_sel('gpu_price_per_hour', matchers)})"
+    priced = f"increase({states}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) {price}"
+    held = f"sum by ({GPU}) (increase({_sel('gpu_state_seconds_total', matchers, HELD)}[{s}])) > 0"
+    sm = f"max by ({GPU}) (avg_over_time({_sel('gpu_sm_active_ratio', matchers)}[{s}]))"
+    util = f"max by ({GPU}) (avg_over_time({_sel('gpu_utilization_ratio', matchers)}[{s}]))"
+    signal = (f'label_replace({sm}, "signal", "sm_active", "", "") or on ({GPU}) '
+              f'label_replace({util}, "signal", "gpu_utilization", "", "")')  # fmt: skip
+    peaks = f"max by ({GPU}) (max_over_time({_sel('gpu_memory_used_max_bytes', matchers)}[{s}]))"
+    waste = _sel("gpu_state_seconds_total", matchers, WASTE)
+    return [
+        Query("hours", "GPU-hours by state and holder",
+              f"sum_over_time(sum by ({GPU}, namespace, pod, user, state) "
+              f"(increase({states}[{s}]))[{span}:{s}]) / 3600"),
+        Query("cost", "cost by state and holder",
+              f"sum_over_time(sum by ({GPU}, namespace, pod, user, state, currency) ({priced})[{span}:{s}]) / 3600"),
+        Query("info", "GPU models", f"max by ({GPU}, name, mig_mode) "
+                                    f"(max_over_time({_sel('gpu_info', matchers)}[{span}:{s}]))"),
+        Query("memory_total", "memory sizes",
+              f"max by ({GPU}) (max_over_time({_sel('gpu_memory_total_bytes', matchers)}[{span}:{s}]))"),
+        Query("memory_peak", "memory peaks (p98)", f"quantile_over_time(0.98, {peaks}[{span}:{s}])"),
+        Query("activity", "activity while held (p95)",
+              f"quantile_over_time(0.95, (({signal}) and on ({GPU}) ({held}))[{span}:{s}])"),
+        Query("timeline", "hours over time", f"sum by (state) (increase({states}[{s}])) / 3600", "range"),
+        Query("timeline_cost", "wasted cost over time",
+              f"sum by (currency) (increase({waste}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) "
+              f"{price}) / 3600", "range"),
+    ]  # fmt: skip
