@@ -68,9 +68,12 @@ def test_the_html_is_self_contained() -> None:
 
 def _pixels(image: Image.Image, colour: str, tolerance: int = 12) -> int:
     want = tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
-    rgb = image.convert("RGB")
-    return sum(n for n, px in rgb.getcolors(maxcolors=1 << 24) or []
-               if all(abs(a - b) <= tolerance for a, b in zip(px, want, strict=True)))  # fmt: skip
+    counted = 0
+    for n, px in image.convert("RGB").getcolors(maxcolors=1 << 24) or []:
+        assert isinstance(px, tuple)
+        if all(abs(int(a) - b) <= tolerance for a, b in zip(px, want, strict=True)):
+            counted += n
+    return counted
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (bash .ci/setup installs it)")
