@@ -19,7 +19,7 @@ from ..durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import ClientOptions, PromClient, QueryError
 from .model import build
-from .queries import Query, SelectorError, Window, queries, selector_matchers, window_for
+from .queries import Query, SelectorError, Window, probe, queries, selector_matchers, window_for
 from .render import as_html, as_markdown, as_table
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -222,11 +222,13 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time) -> int:
     except (UsageError, SelectorError, CatalogueError, QueryError, ValueError) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
-    w = window_for(start, end)
-    qs = queries(w, matchers)
-    progress = Progress(None if args.quiet else sys.stderr, len(qs))
-    progress.say(f"{len(qs)} queries to {args.url} over {w.hours:g} h ({w.points} steps of {w.step} s)")
     try:
+        per_hour = client.instant(probe(matchers), end)
+        scrape = 3600 / per_hour[0][1] if per_hour and per_hour[0][1] > 0 else 0.0
+        w = window_for(start, end, scrape)
+        qs = queries(w, matchers)
+        progress = Progress(None if args.quiet else sys.stderr, len(qs))
+        progress.say(f"{len(qs)} queries to {args.url} over {w.hours:g} h ({w.points} steps of {w.step} s)")
         with progress:
             results = run_queries(client, w, qs, progress)
         doc = build(w, results, catalogue, currency=args.currency.upper() if args.currency else None,

@@ -120,10 +120,12 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
         gpu(labels).memory_total = v
     for labels, v in results["memory_peak"]:
         gpu(labels).memory_peak = v
-    for labels, v in results["activity"]:
+    # The signal GpuUnderutilized uses: SM activity where the GPU has it (GPM), else GPU-Util.
+    for labels, v in results["activity_util"]:
+        gpu(labels).activity = v
+    for labels, v in results["activity_sm"]:
         g = gpu(labels)
-        g.activity = v
-        g.signal = "SM activity" if labels.get("signal") == "sm_active" else "GPU utilization"
+        g.activity, g.signal = v, "SM activity"
 
     # What the fleet pays per card of the catalogue: the price of the hours it was billed.
     paid: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])

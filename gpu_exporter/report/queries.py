@@ -58,12 +58,14 @@ class Window:
         return (self.end - self.start) / 3600
 
 
-def window_for(start: float, end: float) -> Window:
-    """Whole steps ending at the last step boundary before ``end``; at most MAX_POINTS of them."""
+def window_for(start: float, end: float, scrape_interval: float = 0.0) -> Window:
+    """Whole steps ending at the last step boundary before ``end``; at most MAX_POINTS of them, and
+    each at least three scrape intervals long, so that every step's ``increase()`` has samples."""
     span = end - start
     if span <= 0:
         raise ValueError("the range is empty: --start must be before --end")
-    step = next((s for s in STEPS if span / s <= MAX_POINTS), 3600 * math.ceil(span / 3600 / MAX_POINTS))
+    step = next((s for s in STEPS if span / s <= MAX_POINTS and s >= 3 * scrape_interval),
+                3600 * math.ceil(max(span / 3600 / MAX_POINTS, 3 * scrape_interval / 3600)))  # fmt: skip
     aligned = math.floor(end / step) * step
     n = max(1, round(span / step))
     return Window(aligned - n * step, aligned, step)
@@ -82,31 +84,42 @@ def _sel(name: str, matchers: str, *extra: str) -> str:
     return f"{name}{{{', '.join(parts)}}}" if parts else name
 
 
+DOWN = 'state="down"'
+
+
+def probe(matchers: str) -> str:
+    """Samples per hour of one state series per GPU, at the window's end: 3600 / the scrape interval."""
+    return f"avg(count_over_time({_sel('gpu_state_seconds_total', matchers, DOWN)}[1h]))"
+
+
 def queries(w: Window, matchers: str) -> list[Query]:
+    """Aggregations sit outside the subqueries: per series, a subquery costs a step's samples; an
+    aggregation inside one would be redone, label sets and all, at every one of its steps."""
     s, span = f"{w.step}s", f"{w.points * w.step * 1000 - 1}ms"
     states = _sel("gpu_state_seconds_total", matchers)
     price = f"max by (job, instance, gpu, uuid, currency) ({_sel('gpu_price_per_hour', matchers)})"
     priced = f"increase({states}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) {price}"
-    held = f"sum by ({GPU}) (increase({_sel('gpu_state_seconds_total', matchers, HELD)}[{s}])) > 0"
-    sm = f"max by ({GPU}) (avg_over_time({_sel('gpu_sm_active_ratio', matchers)}[{s}]))"
-    util = f"max by ({GPU}) (avg_over_time({_sel('gpu_utilization_ratio', matchers)}[{s}]))"
-    signal = (f'label_replace({sm}, "signal", "sm_active", "", "") or on ({GPU}) '
-              f'label_replace({util}, "signal", "gpu_utilization", "", "")')  # fmt: skip
-    peaks = f"max by ({GPU}) (max_over_time({_sel('gpu_memory_used_max_bytes', matchers)}[{s}]))"
+    held = f"increase({_sel('gpu_state_seconds_total', matchers, HELD)}[{s}]) > 0"
+
+    def while_held(metric: str) -> str:
+        return (f"max by ({GPU}) (quantile_over_time(0.95, (avg_over_time({_sel(metric, matchers)}[{s}]) "
+                f"and on (job, instance, gpu, uuid) {held})[{span}:{s}]))")  # fmt: skip
+
+    peaks = f"max_over_time({_sel('gpu_memory_used_max_bytes', matchers)}[{s}])"
     waste = _sel("gpu_state_seconds_total", matchers, WASTE)
+    holder = f"{GPU}, namespace, pod, user, state"
     return [
         Query("hours", "GPU-hours by state and holder",
-              f"sum_over_time(sum by ({GPU}, namespace, pod, user, state) "
-              f"(increase({states}[{s}]))[{span}:{s}]) / 3600"),
+              f"sum by ({holder}) (sum_over_time(increase({states}[{s}])[{span}:{s}])) / 3600"),
         Query("cost", "cost by state and holder",
-              f"sum_over_time(sum by ({GPU}, namespace, pod, user, state, currency) ({priced})[{span}:{s}]) / 3600"),
+              f"sum by ({holder}, currency) (sum_over_time(({priced})[{span}:{s}])) / 3600"),
         Query("info", "GPU models", f"max by ({GPU}, name, mig_mode) "
                                     f"(max_over_time({_sel('gpu_info', matchers)}[{span}:{s}]))"),
         Query("memory_total", "memory sizes",
               f"max by ({GPU}) (max_over_time({_sel('gpu_memory_total_bytes', matchers)}[{span}:{s}]))"),
-        Query("memory_peak", "memory peaks (p98)", f"quantile_over_time(0.98, {peaks}[{span}:{s}])"),
-        Query("activity", "activity while held (p95)",
-              f"quantile_over_time(0.95, (({signal}) and on ({GPU}) ({held}))[{span}:{s}])"),
+        Query("memory_peak", "memory peaks (p98)", f"max by ({GPU}) (quantile_over_time(0.98, {peaks}[{span}:{s}]))"),
+        Query("activity_sm", "SM activity while held (p95)", while_held("gpu_sm_active_ratio")),
+        Query("activity_util", "GPU utilization while held (p95)", while_held("gpu_utilization_ratio")),
         Query("timeline", "hours over time", f"sum by (state) (increase({states}[{s}])) / 3600", "range"),
         Query("timeline_cost", "wasted cost over time",
               f"sum by (currency) (increase({waste}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) "
