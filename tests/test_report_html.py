@@ -33,7 +33,8 @@ def results() -> dict[str, Any]:
         ({"node": "node-b", "instance": "node-b:9445", "gpu": "0", "uuid": "GPU-2", "name": "NVIDIA L4",
           "mig_mode": "disabled"}, {"idle": 160.0, "down": 8.0}, "", "", 0.8, 0.0, None),
     ]  # fmt: skip
-    out: dict[str, Any] = {k: [] for k in ("hours", "cost", "info", "memory_total", "memory_peak", "activity")}
+    out: dict[str, Any] = {k: [] for k in ("hours", "cost", "info", "memory_total", "memory_peak", "activity_sm",
+                                            "activity_util")}  # fmt: skip
     for labels, states, ns, pod, price, peak, activity in gpus:
         key = {k: labels[k] for k in ("node", "instance", "gpu", "uuid")}
         for state, hours in states.items():
@@ -44,7 +45,7 @@ def results() -> dict[str, Any]:
         out["memory_total"].append((key, 80 * GIB if "H100" in labels["name"] else 22.5 * GIB))
         out["memory_peak"].append((key, peak))
         if activity is not None:
-            out["activity"].append(({**key, "signal": "sm_active"}, activity))
+            out["activity_sm"].append((key, activity))
     steps = [START + 3600 * (i + 1) for i in range(168)]
     out["timeline"] = [
         ({"state": "busy"}, [(t, 1.0 + (0.9 if i < 20 else 0.0)) for i, t in enumerate(steps)]),
@@ -98,3 +99,14 @@ def test_chromium_draws_the_charts(tmp_path: Path) -> None:
     top = image.crop((0, 0, 1280, 700))
     assert _pixels(top, COLOURS["allocated_idle"]) > 5000 and _pixels(top, COLOURS["idle"]) > 5000
     (tmp_path / "keep").write_text(str(shot))
+
+
+def test_the_scrape_interval_is_read_from_the_samples() -> None:
+    from gpu_exporter.report.queries import scrape_interval
+
+    assert scrape_interval(240, 5) == 15  # 15 s scrape, an hour of history
+    assert scrape_interval(70, 60) == pytest.approx(60 / 59)  # 1 s scrape, but only 70 s of history
+    assert scrape_interval(12, 1) == 300  # 5 min scrape
+    assert scrape_interval(None, None) == 0.0
+    # A step is at least three scrape intervals, so each one's increase() sees samples.
+    assert window_for(START, END, 60).step == 900 and window_for(END - 3600, END, 60).step == 300

@@ -19,7 +19,16 @@ from ..durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import ClientOptions, PromClient, QueryError
 from .model import build
-from .queries import Query, SelectorError, Window, probe, queries, selector_matchers, window_for
+from .queries import (
+    Query,
+    SelectorError,
+    Window,
+    probe,
+    queries,
+    scrape_interval,
+    selector_matchers,
+    window_for,
+)
 from .render import as_html, as_markdown, as_table
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -223,9 +232,9 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time) -> int:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
     try:
-        per_hour = client.instant(probe(matchers), end)
-        scrape = 3600 / per_hour[0][1] if per_hour and per_hour[0][1] > 0 else 0.0
-        w = window_for(start, end, scrape)
+        counts = [client.instant(probe(matchers, window), end) for window in ("1h", "1m")]
+        per_hour, per_minute = (c[0][1] if c else None for c in counts)
+        w = window_for(start, end, scrape_interval(per_hour, per_minute))
         qs = queries(w, matchers)
         progress = Progress(None if args.quiet else sys.stderr, len(qs))
         progress.say(f"{len(qs)} queries to {args.url} over {w.hours:g} h ({w.points} steps of {w.step} s)")

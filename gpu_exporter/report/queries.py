@@ -87,9 +87,18 @@ def _sel(name: str, matchers: str, *extra: str) -> str:
 DOWN = 'state="down"'
 
 
-def probe(matchers: str) -> str:
-    """Samples per hour of one state series per GPU, at the window's end: 3600 / the scrape interval."""
-    return f"avg(count_over_time({_sel('gpu_state_seconds_total', matchers, DOWN)}[1h]))"
+def probe(matchers: str, window: str) -> str:
+    """Samples in ``window`` of one state series per GPU, at the range's end, for the scrape interval."""
+    return f"avg(count_over_time({_sel('gpu_state_seconds_total', matchers, DOWN)}[{window}]))"
+
+
+def scrape_interval(per_hour: float | None, per_minute: float | None) -> float:
+    """The scrape interval from the samples of the last hour, or of the last minute where that says
+    less (series younger than an hour); 0 where there are none."""
+    guesses = [3600 / per_hour] if per_hour else []
+    if per_minute and per_minute >= 2:
+        guesses.append(60 / (per_minute - 1))
+    return min(guesses, default=0.0)
 
 
 def queries(w: Window, matchers: str) -> list[Query]:
