@@ -204,6 +204,9 @@ def write(text: str, output: Path | None) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from whoever it is for
         os.replace(tmp, output)
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
