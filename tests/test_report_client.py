@@ -40,6 +40,7 @@ def api(
             form = parse_qs(self.rfile.read(length).decode())
             seen.append({"path": self.path, "auth": self.headers.get("Authorization", ""),
                          "query": form.get("query", [""])[0]})  # fmt: skip
+            self.prom_query = seen[-1]["query"]
             status, body = answer(self, self.path)
             try:
                 self.send_response(status)
@@ -159,3 +160,20 @@ def test_an_unreachable_api_and_a_bad_url() -> None:
     assert out.returncode == 1 and "cannot reach http://127.0.0.1:1/api/v1/query" in out.stderr
     out = report("ftp://prometheus")
     assert out.returncode == 2 and "must be an http:// or https:// URL" in out.stderr
+
+
+def test_a_long_query_shows_progress_on_stderr() -> None:
+    def peaks_take_long(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        if "quantile_over_time(0.98" in getattr(handler, "prom_query", ""):
+            time.sleep(6)
+        return prometheus_like(handler, path)
+
+    with api(peaks_take_long) as (url, _):
+        cmd = [sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--since", "1h"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("gpu-exporter report: 9 queries to")
+    assert [line for line in lines if "[" in line and "/9]" in line][-1].startswith("gpu-exporter report: [9/9]")
+    assert any("still waiting for memory peaks (p98)" in line for line in lines), out.stderr
+    assert "GPU cost and waste" in out.stdout and "still waiting" not in out.stdout
