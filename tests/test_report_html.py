@@ -110,3 +110,19 @@ def test_the_scrape_interval_is_read_from_the_samples() -> None:
     assert scrape_interval(None, None) == 0.0
     # A step is at least three scrape intervals, so each one's increase() sees samples.
     assert window_for(START, END, 60).step == 900 and window_for(END - 3600, END, 60).step == 300
+
+
+def test_money_is_never_summed_across_currencies_nor_made_up() -> None:
+    r = results()
+    labels, v = r["cost"][0]
+    r["cost"].append(({**labels, "currency": "EUR"}, v))
+    with pytest.raises(ValueError, match="several currencies \\(EUR, USD\\); pick one with --currency"):
+        build(window_for(START, END), r, load_catalogue())
+    doc = build(window_for(START, END), r, load_catalogue(), currency="EUR")
+    priced = [g for g in doc["gpus"] if g["cost"] is not None]
+    assert doc["currency"] == "EUR" and len(priced) == 1 and doc["totals"]["unpriced_gpus"] == 2
+    unpriced = results()
+    unpriced["cost"] = []
+    doc = build(window_for(START, END), unpriced, load_catalogue())
+    assert doc["totals"]["cost"] is None and all(g["cost"] is None for g in doc["gpus"])
+    assert "No prices in Prometheus" in as_html(doc)
