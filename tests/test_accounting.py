@@ -111,10 +111,12 @@ def test_each_poll_adds_the_time_since_the_previous_to_one_state() -> None:
     assert sum(seconds(acc.view()).values()) == pytest.approx(17.5)
 
 
-def test_unheld_series_exist_from_the_first_poll_so_increase_sees_every_second() -> None:
+def test_unheld_idle_and_down_exist_from_the_first_poll_the_others_from_first_use() -> None:
     acc = Accountant(threshold=THRESHOLD)
-    acc.observe(snap(T0, gpu(processes=())))
-    assert seconds(acc.view()) == {("", s): 0.0 for s in (BUSY, ALLOCATED_IDLE, IDLE, DOWN)}
+    acc.observe(snap(T0, gpu(processes=(), utilization_ratio=0.0)))
+    assert seconds(acc.view()) == {("", IDLE): 0.0, ("", DOWN): 0.0}
+    acc.observe(snap(T0 + 5, gpu(processes=(), utilization_ratio=0.5)))  # busy with no holder: a new series
+    assert seconds(acc.view()) == {("", IDLE): 0.0, ("", DOWN): 0.0, ("", BUSY): 5.0}
 
 
 def test_a_lost_gpu_and_a_down_nvml_count_as_down() -> None:

@@ -85,6 +85,6 @@ def test_state_series_carry_their_holders_pod_and_the_others_the_joined_pods() -
     busy = {
         s.labels["pod"]: round(s.value, 9) for s in fams["gpu_state_seconds"].samples if s.labels["state"] == "busy"
     }
-    assert busy == {"": 0.0, "train-a": 6.0, "serve-b": 2.0}
+    assert busy == {"train-a": 6.0, "serve-b": 2.0}
     (peak,) = fams["gpu_memory_used_max_bytes"].samples
     assert peak.labels["pod"] == "serve-b,train-a" and peak.labels["namespace"] == "ml"

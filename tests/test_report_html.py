@@ -33,19 +33,20 @@ def results() -> dict[str, Any]:
         ({"node": "node-b", "instance": "node-b:9445", "gpu": "0", "uuid": "GPU-2", "name": "NVIDIA L4",
           "mig_mode": "disabled"}, {"idle": 160.0, "down": 8.0}, "", "", 0.8, 0.0, None),
     ]  # fmt: skip
-    out: dict[str, Any] = {k: [] for k in ("hours", "cost", "info", "memory_total", "memory_peak", "activity_sm",
-                                            "activity_util")}  # fmt: skip
+    out: dict[str, Any] = {k: [] for k in ("hours", "prices", "info", "memory_total", "memory_peak", "activity")}
+    points = window_for(START, END).points
     for labels, states, ns, pod, price, peak, activity in gpus:
         key = {k: labels[k] for k in ("node", "instance", "gpu", "uuid")}
         for state, hours in states.items():
             holder = {"namespace": ns, "pod": pod} if state in ("busy", "allocated_idle") else {}
             out["hours"].append(({**key, **holder, "state": state}, hours))
-            out["cost"].append(({**key, **holder, "state": state, "currency": "USD"}, hours * price))
+        for stat, v in (("max", price), ("min", price), ("count", points)):  # one price all week
+            out["prices"].append(({**key, "currency": "USD", "stat": stat}, v))
         out["info"].append((labels, 1.0))
         out["memory_total"].append((key, 80 * GIB if "H100" in labels["name"] else 22.5 * GIB))
         out["memory_peak"].append((key, peak))
         if activity is not None:
-            out["activity_sm"].append((key, activity))
+            out["activity"].append(({**key, "signal": "sm_active"}, activity))
     steps = [START + 3600 * (i + 1) for i in range(168)]
     out["timeline"] = [
         ({"state": "busy"}, [(t, 1.0 + (0.9 if i < 20 else 0.0)) for i, t in enumerate(steps)]),
@@ -114,15 +115,16 @@ def test_the_scrape_interval_is_read_from_the_samples() -> None:
 
 def test_money_is_never_summed_across_currencies_nor_made_up() -> None:
     r = results()
-    labels, v = r["cost"][0]
-    r["cost"].append(({**labels, "currency": "EUR"}, v))
+    r["prices"] = [
+        ({**labels, "currency": "EUR"} if labels["uuid"] == "GPU-0" else labels, v) for labels, v in r["prices"]
+    ]
     with pytest.raises(ValueError, match="several currencies \\(EUR, USD\\); pick one with --currency"):
         build(window_for(START, END), r, load_catalogue())
     doc = build(window_for(START, END), r, load_catalogue(), currency="EUR")
     priced = [g for g in doc["gpus"] if g["cost"] is not None]
     assert doc["currency"] == "EUR" and len(priced) == 1 and doc["totals"]["unpriced_gpus"] == 2
     unpriced = results()
-    unpriced["cost"] = []
+    unpriced["prices"] = []
     doc = build(window_for(START, END), unpriced, load_catalogue())
     assert doc["totals"]["cost"] is None and all(g["cost"] is None for g in doc["gpus"])
     assert "No prices in Prometheus" in as_html(doc)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..snapshot import GpuReading, NodeSnapshot, PodRef
 from .peaks import WindowMax
 from .pricing import PriceBook
-from .states import BUSY, DOWN, NOBODY, OTHER_USER, STATES, Holder, classify, holders, pods_of
+from .states import BUSY, DOWN, IDLE, NOBODY, OTHER_USER, STATES, Holder, classify, holders, pods_of
 
 GpuKey = tuple[int, str]  # NVML index and UUID
 
@@ -57,7 +57,11 @@ class _Book:
     held_at: dict[Holder, float] = field(default_factory=dict)  # holder -> when it last held the GPU
 
     def __post_init__(self) -> None:
-        for state in STATES:  # the unheld series exist from the start, so increase() sees every second
+        # The unheld idle and down series exist from the start, so increase() sees every second of
+        # them. The others appear when first used: increase() extrapolates a new counter back to
+        # zero, and a GPU's two series that nearly never move (busy or allocated_idle and held by
+        # nobody) cost no series until they do.
+        for state in (IDLE, DOWN):
             self.seconds[(NOBODY, state)] = 0.0
 
 

@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,11 +18,12 @@ from typing import Any, TextIO
 from ..durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import ClientOptions, PromClient, QueryError
-from .model import build
+from .model import build, steady_prices
 from .queries import (
     Query,
     SelectorError,
     Window,
+    exact_cost,
     probe,
     queries,
     scrape_interval,
@@ -174,7 +175,7 @@ class Progress:
                 self.say(f"still waiting for {waiting} ({time.monotonic() - self.t0:.0f} s)")
 
 
-def run_queries(client: PromClient, w: Window, qs: list[Query], progress: Progress) -> dict[str, Any]:
+def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress) -> dict[str, Any]:
     def one(q: Query) -> Any:
         progress.started(q.what)
         try:
@@ -187,11 +188,18 @@ def run_queries(client: PromClient, w: Window, qs: list[Query], progress: Progre
     results: dict[str, Any] = {}
     # A few at a time: the server works on each in parallel, and no fleet's server is hit by a burst.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {pool.submit(one, q): q for q in qs}
-        for f in as_completed(futures):
-            q = futures[f]
-            results[q.key] = f.result()
-            progress.finished(q.what)
+        pending = {pool.submit(one, q): q for q in qs}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                q = pending.pop(f)
+                results[q.key] = f.result()
+                progress.finished(q.what)
+                if q.key == "prices" and (varying := steady_prices(w, results)[1]):
+                    # Hours x price is exact only where one price held throughout: the others, step by step.
+                    exact = exact_cost(w, matchers, varying)
+                    progress.total += 1
+                    pending[pool.submit(one, exact)] = exact
     return results
 
 
@@ -242,7 +250,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time) -> int:
         progress = Progress(None if args.quiet else sys.stderr, len(qs))
         progress.say(f"{len(qs)} queries to {args.url} over {w.hours:g} h ({w.points} steps of {w.step} s)")
         with progress:
-            results = run_queries(client, w, qs, progress)
+            results = run_queries(client, w, matchers, qs, progress)
         doc = build(w, results, catalogue, currency=args.currency.upper() if args.currency else None,
                     min_saving=args.min_saving, min_saving_ratio=args.min_saving_ratio)  # fmt: skip
     except QueryError as e:

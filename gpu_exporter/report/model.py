@@ -71,18 +71,53 @@ def holder_name(kind: str, ns: str, pod: str, user: str) -> str:
     return f"pod {ns}/{pod}" if kind == "pod" else (f"user {user}" if kind == "user" else "")
 
 
+def _gpu_key(labels: Labels) -> str:
+    node = labels.get("node") or labels.get("instance", "")
+    return labels.get("uuid") or f"{node}/{labels.get('gpu', '')}"
+
+
+def steady_prices(w: Window, results: Results) -> tuple[dict[str, tuple[str, float]], list[str]]:
+    """GPU -> (currency, price) where one price held at every step of the range, and the UUIDs of
+    the GPUs priced otherwise (changed, or missing at some steps), whose cost needs every step's."""
+    stats: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
+    uuids: dict[str, str] = {}
+    for labels, v in results["prices"]:
+        key = _gpu_key(labels)
+        stats[(key, labels.get("currency", ""))][labels.get("stat", "")] = v
+        uuids[key] = labels.get("uuid", "")
+    steady: dict[str, tuple[str, float]] = {}
+    varying: set[str] = set()
+    for (key, currency), st in stats.items():
+        if st.get("max") == st.get("min") and st.get("count") == w.points and key not in steady:
+            steady[key] = (currency, st["max"])
+        else:
+            varying.add(key)
+    for key in varying:  # several currencies on one GPU over the range: price it step by step too
+        steady.pop(key, None)
+    return steady, sorted(uuids[k] for k in varying)
+
+
+def cost_rows(w: Window, results: Results) -> list[tuple[Labels, float]]:
+    """Cost by GPU, holder and state: hours x the one price, or every step at its own price."""
+    steady, _ = steady_prices(w, results)
+    rows = [({**labels, "currency": steady[k][0]}, v * steady[k][1]) for labels, v in results["hours"]
+            if (k := _gpu_key(labels)) in steady]  # fmt: skip
+    return rows + [(labels, v) for labels, v in results.get("cost", []) if _gpu_key(labels) not in steady]
+
+
 def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | None = None,
           min_saving: float = 0.0, min_saving_ratio: float = 0.2) -> dict[str, Any]:  # fmt: skip
     gpus: dict[str, _Gpu] = {}
 
     def gpu(labels: Labels) -> _Gpu:
-        node = labels.get("node") or labels.get("instance", "")
-        key = labels.get("uuid") or f"{node}/{labels.get('gpu', '')}"
+        key = _gpu_key(labels)
         if key not in gpus:
-            gpus[key] = _Gpu(node, labels.get("gpu", ""), labels.get("uuid", ""))
+            gpus[key] = _Gpu(labels.get("node") or labels.get("instance", ""), labels.get("gpu", ""),
+                             labels.get("uuid", ""))  # fmt: skip
         return gpus[key]
 
-    currencies = sorted({labels.get("currency", "") for labels, _ in results["cost"]} - {""})
+    costs = cost_rows(w, results)
+    currencies = sorted({labels.get("currency", "") for labels, _ in costs} - {""})
     if currency is None and len(currencies) > 1:
         raise ValueError(f"the GPUs are priced in several currencies ({', '.join(currencies)}); pick one with "
                          "--currency")  # fmt: skip
@@ -100,7 +135,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
                                          "priced": False})  # fmt: skip
             row["hours"][state] += v
             row["gpus"].add(g.uuid or f"{g.node}/{g.gpu}")
-    for labels, v in results["cost"]:
+    for labels, v in costs:
         if labels.get("currency") != currency:
             continue
         g, state = gpu(labels), labels.get("state", "")
@@ -120,12 +155,10 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
         gpu(labels).memory_total = v
     for labels, v in results["memory_peak"]:
         gpu(labels).memory_peak = v
-    # The signal GpuUnderutilized uses: SM activity where the GPU has it (GPM), else GPU-Util.
-    for labels, v in results["activity_util"]:
-        gpu(labels).activity = v
-    for labels, v in results["activity_sm"]:
+    for labels, v in results["activity"]:
         g = gpu(labels)
-        g.activity, g.signal = v, "SM activity"
+        g.activity = v
+        g.signal = "SM activity" if labels.get("signal") == "sm_active" else "GPU utilization"
 
     # What the fleet pays per card of the catalogue: the price of the hours it was billed.
     paid: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -191,7 +224,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
         "gpus": rows,
         "holders": holder_rows,
         "recommendations": recommendations,
-        "timeline": _timeline(results, currency),
+        "timeline": _timeline(results),
     }
 
 
@@ -199,7 +232,7 @@ def _index(gpu: str) -> tuple[int, str]:
     return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
 
 
-def _timeline(results: Results, currency: str | None) -> list[dict[str, Any]]:
+def _timeline(results: Results) -> list[dict[str, Any]]:
     points: dict[float, dict[str, Any]] = {}
     for labels, values in results["timeline"]:
         state = labels.get("state", "")
@@ -207,11 +240,6 @@ def _timeline(results: Results, currency: str | None) -> list[dict[str, Any]]:
             continue
         for t, v in values:
             points.setdefault(t, {"time": iso(t), **{f"{s}_hours": 0.0 for s in STATES}})[f"{state}_hours"] = _h(v)
-    for labels, values in results["timeline_cost"]:
-        if labels.get("currency") != currency:
-            continue
-        for t, v in values:
-            points.setdefault(t, {"time": iso(t), **{f"{s}_hours": 0.0 for s in STATES}})["wasted_cost"] = _m(v)
     return [points[t] for t in sorted(points)]
 
 

@@ -103,34 +103,54 @@ def scrape_interval(per_hour: float | None, per_minute: float | None) -> float:
 
 def queries(w: Window, matchers: str) -> list[Query]:
     """Aggregations sit outside the subqueries: per series, a subquery costs a step's samples; an
-    aggregation inside one would be redone, label sets and all, at every one of its steps."""
+    aggregation inside one would be redone, label sets and all, at every one of its steps.  The
+    state counters, the bulk of the samples, are read twice: once for the hours, once for the
+    timeline (and a third time, for the held steps' activity, only the held states)."""
     s, span = f"{w.step}s", f"{w.points * w.step * 1000 - 1}ms"
     states = _sel("gpu_state_seconds_total", matchers)
-    price = f"max by (job, instance, gpu, uuid, currency) ({_sel('gpu_price_per_hour', matchers)})"
-    priced = f"increase({states}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) {price}"
+    price = _sel("gpu_price_per_hour", matchers)
     held = f"increase({_sel('gpu_state_seconds_total', matchers, HELD)}[{s}]) > 0"
-
-    def while_held(metric: str) -> str:
-        return (f"max by ({GPU}) (quantile_over_time(0.95, (avg_over_time({_sel(metric, matchers)}[{s}]) "
-                f"and on (job, instance, gpu, uuid) {held})[{span}:{s}]))")  # fmt: skip
-
+    # The signal GpuUnderutilized uses: SM activity where the GPU has it (GPM), else GPU-Util.
+    signal = (
+        f'label_replace(avg_over_time({_sel("gpu_sm_active_ratio", matchers)}[{s}]), "signal", "sm_active", '
+        f'"", "") or on (job, instance, gpu, uuid) avg_over_time({_sel("gpu_utilization_ratio", matchers)}[{s}])'
+    )
     peaks = f"max_over_time({_sel('gpu_memory_used_max_bytes', matchers)}[{s}])"
-    waste = _sel("gpu_state_seconds_total", matchers, WASTE)
     holder = f"{GPU}, namespace, pod, user, state"
+    stats = " or ".join(
+        f'label_replace({agg} by ({GPU}, currency) ({fn}({price}[{span}:{s}])), "stat", "{name}", "", "")'
+        for name, agg, fn in (("max", "max", "max_over_time"), ("min", "min", "min_over_time"),
+                              ("count", "max", "count_over_time"))
+    )  # fmt: skip
     return [
         Query("hours", "GPU-hours by state and holder",
               f"sum by ({holder}) (sum_over_time(increase({states}[{s}])[{span}:{s}])) / 3600"),
-        Query("cost", "cost by state and holder",
-              f"sum by ({holder}, currency) (sum_over_time(({priced})[{span}:{s}])) / 3600"),
+        Query("prices", "prices", stats),
         Query("info", "GPU models", f"max by ({GPU}, name, mig_mode) "
                                     f"(max_over_time({_sel('gpu_info', matchers)}[{span}:{s}]))"),
         Query("memory_total", "memory sizes",
               f"max by ({GPU}) (max_over_time({_sel('gpu_memory_total_bytes', matchers)}[{span}:{s}]))"),
         Query("memory_peak", "memory peaks (p98)", f"max by ({GPU}) (quantile_over_time(0.98, {peaks}[{span}:{s}]))"),
-        Query("activity_sm", "SM activity while held (p95)", while_held("gpu_sm_active_ratio")),
-        Query("activity_util", "GPU utilization while held (p95)", while_held("gpu_utilization_ratio")),
+        Query("activity", "activity while held (p95)",
+              f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signal}) and on (job, instance, gpu, uuid) "
+              f"{held})[{span}:{s}]))"),
         Query("timeline", "hours over time", f"sum by (state) (increase({states}[{s}])) / 3600", "range"),
-        Query("timeline_cost", "wasted cost over time",
-              f"sum by (currency) (increase({waste}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) "
-              f"{price}) / 3600", "range"),
     ]  # fmt: skip
+
+
+_UUID = re.compile(r"^[A-Za-z0-9-]+$")
+
+
+def exact_cost(w: Window, matchers: str, uuids: list[str]) -> Query:
+    """The cost of each step at that step's price, for GPUs whose price changed or was missing in
+    part of the range (for the others, hours x their one price is exact and costs no query)."""
+    s, span = f"{w.step}s", f"{w.points * w.step * 1000 - 1}ms"
+    only = f'uuid=~"{"|".join(uuids)}"' if len(uuids) <= 200 and all(_UUID.match(u) for u in uuids) else ""
+    states = _sel("gpu_state_seconds_total", matchers, only)
+    price = f"max by (job, instance, gpu, uuid, currency) ({_sel('gpu_price_per_hour', matchers, only)})"
+    priced = f"increase({states}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) {price}"
+    return Query(
+        "cost",
+        "cost of GPUs whose price changed",
+        f"sum by ({GPU}, namespace, pod, user, state, currency) (sum_over_time(({priced})[{span}:{s}])) / 3600",
+    )
