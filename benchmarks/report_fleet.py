@@ -30,7 +30,7 @@ from typing import Any
 from benchlib import RESULTS, ROOT, Children, exit_on_sigterm, free_port, log, machine, machine_line, median, tempdir
 
 sys.path.insert(0, str(ROOT))
-from gpu_exporter.accounting.states import NOBODY, STATES, classify, holders
+from gpu_exporter.accounting.states import NOBODY, classify, holders
 from gpu_exporter.snapshot import GpuReading
 from gpu_exporter.sources.backend import GpuLost
 from gpu_exporter.sources.simulated import SimulatedBackend
@@ -103,7 +103,9 @@ def write_day(path: Path, tracks: list[Track], t0: int, step: int, first: int, l
             n = len(tr.state)
             price = next((p for k, p in PRICES.items() if k in tr.name), None)
             users = sorted({u for u in tr.user if u})
-            keys = [("", s) for s in STATES] + [(u, s) for u in users for s in held]
+            # As the daemon keeps them: the unheld idle and down series always, the others once used.
+            used = {("", s) for s, u in zip(tr.state, tr.user, strict=True) if s in held and not u}
+            keys = [("", "idle"), ("", "down"), *sorted(used), *((u, s) for u in users for s in held)]
             polls = max(1, 300 // step)  # the daemon's 5-minute peak window, at this interval
             peaks = [None if not (w := [x for x in tr.used[max(0, j - polls + 1) : j + 1] if x is not None])
                      else max(w) for j in range(n)]  # fmt: skip
