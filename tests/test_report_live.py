@@ -42,7 +42,11 @@ def minute_of_three_gpus(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib
     with run_daemon(s.path, "--config", str(cfg), "--poll.interval", f"{POLL_S:g}s") as d, \
             prometheus([f"127.0.0.1:{d.port}"], tmp / "prom", rule_files=[COST_RULES],
                        labels={"node": "node-a"}) as prom:  # fmt: skip
-        wait_for(lambda: len(prom.query("gpu_state_seconds_total")) >= 12, timeout=30, what="the state counters")
+        wait_for(
+            lambda: len(prom.query("count by (gpu) (gpu_state_seconds_total)")) == 3,
+            timeout=30,
+            what="the state counters of the three GPUs",
+        )
         started = time.time()
         # A minute and a few seconds more, so the report's last minute lies wholly within the run.
         wait_for(lambda: time.time() - started >= 68, timeout=120, interval=1, what="a minute of history")
