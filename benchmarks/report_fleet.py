@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import subprocess
 import sys
@@ -27,7 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULTS, ROOT, Children, exit_on_sigterm, free_port, log, machine, machine_line, median, tempdir
+from benchlib import (
+    RESULTS,
+    ROOT,
+    Children,
+    cpu_seconds,
+    exit_on_sigterm,
+    free_port,
+    log,
+    machine,
+    machine_line,
+    median,
+    tempdir,
+)
 
 sys.path.insert(0, str(ROOT))
 from gpu_exporter.accounting.states import NOBODY, classify, holders
@@ -191,6 +204,17 @@ def prometheus(children: Children, tmp: Path, days: float) -> tuple[str, int]:
     raise RuntimeError("Prometheus did not become ready:\n" + (tmp / "prometheus.log").read_text()[-3000:])
 
 
+def settle(pid: int, quiet_s: float = 10.0, timeout: float = 600.0) -> None:
+    """Wait until Prometheus has loaded and compacted what it will: under 5% of a core for ``quiet_s``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = cpu_seconds(pid)
+        time.sleep(quiet_s)
+        if (cpu_seconds(pid) - before) / quiet_s < 0.05:
+            return
+    log("report-fleet: Prometheus is still busy; measuring anyway")
+
+
 def run_report(url: str, since: str, end: str, out: Path) -> tuple[float, str, int]:
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--since", since,
@@ -227,18 +251,21 @@ def main(argv: list[str]) -> int:
             end = int(time.time() // 3600 * 3600 - 3600)
             res["backfill"] = backfill(tmp, tracks, args.days, args.step, end)
             done.write_text(json.dumps(res["backfill"]))
-        url, _ = prometheus(children, tmp, args.days)
-        time.sleep(10)  # let Prometheus settle after loading the blocks
+        url, pid = prometheus(children, tmp, args.days)
+        settle(pid)
         # The history ends an hour before it was made; the report's range ends where the history does.
         since = f"{args.days * 24:g}h"
         end_at = str(res["backfill"]["end"])
         runs, stderr = [], ""
+        loads = []
         for i in range(args.reps):
+            loads.append(os.getloadavg()[0])  # the machine is shared: say how busy it was
             wall, stderr, _ = run_report(url, since, end_at, tmp / "report.json")
             runs.append(wall)
             log(f"report-fleet: report --since {since} took {wall:.1f} s (run {i + 1})")
         doc = json.loads((tmp / "report.json").read_text())
     res["report_wall_s"] = runs
+    res["load_average_before_each_run"] = loads
     res["report_wall_median_s"] = median(runs)
     res["report_stderr_last"] = stderr.strip().splitlines()
     res["report_summary"] = {"gpus": len(doc["gpus"]), "totals": doc["totals"],
@@ -266,6 +293,8 @@ def markdown(res: dict[str, Any]) -> Iterator[str]:
     yield f"| `report --since {res['days'] * 24:g}h`, median of {len(res['report_wall_s'])} | " \
           f"**{res['report_wall_median_s']:.1f} s** (target: under 30 s) |"  # fmt: skip
     yield f"| each run | {', '.join(f'{x:.1f} s' for x in res['report_wall_s'])} |"
+    yield f"| 1-minute load average before each run (2 cores, shared with other work) | " \
+          f"{', '.join(f'{x:.1f}' for x in res['load_average_before_each_run'])} |"  # fmt: skip
     s = res["report_summary"]
     yield f"| GPUs, holders, recommendations, timeline points in the JSON | {s['gpus']}, {s['holders']}, " \
           f"{s['recommendations']}, {s['timeline_points']} |"  # fmt: skip

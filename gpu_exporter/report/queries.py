@@ -117,19 +117,27 @@ def queries(w: Window, matchers: str) -> list[Query]:
     )
     peaks = f"max_over_time({_sel('gpu_memory_used_max_bytes', matchers)}[{s}])"
     holder = f"{GPU}, namespace, pod, user, state"
+
+    def tiled(metric: str) -> str:
+        """The highest value over the range, each sample read once: a subquery of an instant selector
+        would decode the chunk around every step, most samples twice."""
+        return f"max_over_time(max_over_time({_sel(metric, matchers)}[{s}])[{span}:{s}])"
+
+    # Each GPU's highest and lowest price over the range, and on how many steps it had one.
     stats = " or ".join(
-        f'label_replace({agg} by ({GPU}, currency) ({fn}({price}[{span}:{s}])), "stat", "{name}", "", "")'
-        for name, agg, fn in (("max", "max", "max_over_time"), ("min", "min", "min_over_time"),
-                              ("count", "max", "count_over_time"))
+        f"label_replace({agg} by ({GPU}, currency) ({outer}({inner}({price}[{s}])[{span}:{s}])), "
+        f'"stat", "{name}", "", "")'
+        for name, agg, outer, inner in (("max", "max", "max_over_time", "max_over_time"),
+                                        ("min", "min", "min_over_time", "min_over_time"),
+                                        ("count", "max", "count_over_time", "max_over_time"))
     )  # fmt: skip
     return [
         Query("hours", "GPU-hours by state and holder",
               f"sum by ({holder}) (sum_over_time(increase({states}[{s}])[{span}:{s}])) / 3600"),
         Query("prices", "prices", stats),
         Query("info", "GPU models", f"max by ({GPU}, name, mig_mode) "
-                                    f"(max_over_time({_sel('gpu_info', matchers)}[{span}:{s}]))"),
-        Query("memory_total", "memory sizes",
-              f"max by ({GPU}) (max_over_time({_sel('gpu_memory_total_bytes', matchers)}[{span}:{s}]))"),
+                                    f"({tiled('gpu_info')})"),
+        Query("memory_total", "memory sizes", f"max by ({GPU}) ({tiled('gpu_memory_total_bytes')})"),
         Query("memory_peak", "memory peaks (p98)", f"max by ({GPU}) (quantile_over_time(0.98, {peaks}[{span}:{s}]))"),
         Query("activity", "activity while held (p95)",
               f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signal}) and on (job, instance, gpu, uuid) "
