@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import subprocess
 import sys
 import time
