@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="Prometheus exporter and alerting daemon for NVIDIA GPUs.",
-        epilog="Every flag can also be set as GPU_EXPORTER_<SETTING> in the environment or as <setting> in the "
+        epilog="`gpu-exporter report --help`: what the GPUs cost and wasted, from Prometheus. "
+        "Every flag can also be set as GPU_EXPORTER_<SETTING> in the environment or as <setting> in the "
         "--config YAML file (e.g. poll_interval: 10s); flags win over the environment, which wins over the file.",
     )
     p.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
@@ -144,6 +145,11 @@ def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: floa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:  # gpu-exporter report ...: cost and waste from Prometheus
+        from .report.command import main as report
+
+        return report(argv[1:])
     args = build_parser().parse_args(argv)
     cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
     receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
@@ -172,7 +178,8 @@ def needs_second_look(snapshot: NodeSnapshot) -> bool:
 
 
 def run_once(settings: Settings, fmt: str) -> int:
-    from .once import as_json, as_table, findings
+    from .accounting.pricing import PriceBook
+    from .once import as_json, as_table, cost_now, findings
     from .serving.metrics import RenderOptions
     from .serving.web_config import load_web_config
     from .sources.poller import Poller
@@ -201,7 +208,8 @@ def run_once(settings: Settings, fmt: str) -> int:
         return 2
     problems = findings(snapshot, settings.rules)
     opts = RenderOptions(process_top_n=settings.process_top_n)
-    print(as_json(snapshot, problems, opts) if fmt == "json" else as_table(snapshot, problems))
+    cost = cost_now(snapshot, settings.rules, PriceBook(settings.pricing) if settings.pricing else None)
+    print(as_json(snapshot, problems, opts, cost) if fmt == "json" else as_table(snapshot, problems, cost))
     return 1 if problems else 0
 
 

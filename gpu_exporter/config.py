@@ -24,6 +24,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from .accounting.settings import AccountingSettings, PricingSettings
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
 from .serving.http_server import parse_listen_address
@@ -44,7 +45,7 @@ _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 _OWN_LABELS = {"gpu", "uuid", "name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "pid",
                "process", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile", "device_uuid",
                "sensor", "threshold", "fan", "clock", "reason", "link", "type", "cause", "xid", "alertname",
-               "severity", "node"}  # fmt: skip
+               "severity", "node", "user", "state", "currency"}  # fmt: skip
 
 
 class KubernetesSettings(BaseModel):
@@ -114,6 +115,8 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = KubernetesSettings()
     rules: RulesSettings = RulesSettings()
     alerting: AlertingSettings = AlertingSettings()
+    pricing: PricingSettings | None = None
+    accounting: AccountingSettings = AccountingSettings()
 
     @field_validator("listen_address")
     @classmethod

@@ -14,10 +14,13 @@ import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
+from .accounting.ledger import Accountant
+from .accounting.pricing import PriceBook
 from .alerting.delivery import OUTCOMES, AlertmanagerReceiver, Notifier, Receiver, WebhookReceiver
 from .alerting.engine import RuleEngine, node_name
 from .config import Settings
 from .kubernetes.attribution import Attributor
+from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
 from .serving.http_server import HttpServer
 from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
@@ -57,6 +60,15 @@ class Daemon:
             attach = Attributor(self.watcher.devices).attach
         self.collector = SnapshotCollector(RenderOptions(settings.process_top_n, pod_labels))
         registry.register(self.collector)
+        idle = settings.rules.GpuUnderutilized  # one idea of "idle" for the alert and the books
+        acc = settings.accounting
+        self.accountant = Accountant(
+            threshold=idle.threshold, signal=idle.signal, pod_mode=pod_labels is not None,
+            prices=PriceBook(settings.pricing) if settings.pricing else None,
+            memory_peak_window=acc.memory_peak_window, max_users=acc.max_users,
+            holder_retention=acc.holder_retention, max_step=max(60.0, 10 * settings.poll_interval),
+        )  # fmt: skip
+        registry.register(AccountingCollector(self.accountant.view, self.collector.opts))
         alerting = settings.alerting
         self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
                                  resend_interval=alerting.resend_interval,
@@ -136,6 +148,10 @@ class Daemon:
         self.collector.snapshot = snapshot
         # Rules see the snapshot before it is rendered, so /metrics and the alerts agree.
         with self._evaluating:
+            try:
+                self.accountant.observe(snapshot)
+            except Exception:  # the books are an extra; the metrics and alerts go on without them
+                log.exception("accounting_failed")
             self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.taken_at)
         self.metrics.nvml_up.set(1 if snapshot.nvml_up else 0)
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
@@ -203,6 +219,9 @@ class Daemon:
         with self._evaluating:
             self.engine.rules = rules
             self.engine.resend_interval = new.alerting.resend_interval
+            # One idea of "idle" for the alert and the books, before and after the reload.
+            self.accountant.threshold = rules.GpuUnderutilized.threshold
+            self.accountant.signal = rules.GpuUnderutilized.signal
             self.engine.resolved_retention = new.alerting.resolved_retention
             self.notifier.receivers = receivers
         self.web.install(new.web_config_file, web)

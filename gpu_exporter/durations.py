@@ -1,12 +1,12 @@
-"""Durations as people write them in flags and YAML: ``500ms``, ``15s``, ``5m``, ``1h`` or seconds."""
+"""Durations as people write them in flags and YAML: ``500ms``, ``15s``, ``5m``, ``1h``, ``7d``, ``2w`` or seconds."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
 
 
 def parse_duration(v: Any) -> Any:
@@ -16,6 +16,6 @@ def parse_duration(v: Any) -> Any:
             raise ValueError(f"{v!r}: a duration cannot be negative")
         m = _DURATION.match(v)
         if not m:
-            raise ValueError(f"{v!r} is not a duration; write seconds (e.g. 5) or a string like 500ms, 15s, 5m, 1h")
+            raise ValueError(f"{v!r} is not a duration; write seconds (e.g. 5) or a string like 500ms, 15s, 5m, 1h, 7d")
         return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     return v

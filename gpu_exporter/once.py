@@ -7,8 +7,11 @@ one vocabulary: each key is a metric name.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
+from .accounting.pricing import PriceBook
+from .accounting.states import WASTE_STATES, classify
 from .alerting.engine import RuleEngine, holding_now
 from .alerting.settings import RulesSettings
 from .serving.metrics import GPU_LABELS, RenderOptions, gpu_families
@@ -24,7 +27,31 @@ def findings(snapshot: NodeSnapshot, rules: RulesSettings | None = None) -> list
             for g, c in holding_now(engine, snapshot)]  # fmt: skip
 
 
-def as_json(snapshot: NodeSnapshot, problems: list[str], opts: RenderOptions | None = None) -> str:
+@dataclass(frozen=True)
+class CostNow:
+    """Each GPU's state now (see gpu_exporter.accounting.states) and, with pricing, its price per hour."""
+
+    currency: str | None = None
+    gpus: dict[int, tuple[str, float | None]] = field(default_factory=dict)  # index -> (state, price)
+
+    @property
+    def waste_per_hour(self) -> float | None:
+        prices = [p for state, p in self.gpus.values() if state in WASTE_STATES and p is not None]
+        return sum(prices) if self.currency else None
+
+
+def cost_now(snapshot: NodeSnapshot, rules: RulesSettings | None = None, prices: PriceBook | None = None) -> CostNow:
+    idle = (rules or RulesSettings()).GpuUnderutilized  # the books' and the alert's idea of idle
+    return CostNow(
+        prices.currency if prices else None,
+        {g.index: (classify(g, idle.threshold, idle.signal),
+                   prices.per_hour(g.static.name if g.static else None) if prices else None) for g in snapshot.gpus},
+    )  # fmt: skip
+
+
+def as_json(
+    snapshot: NodeSnapshot, problems: list[str], opts: RenderOptions | None = None, cost: CostNow | None = None
+) -> str:
     gpus: dict[str, dict[str, Any]] = {}
     for fam in gpu_families(snapshot, opts):
         for s in fam.samples:
@@ -39,13 +66,21 @@ def as_json(snapshot: NodeSnapshot, problems: list[str], opts: RenderOptions | N
                 gpu.setdefault(s.name, {})[next(iter(extra.values()))] = value
             else:
                 gpu.setdefault(s.name, []).append({**extra, "value": value})
-    doc = {
+    for index, (state, price) in (cost.gpus if cost else {}).items():
+        if (row := gpus.get(str(index))) is not None:
+            row["state"] = state
+            if price is not None:
+                row["gpu_price_per_hour"] = price
+    doc: dict[str, Any] = {
         "nvml_up": snapshot.nvml_up,
         "driver_version": snapshot.driver_version,
         "cuda_version": snapshot.cuda_version,
         "gpus": sorted(gpus.values(), key=lambda g: int(g["gpu"])),
         "findings": problems,
     }
+    if cost is not None and cost.currency:
+        doc["currency"] = cost.currency
+        doc["waste_per_hour"] = cost.waste_per_hour
     return json.dumps(doc, indent=2)
 
 
@@ -62,11 +97,23 @@ def _bytes_rate(v: float | None) -> str:
     return f"{v:.0f} B/s"
 
 
-def _gpu_block(g: GpuReading) -> list[str]:
+def _state_line(state: str, price: float | None, currency: str | None) -> str:
+    line = f"  state        {state}"
+    if price is not None and currency:
+        verb = "wasting" if state in WASTE_STATES else "costs"
+        line += f"   {verb} {price:.2f} {currency}/h"
+    return line
+
+
+def _gpu_block(g: GpuReading, cost: CostNow | None = None) -> list[str]:
     s = g.static
+    state, price = cost.gpus.get(g.index, ("", None)) if cost else ("", None)
     if not g.up or s is None:
-        return [f"GPU {g.index}  {g.uuid or 'uuid unknown'}  NOT ANSWERING: {g.error}"]
+        lost = [f"GPU {g.index}  {g.uuid or 'uuid unknown'}  NOT ANSWERING: {g.error}"]
+        return lost + ([_state_line(state, price, cost.currency)] if cost and state else [])
     lines = [f"GPU {g.index}  {s.name}  {s.uuid}  {s.pci_bus_id}"]
+    if cost and state:
+        lines.append(_state_line(state, price, cost.currency))
     mem = "n/a"
     if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
         mem = (f"{g.memory_used_bytes / GIB:.1f} / {g.memory_total_bytes / GIB:.1f} GiB "
@@ -114,13 +161,17 @@ def _gpu_block(g: GpuReading) -> list[str]:
     return lines
 
 
-def as_table(snapshot: NodeSnapshot, problems: list[str]) -> str:
+def as_table(snapshot: NodeSnapshot, problems: list[str], cost: CostNow | None = None) -> str:
     head = (
         f"driver {snapshot.driver_version or 'n/a'}   CUDA {snapshot.cuda_version or 'n/a'}   {len(snapshot.gpus)} GPUs"
     )
     out = [head, ""]
     for g in snapshot.gpus:
-        out += [*_gpu_block(g), ""]
+        out += [*_gpu_block(g, cost), ""]
+    if cost is not None and cost.currency:
+        wasted = [i for i, (state, _) in cost.gpus.items() if state in WASTE_STATES]
+        out += [f"Waste now: {len(wasted)} GPU(s) idle or allocated but idle, {cost.waste_per_hour or 0:.2f} "
+                f"{cost.currency}/h", ""]  # fmt: skip
     out.append("Findings:" if problems else "Findings: none")
     out += [f"  - {p}" for p in problems]
     return "\n".join(out)

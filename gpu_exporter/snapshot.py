@@ -37,6 +37,9 @@ class ProcessReading:
     # was idle since the previous poll, None where the driver cannot say (MIG, older GPUs).
     sm_utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
+    # Who runs it: the user name of its real uid (/proc/<pid>/status), the uid's number where the
+    # exporter's passwd does not know it, None where /proc does not show the process.
+    user: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +197,30 @@ def pod_label_values(pods: Iterable[PodRef]) -> tuple[str, str, str]:
         ",".join(dict.fromkeys(r.pod for r in refs)),
         ",".join(dict.fromkeys(r.container for r in refs)),
     )
+
+
+def holds_memory(g: GpuReading) -> bool:
+    """A process holds memory on the GPU (or one of its MIG devices): it is allocated to someone."""
+    return any((p.used_memory_bytes or 0) > 0 for p in g.processes) or any(
+        (p.used_memory_bytes or 0) > 0 for m in g.migs for p in m.processes
+    )
+
+
+ACTIVITY_SIGNALS = ("auto", "gpu_utilization", "sm_active")
+
+
+def select_activity(signal: str, sm_active: float | None, utilization: float | None) -> tuple[float | None, str]:
+    """The activity signal and its name, from SM activity (GPM) and GPU-Util, as ``signal`` says.
+
+    ``auto`` takes SM activity where there is any (a GPU with GPM), else GPU-Util: the same choice
+    as the PromQL ``gpu_sm_active_ratio or gpu_utilization_ratio``.  The alert rules apply it to
+    windowed means, the accounting of GPU time to each poll's values, so both judge "idle" alike.
+    """
+    if signal != "gpu_utilization" and (sm_active is not None or signal == "sm_active"):
+        return sm_active, "SM activity"
+    return utilization, "GPU utilization"
+
+
+def activity_now(g: GpuReading, signal: str) -> tuple[float | None, str]:
+    """This poll's activity signal of a GPU (see :func:`select_activity`)."""
+    return select_activity(signal, g.activity.sm if g.activity is not None else None, g.utilization_ratio)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # The parts: subpackages, and the shared model.  The wiring at the top (cli, daemon, config, once,
 # logs) may import any part.
-PARTS = ("snapshot", "sources", "alerting", "serving", "kubernetes")
+PARTS = ("snapshot", "sources", "alerting", "serving", "kubernetes", "accounting", "report")
 WIRING = ("cli", "daemon", "config", "once", "logs", "__main__")
 HELPERS = ("durations", "yamlfile")  # parsing helpers with no dependencies, usable anywhere
 
@@ -87,10 +87,19 @@ FORBIDDEN: dict[str, set[str]] = {
     "snapshot": {*PARTS, *WIRING, *HELPERS} - {"snapshot"},
     "durations": {*PARTS, *WIRING},
     "yamlfile": {*PARTS, *WIRING, "durations"},
-    "sources": {"serving", "alerting", "kubernetes", *WIRING},
-    "alerting": {"serving", "sources", "kubernetes", *WIRING},
-    "serving": {"sources", "kubernetes", *WIRING},
-    "kubernetes": {"sources", "serving", "alerting", *WIRING, *HELPERS},
+    "sources": {"serving", "alerting", "kubernetes", "accounting", "report", *WIRING},
+    "alerting": {"serving", "sources", "kubernetes", "accounting", "report", *WIRING},
+    "serving": {"sources", "kubernetes", "report", *WIRING},
+    "kubernetes": {"sources", "serving", "alerting", "accounting", "report", *WIRING, *HELPERS},
+    # The books read snapshots; the idle threshold comes from the wiring, not from alerting.
+    "accounting": {"sources", "serving", "alerting", "kubernetes", "report", *WIRING},
+    # The report reads a Prometheus API: it never sees a snapshot, let alone a GPU.
+    "report": {"snapshot", "sources", "serving", "alerting", "kubernetes", *WIRING},
+}
+# Libraries a part must never use, though another may.
+FORBIDDEN_LIBRARIES: dict[str, set[str]] = {
+    "accounting": {"http", "urllib", "socket", "prometheus_client"},  # no HTTP, no exposition
+    "report": {"prometheus_client"},  # it queries Prometheus; it exports nothing
 }
 # Third-party libraries that only one part may know.
 OWNED_LIBRARIES = {
@@ -110,6 +119,9 @@ def violations(root: Path) -> list[str]:
         src, dst = part_of(imp.importer, package), part_of(imp.imported, package)
         if src is not None and dst is not None and src != dst and dst in FORBIDDEN.get(src, set()):
             found.append(f"{where} ({src} must not import {dst})")
+        for library in FORBIDDEN_LIBRARIES.get(src or "", set()) if src != "__init__" else set():
+            if imp.imported == library or imp.imported.startswith(library + "."):
+                found.append(f"{where} ({src} must not use {library})")
         for library, owner in OWNED_LIBRARIES.items():
             owner = owner.replace(PACKAGE, package, 1)
             mine = imp.importer == owner or imp.importer.startswith(owner + ".")
@@ -202,6 +214,27 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"serving/metrics.py": "import pynvml\n"}, "only gpu_exporter.sources.nvml may use pynvml"),
         ({"once.py": "from .daemon import Daemon\n", "daemon.py": ""}, "nothing imports gpu_exporter.daemon"),
         ({"serving/page.py": "from gpu_exporter import cli\n", "cli.py": ""}, "nothing imports gpu_exporter.cli"),
+        (
+            {"accounting/ledger.py": "from ..sources import nvml\n", "sources/nvml.py": ""},
+            "accounting must not import sources",
+        ),
+        ({"accounting/ledger.py": "import http.server\n"}, "accounting must not use http"),
+        (
+            {"accounting/ledger.py": "from prometheus_client import Counter\n"},
+            "accounting must not use prometheus_client",
+        ),
+        (
+            {"report/query.py": "from ..sources import poller\n", "sources/poller.py": ""},
+            "report must not import sources",
+        ),
+        (
+            {"report/query.py": "from ..snapshot import NodeSnapshot\n", "snapshot.py": ""},
+            "report must not import snapshot",
+        ),
+        (
+            {"sources/nvml.py": "from ..accounting import ledger\n", "accounting/ledger.py": ""},
+            "sources must not import accounting",
+        ),
     ],
 )
 def test_a_broken_rule_is_reported_with_where_and_why(tmp_path: Path, files: dict[str, str], needle: str) -> None:

@@ -42,7 +42,9 @@ from tests.prometheus_helpers import Prometheus, prometheus
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
-NAMES = ("gpu-fleet.json", "gpu-node.json")
+OVERVIEWS = ("gpu-fleet.json", "gpu-node.json")
+COST = "gpu-cost.json"  # Cost and waste: money in the currency its `currency` variable picks
+NAMES = (*OVERVIEWS, COST)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 FILTER_VARIABLES = ("node", "gpu", "namespace", "pod")
 
@@ -53,6 +55,7 @@ VALUES = {
     "gpu": ".*",
     "namespace": ".*",
     "pod": ".*",
+    "currency": "USD",
     "__rate_interval": "15s",
     "__interval": "5s",
     "__range": "5m",
@@ -147,6 +150,9 @@ def metrics_of(expr: pp.Expr) -> set[str]:
 
 # -- units ---------------------------------------------------------------------------------------------
 SUFFIX_FAMILIES = (
+    ("_seconds_total", "s_total"),  # a count of seconds (GPU time): increase() is seconds, rate() GPUs
+    ("_per_hour", "money_per_h"),
+    ("_per_kwh", "money_per_kwh"),
     ("_bytes_per_second", "Bps"),
     ("_ratio", "percentunit"),
     ("_bytes_total", "bytes"),
@@ -172,6 +178,11 @@ UNITS = {
     "s": {"s"},
     "cps": {"cps"},
     "short": {"short", "none"},
+    "h": {"h"},
+    # Grafana does not put variables into units: money is shown bare, its currency in the title.
+    "money": {"none"},
+    "money_per_h": {"none"},
+    "money_per_kwh": {"none"},
 }
 COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
 SAME_UNIT_FUNCTIONS = {
@@ -179,6 +190,7 @@ SAME_UNIT_FUNCTIONS = {
     *("abs", "clamp", "clamp_min", "clamp_max", "round", "ceil", "floor", "sort", "sort_desc", "label_replace"),
 }
 JOULES_PER_KWH = 3.6e6
+SECONDS_PER_HOUR = 3600
 
 
 def metric_family(name: str) -> str:
@@ -205,9 +217,9 @@ def family(e: pp.Expr) -> str | None:
             return family(e.args[1])
         inner = family(e.args[0])
         if name in ("rate", "irate"):
-            return {"bytes": "Bps", "joule": "watt", "s": "s"}.get(inner or "", "cps")
+            return {"bytes": "Bps", "joule": "watt", "s": "s", "s_total": "short"}.get(inner or "", "cps")
         if name in ("increase", "delta"):
-            return {"bytes": "bytes", "joule": "joule"}.get(inner or "", "short")
+            return {"bytes": "bytes", "joule": "joule", "s_total": "s"}.get(inner or "", "short")
         if name in ("count_over_time", "changes", "resets"):
             return "short"
         assert name in SAME_UNIT_FUNCTIONS, f"no unit rule for {name}()"
@@ -225,13 +237,22 @@ def family(e: pp.Expr) -> str | None:
         if rhs is None:
             if lhs == "joule" and isinstance(e.rhs, pp.NumberLiteral) and e.rhs.val == JOULES_PER_KWH:
                 return "kwatth"
+            if isinstance(e.rhs, pp.NumberLiteral) and e.rhs.val == SECONDS_PER_HOUR:
+                return {"s": "h", "money_s": "money"}.get(lhs or "", lhs)
             return lhs
         if lhs == rhs:
             return "percentunit"
         if (lhs, rhs) == ("s", "cps"):  # a histogram's mean: rate(_sum) / rate(_count)
             return "s"
         raise AssertionError(f"no unit rule for {lhs} / {rhs}")
-    assert op == "*" and None in (lhs, rhs), f"no unit rule for {lhs} {op} {rhs}"
+    assert op == "*", f"no unit rule for {lhs} {op} {rhs}"
+    if metrics_of(e.rhs) and all(m.endswith("_info") for m in metrics_of(e.rhs)):
+        return lhs  # a join with an info metric (value 1) only adds labels
+    priced = {("s", "money_per_h"): "money_s", ("short", "money_per_h"): "money_per_h",
+              ("h", "money_per_h"): "money", ("kwatth", "money_per_kwh"): "money"}  # fmt: skip
+    if (lhs, rhs) in priced:
+        return priced[(lhs, rhs)]  # type: ignore[index]
+    assert None in (lhs, rhs), f"no unit rule for {lhs} {op} {rhs}"
     return lhs or rhs
 
 
@@ -308,7 +329,17 @@ def test_the_datasource_variable_is_used_everywhere_and_the_filter_variables_exi
         assert v["includeAll"] and v["allValue"] == ".*", (
             f"{var}: All must match any value, and series without the label"
         )
-    assert set(variable_selectors(dash)) == set(FILTER_VARIABLES)
+    # The cost dashboard also picks a currency: money is never summed across currencies.
+    assert set(variable_selectors(dash)) == set(FILTER_VARIABLES) | ({"currency"} if name == COST else set())
+    if name == COST:
+        currency = vs["currency"]
+        assert not currency["includeAll"] and not currency["multi"]
+        assert variable_selectors(dash)["currency"] == (
+            'gpu_price_per_hour{node=~"$node", namespace=~"$namespace", pod=~"$pod"}',
+            "currency",
+        )
+        money = [p for p in panels(dash) if p["fieldConfig"]["defaults"]["unit"] == "none"]
+        assert money and all("$currency" in p["title"] or "price" in p["title"].lower() for p in money)
     for p in all_panels(dash):
         if p["type"] == "row":
             assert not p.get("targets"), f"row {p['title']!r} has queries"
@@ -391,6 +422,9 @@ def test_units_fit_each_metric_family(name: str) -> None:
         unit = field_property(panel, t["refId"], "unit")
         assert unit in UNITS[fam], f"{panel['title']!r} {t['refId']}: {fam} shown as {unit!r}\n{t['expr']}"
         seen.add(fam)
+    if name == COST:
+        assert {"h", "money", "money_per_h", "short", "watt", "kwatth", "percentunit"} <= seen
+        return
     assert {"percentunit", "bytes", "watt", "joule", "celsius"} <= seen
     if name == "gpu-node.json":
         assert {"hertz", "Bps", "s", "cps"} <= seen
@@ -414,6 +448,12 @@ def test_unit_rules() -> None:
         "histogram_quantile(0.9, rate(gpu_exporter_poll_duration_seconds_bucket[1m]))": "s",
         "count(gpu_up == 0) or vector(0)": "short",
         "gpu_pcie_link_width": "short",
+        "increase(gpu_state_seconds_total[1h]) / 3600": "h",
+        "sum by (state) (rate(gpu_state_seconds_total[5m]))": "short",
+        "sum(increase(gpu_state_seconds_total[1h]) * on (gpu) group_left () gpu_price_per_hour) / 3600": "money",
+        "increase(gpu_energy_consumed_joules_total[1h]) / 3.6e6"
+        " * on (gpu) group_left () gpu_energy_price_per_kwh": "money",
+        "increase(gpu_state_seconds_total[1h]) * on (gpu) group_left (name) gpu_info / 3600": "h",
     }
     for expr, want in cases.items():
         assert family(pp.parse(expr)) == want, expr
@@ -427,7 +467,7 @@ def thresholds_of(panel: dict[str, Any], ref_id: str) -> list[float]:
     return [float(s["value"]) for s in steps[1:]]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", OVERVIEWS)
 def test_thresholds_are_the_alert_defaults(name: str) -> None:
     rules = RulesSettings()
     memory = [rules.GpuMemoryHigh.warning, rules.GpuMemoryHigh.critical]
@@ -452,7 +492,7 @@ def test_thresholds_are_the_alert_defaults(name: str) -> None:
     assert all(checked.values()), checked
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", OVERVIEWS)
 def test_allocated_but_idle_mirrors_the_underutilized_rule(name: str) -> None:
     """Averages of activity use the rule's window and signal (SM activity, else GPU-Util), and compare with its
     threshold."""
@@ -604,6 +644,7 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             "alerting": {"resend_interval": "1s", "webhooks": [{"url": hook.url, "name": "ops"}]},
             "kubernetes": {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
                            "refresh_interval": "200ms", "timeout": "500ms"},
+            "pricing": {"currency": "USD", "models": {"H100": 2.5}, "energy_per_kwh": 0.2},
         }))  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "1s") as d, \
                 prometheus([f"127.0.0.1:{d.port}"], tmp_path / "prom", labels={"node": "node-a"}) as prom:  # fmt: skip
@@ -629,4 +670,5 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
                 found = {var: {r["metric"].get(label) for r in prom.query(substitute(selector, VALUES))} - {None}
                          for var, (selector, label) in variable_selectors(dash).items()}  # fmt: skip
                 gpus = {str(i) for i in range(6)}
-                assert found == {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}
+                wanted = {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}
+                assert found == wanted | ({"currency": {"USD"}} if "currency" in found else {})

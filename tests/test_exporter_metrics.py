@@ -8,6 +8,10 @@ from typing import Any
 
 import pytest
 
+from gpu_exporter.accounting.ledger import Accountant
+from gpu_exporter.accounting.pricing import PriceBook
+from gpu_exporter.accounting.settings import PricingSettings
+from gpu_exporter.serving.accounting_metrics import accounting_families
 from gpu_exporter.serving.metrics import METRICS
 from tests.exporter_helpers import make_poller, names_for_gpu, samples_of, value, wait_for
 from tests.fakenvml import Counter, Err, Scenario
@@ -237,7 +241,14 @@ def test_metric_table_covers_every_emitted_name(scenario: Scenario, nvml: Any, l
     poller.poll()
     wait_for(lambda: any(g.xid_errors_total for g in poller.poll().gpus), what="an XID")
     wait_for(lambda: poller.poll().gpus[0].activity is not None, what="two GPM samples 100 ms apart")
-    emitted = {n for (n, _) in samples_of(poller.poll())}
+    snapshot = poller.poll()
+    emitted = {n for (n, _) in samples_of(snapshot)}
+    # The accounting's books, priced, render from the same snapshots (tests/test_accounting_daemon.py).
+    books = Accountant(
+        threshold=0.1, prices=PriceBook(PricingSettings(currency="USD", default=1.0, energy_per_kwh=0.1))
+    )
+    books.observe(snapshot)
+    emitted |= {s.name for fam in accounting_families(books.view()) for s in fam.samples}
     # MIG devices and pod attribution have their own tests (test_exporter_mig, test_pod_attribution).
     gpu_metrics = {n for n in METRICS if not n.startswith(("gpu_exporter_", "gpu_mig_")) and n != "gpu_pod_info"}
     assert emitted == gpu_metrics

@@ -51,8 +51,12 @@ def test_json_uses_metric_names(scenario: Scenario) -> None:
     assert g["gpu_temperature_celsius"] == {"gpu": 64, "memory": 71}
     assert g["gpu_nvlink_up"]["17"] == 1
     assert g["gpu_info"]["name"] == "NVIDIA H100 80GB HBM3"
-    assert g["gpu_process_memory_used_bytes"] == [{"pid": "10000", "process": "python3", "value": 70 * 1024**3}]
-    keys = {k for gpu in doc["gpus"] for k in gpu} - {"gpu", "uuid"}
+    # The scenario's pids are not in /proc: their user is unknown.
+    assert g["gpu_process_memory_used_bytes"] == [
+        {"pid": "10000", "process": "python3", "user": "unknown", "value": 70 * 1024**3}
+    ]
+    assert g["state"] == "busy" and "gpu_price_per_hour" not in g and "currency" not in doc  # no pricing: no prices
+    keys = {k for gpu in doc["gpus"] for k in gpu} - {"gpu", "uuid", "state"}
     assert keys <= set(METRICS)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..snapshot import GpuReading
+from ..snapshot import GpuReading, holds_memory, select_activity
 from .settings import RulesSettings
 from .window import IncreaseTracker, SampleWindow
 
@@ -66,7 +66,7 @@ def _pct(v: float) -> str:
 
 
 def _holds_memory(g: GpuReading) -> bool:
-    return any((p.used_memory_bytes or 0) > 0 for p in g.processes)
+    return holds_memory(g)
 
 
 Rule = Callable[[GpuReading, GpuHistory, float, RulesSettings], Iterator[Check]]
@@ -78,11 +78,8 @@ def activity_mean(h: GpuHistory, now: float, window: float, signal: str) -> tupl
     ``auto`` takes SM activity where the window holds any (a GPU with GPM), else GPU-Util: the
     same choice as the PromQL ``avg_over_time(gpu_sm_active_ratio[w]) or avg_over_time(gpu_utilization_ratio[w])``.
     """
-    if signal != "gpu_utilization":
-        sm = h.sm_active.mean(now, window)
-        if sm is not None or signal == "sm_active":
-            return sm, "SM activity"
-    return h.utilization.mean(now, window), "GPU utilization"
+    sm = h.sm_active.mean(now, window) if signal != "gpu_utilization" else None
+    return select_activity(signal, sm, h.utilization.mean(now, window))
 
 
 def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:

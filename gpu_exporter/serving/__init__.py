@@ -4,7 +4,8 @@ Metric families and collectors (``metrics``), the exposition writer (``expositio
 HTTP server (``http_server``) and its bounded connection table (``connections``), the
 exporter-toolkit web config (``web_config``) and the alerts page (``alerts_page``).
 
-May import: ``snapshot``, ``alerting`` (to show alerts) and the helpers at the top.
+May import: ``snapshot``, ``alerting`` (to show alerts), ``accounting`` (to render its books) and
+the helpers at the top.
 Never: ``sources`` (rendering never calls NVML; a scrape only reads the last snapshot),
-``kubernetes`` or the wiring.
+``kubernetes``, ``report`` or the wiring.
 """

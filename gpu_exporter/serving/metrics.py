@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..accounting.states import UNKNOWN_USER
 from ..alerting.engine import Alert
 from ..snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
 
@@ -94,6 +95,11 @@ _DEFS = [
     *(MetricDef(f"gpu_mig_{name}_ratio", "gauge", f"Like gpu_{name}_ratio, for one MIG GPU instance, from GPM (0-1).")
       for name, _ in ACTIVITY_METRICS),
     MetricDef("gpu_mig_process_memory_used_bytes", "gauge", "Memory used by a process on a MIG device, in bytes (capped like gpu_process_memory_used_bytes)."),
+    MetricDef("gpu_state_seconds_total", "counter", "Seconds each GPU spent in each state (busy, allocated_idle, idle, down), by holder: the pod with pod attribution, else the user whose processes hold memory; a shared GPU's time is split between its holders."),
+    MetricDef("gpu_last_active_timestamp_seconds", "gauge", "Unix time the GPU was last busy (activity at or above the idle threshold); absent until it has been busy since the exporter started."),
+    MetricDef("gpu_memory_used_max_bytes", "gauge", "Highest GPU memory used seen by the polls over the memory peak window (default 5 min), in bytes."),
+    MetricDef("gpu_price_per_hour", "gauge", "Price of the GPU per hour in the configured currency, from the pricing settings; absent where no price is configured."),
+    MetricDef("gpu_energy_price_per_kwh", "gauge", "Price of one kWh of energy in the configured currency, from the pricing settings; absent where none is configured."),
     MetricDef("gpu_exporter_build_info", "gauge", "Constant 1; labels give the exporter's version."),
     MetricDef("gpu_exporter_nvml_up", "gauge", "1 when NVML is initialised and answering."),
     MetricDef("gpu_exporter_poll_duration_seconds", "histogram", "Wall time of one poll of all GPUs."),
@@ -226,13 +232,13 @@ def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> I
                     fam.add_metric([*f.base(g), key], float(v))
         yield fam
     count = f.family("gpu_processes")
-    procs = f.family("gpu_process_memory_used_bytes", ("pid", "process"))
-    proc_sm = f.family("gpu_process_sm_utilization_ratio", ("pid", "process"))
-    proc_mem = f.family("gpu_process_memory_utilization_ratio", ("pid", "process"))
+    procs = f.family("gpu_process_memory_used_bytes", ("pid", "process", "user"))
+    proc_sm = f.family("gpu_process_sm_utilization_ratio", ("pid", "process", "user"))
+    proc_mem = f.family("gpu_process_memory_utilization_ratio", ("pid", "process", "user"))
     for g in live:
         count.add_metric(f.base(g), len(g.processes))
         for p in top_processes(g.processes, f.opts.process_top_n):
-            labels = [*f.base(g, [p.pod] if p.pod else ()), str(p.pid), p.name]
+            labels = [*f.base(g, [p.pod] if p.pod else ()), str(p.pid), p.name, p.user or UNKNOWN_USER]
             if p.used_memory_bytes is not None:
                 procs.add_metric(labels, float(p.used_memory_bytes))
             if p.sm_utilization_ratio is not None:
@@ -271,7 +277,7 @@ def _mig_families(f: _Families, live: list[GpuReading]) -> Iterator[Metric]:
     scalars += [(f"gpu_mig_{name}_ratio", (lambda f: lambda m: getattr(m.activity, f) if m.activity else None)(field))
                 for name, field in ACTIVITY_METRICS]  # fmt: skip
     fams = [(f.family(name, _MIG_LABELS), read) for name, read in scalars]
-    procs = f.family("gpu_mig_process_memory_used_bytes", (*_MIG_LABELS, "pid", "process"))
+    procs = f.family("gpu_mig_process_memory_used_bytes", (*_MIG_LABELS, "pid", "process", "user"))
     for g in live:
         for m in g.migs:
             info.add_metric(ids(g, m), 1)
@@ -281,7 +287,9 @@ def _mig_families(f: _Families, live: list[GpuReading]) -> Iterator[Metric]:
                     fam.add_metric(ids(g, m), float(v))
             for p in top_processes(m.processes, f.opts.process_top_n):
                 if p.used_memory_bytes is not None:
-                    procs.add_metric([*ids(g, m), str(p.pid), p.name], float(p.used_memory_bytes))
+                    procs.add_metric(
+                        [*ids(g, m), str(p.pid), p.name, p.user or UNKNOWN_USER], float(p.used_memory_bytes)
+                    )
     yield info
     for fam, _ in fams:
         yield fam

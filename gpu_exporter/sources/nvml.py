@@ -26,6 +26,7 @@ import structlog
 from ..snapshot import Activity, GpuReading, GpuStatic, MigReading, NvLinkReading, ProcessReading
 from .backend import BackendUnavailable, ErrorSink, GpuLost, SystemInfo
 from .gpm import METRIC_FIELDS, MetricAnswer, SamplePair, activity_of
+from .procfs import process_user
 
 log = structlog.get_logger(__name__)
 
@@ -115,6 +116,7 @@ class _Device:
         self.unsupported_fields: set[tuple[int, int]] = set()
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
+        self.process_users: dict[int, str | None] = {}  # pid -> user, looked up once per process
         self.process_util_seen = 0  # driver timestamp (us) of the newest per-process sample read
         self.process_util_at: float | None = None  # when it was last read (monotonic)
         self.process_util: dict[int, tuple[float | None, float | None]] = {}  # pid -> (sm, memory) then
@@ -367,9 +369,10 @@ class NvmlBackend:
         )  # fmt: skip
         with self._lock:
             xids = MappingProxyType(dict(self._xid_counts.get(static.index, {})))
-        processes = self._processes(dev, dev.process_names)
+        processes = self._processes(dev, dev.process_names, dev.process_users)
         # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
         dev.process_names = {p.pid: p.name for p in processes}
+        dev.process_users = {p.pid: p.user for p in processes}
         if processes and static.mig_mode != "enabled":
             processes = self._process_utilization(dev, processes)
         activity = self._gpm_activity(dev, dev.gpm, lambda s: pynvml.nvmlGpmSampleGet(dev.handle, s.handle)) \
@@ -495,7 +498,7 @@ class NvmlBackend:
                     memory_total_bytes=mem.total if mem is not None else None,
                     memory_used_bytes=mem.used if mem is not None else None,
                     memory_free_bytes=mem.free if mem is not None else None,
-                    processes=self._processes(mig, dev.mig_process_names),
+                    processes=self._processes(mig, dev.mig_process_names, dev.process_users),
                     activity=self._mig_activity(dev, gi, uuid, profile) if static.gpm_supported else None,
                 )
             )
@@ -654,8 +657,10 @@ class NvmlBackend:
             out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
         return tuple(out)
 
-    def _processes(self, dev: _Device, names: dict[int, str]) -> tuple[ProcessReading, ...]:
-        """Compute and graphics processes; ``names`` are those already looked up, by pid."""
+    def _processes(
+        self, dev: _Device, names: dict[int, str], users: dict[int, str | None]
+    ) -> tuple[ProcessReading, ...]:
+        """Compute and graphics processes; ``names`` and ``users`` are those already looked up, by pid."""
         found: dict[int, ProcessReading] = {}
         for kind, fn in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
                          ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):  # fmt: skip
@@ -663,7 +668,9 @@ class NvmlBackend:
                 if p.pid in found:
                     continue
                 name = names.get(p.pid) or _process_name(p.pid)
-                found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind)
+                user = users[p.pid] if p.pid in users else process_user(p.pid)
+                found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind,
+                                              user=user)  # fmt: skip
         return tuple(found.values())
 
     def _count_nvlinks(self, dev: _Device) -> int:

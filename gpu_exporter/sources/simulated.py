@@ -44,6 +44,8 @@ _THRESHOLDS = MappingProxyType({"shutdown": 92.0, "slowdown": 89.0, "gpu_max": 8
 # Bus numbers of the eight GPUs of an HGX H100 board; more GPUs move on to further PCI domains.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _UUID_NAMESPACE = uuid.UUID("0f5c7c1e-4f6b-4a55-9d0e-5a1b9e3c7d21")
+# Who runs the simulated jobs: a shared server's users, GPU i's job belonging to _USERS[i % 3].
+_USERS = ("alice", "bob", "carol")
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +332,8 @@ class _SimulatedGpu:
             # The driver samples per process in whole percent.
             processes = (ProcessReading(self._pid + 7 * load.restarts, load.process, used, "compute",
                                         sm_utilization_ratio=round(_clamp(load.utilization), 2),
-                                        memory_utilization_ratio=round(_clamp(load.memory_copy), 2)),)  # fmt: skip
+                                        memory_utilization_ratio=round(_clamp(load.memory_copy), 2),
+                                        user=_USERS[static.index % len(_USERS)]),)  # fmt: skip
         activity = None
         if model.gpm:
             sm = _clamp(load.utilization * load.sm_share)

@@ -1,0 +1,172 @@
+"""The daemon's books: for each GPU, the seconds spent in each state by each holder, its memory
+peak, when it was last busy and what it costs.
+
+Each snapshot adds the time since the previous one to exactly one state of every GPU the books
+know, split between the GPU's holders (:func:`~.states.holders`).  A GPU missing from a snapshot,
+or every GPU while NVML is down, adds that time to ``down``.  The sums only grow while the daemon
+runs, so ``increase()`` over any range is exact to a poll interval however the scrapes fall.
+
+A gap between two snapshots longer than ``max_step`` seconds (the daemon was stopped or the machine
+suspended) is not counted: nobody saw what the GPUs did then.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from ..snapshot import GpuReading, NodeSnapshot, PodRef
+from .peaks import WindowMax
+from .pricing import PriceBook
+from .states import BUSY, DOWN, IDLE, NOBODY, OTHER_USER, STATES, Holder, classify, holders, pods_of
+
+GpuKey = tuple[int, str]  # NVML index and UUID
+
+
+@dataclass(frozen=True)
+class GpuAccount:
+    """One GPU's books at one moment, for rendering."""
+
+    index: int
+    uuid: str
+    state: str
+    pods: tuple[PodRef, ...]  # who holds it now, for the pod labels of its per-GPU series
+    seconds: tuple[tuple[Holder, str, float], ...]  # (holder, state, seconds), in a stable order
+    last_active: float | None = None  # unix time it was last busy; None: not since the daemon started
+    memory_peak_bytes: float | None = None
+    price_per_hour: float | None = None
+    energy_price_per_kwh: float | None = None
+
+
+@dataclass(frozen=True)
+class AccountingView:
+    currency: str | None
+    gpus: tuple[GpuAccount, ...]
+
+
+@dataclass
+class _Book:
+    index: int
+    uuid: str
+    peak: WindowMax
+    state: str = DOWN
+    name: str | None = None
+    pods: tuple[PodRef, ...] = ()
+    last_active: float | None = None
+    seconds: dict[tuple[Holder, str], float] = field(default_factory=dict)
+    held_at: dict[Holder, float] = field(default_factory=dict)  # holder -> when it last held the GPU
+
+    def __post_init__(self) -> None:
+        # The unheld idle and down series exist from the start, so increase() sees every second of
+        # them. The others appear when first used: increase() extrapolates a new counter back to
+        # zero, and a GPU's two series that nearly never move (busy or allocated_idle and held by
+        # nobody) cost no series until they do.
+        for state in (IDLE, DOWN):
+            self.seconds[(NOBODY, state)] = 0.0
+
+
+class Accountant:
+    def __init__(
+        self,
+        *,
+        threshold: float,
+        signal: str = "auto",
+        pod_mode: bool = False,
+        prices: PriceBook | None = None,
+        memory_peak_window: float = 300.0,
+        max_users: int = 20,
+        holder_retention: float = 3600.0,
+        max_step: float = 300.0,
+    ) -> None:
+        self.threshold = threshold
+        self.signal = signal
+        self.pod_mode = pod_mode
+        self.prices = prices
+        self.memory_peak_window = memory_peak_window
+        self.max_users = max_users
+        self.holder_retention = holder_retention
+        self.max_step = max_step
+        self._books: dict[GpuKey, _Book] = {}
+        self._last_t: float | None = None
+        self._lock = threading.Lock()
+        self._view = AccountingView(prices.currency if prices else None, ())
+
+    def observe(self, snapshot: NodeSnapshot) -> None:
+        """Add the time since the previous snapshot to each GPU's state now."""
+        t = snapshot.taken_at
+        with self._lock:
+            step = 0.0 if self._last_t is None else t - self._last_t
+            step = step if 0 < step <= self.max_step else 0.0
+            if self._last_t is None or t > self._last_t:
+                self._last_t = t
+            seen: set[GpuKey] = set()
+            for g in snapshot.gpus if snapshot.nvml_up else ():
+                key = (g.index, g.uuid)
+                seen.add(key)
+                book = self._books.get(key)
+                if book is None:
+                    book = self._books[key] = _Book(g.index, g.uuid, WindowMax(self.memory_peak_window))
+                self._observe_gpu(book, g, t, step)
+            for key, book in self._books.items():
+                if key not in seen:  # lost from the count, or NVML is down: nobody can use it
+                    book.state, book.pods = DOWN, ()
+                    book.seconds[(NOBODY, DOWN)] += step
+            self._view = self._render(t)
+
+    def _observe_gpu(self, book: _Book, g: GpuReading, t: float, step: float) -> None:
+        state = classify(g, self.threshold, self.signal)
+        book.state = state
+        book.pods = pods_of(g) if g.up else ()
+        if g.static is not None:
+            book.name = g.static.name
+        if state == BUSY:
+            book.last_active = t
+        if g.memory_used_bytes is not None:
+            book.peak.add(t, float(g.memory_used_bytes))
+        self._forget(book, t)
+        for holder, share in self._bounded(book, holders(g, self.pod_mode)):
+            book.held_at[holder] = t
+            key = (holder, state)
+            book.seconds[key] = book.seconds.get(key, 0.0) + step * share
+
+    def _bounded(self, book: _Book, shares: list[tuple[Holder, float]]) -> list[tuple[Holder, float]]:
+        """Users beyond ``max_users`` of one GPU are counted as one 'other' user, so the series stay bounded."""
+        if self.pod_mode:
+            return shares
+        known = {h for h in book.held_at if h != NOBODY and h[3] != OTHER_USER}
+        out: dict[Holder, float] = {}
+        for holder, share in shares:
+            if holder != NOBODY and holder not in known:
+                if len(known) >= self.max_users:
+                    holder = ("", "", "", OTHER_USER)
+                else:
+                    known.add(holder)
+            out[holder] = out.get(holder, 0.0) + share
+        return list(out.items())
+
+    def _forget(self, book: _Book, now: float) -> None:
+        """A holder gone for ``holder_retention`` leaves the books: its counters end, and a return
+        starts new ones (a counter reset to Prometheus, which ``increase()`` handles)."""
+        for holder, at in list(book.held_at.items()):
+            if holder != NOBODY and now - at > self.holder_retention:
+                del book.held_at[holder]
+                for state in STATES:
+                    book.seconds.pop((holder, state), None)
+
+    def _render(self, now: float) -> AccountingView:
+        prices = self.prices
+        gpus = []
+        for book in sorted(self._books.values(), key=lambda b: (b.index, b.uuid)):
+            price = prices.per_hour(book.name) if prices else None
+            gpus.append(GpuAccount(
+                index=book.index, uuid=book.uuid, state=book.state, pods=book.pods,
+                seconds=tuple((h, s, v) for (h, s), v in sorted(book.seconds.items())),
+                last_active=book.last_active,
+                memory_peak_bytes=book.peak.max(now) if book.state != DOWN else None,
+                price_per_hour=price, energy_price_per_kwh=prices.energy_per_kwh if prices and book.name else None,
+            ))  # fmt: skip
+        return AccountingView(prices.currency if prices else None, tuple(gpus))
+
+    def view(self) -> AccountingView:
+        """The books after the latest snapshot (immutable; safe to read from any thread)."""
+        return self._view

@@ -1,0 +1,246 @@
+"""The report as a table, Markdown, or one self-contained HTML file, all rendered from its JSON.
+
+The HTML draws its charts as inline SVG: no script, no library, nothing fetched, so the file opens
+anywhere, offline and under any Content-Security-Policy (a week at 15-minute steps is about 250 KiB,
+mostly the timeline's bars and their tooltips).  A plotting library would add a megabyte of
+JavaScript, or a Python dependency, for three simple charts.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from ..accounting.states import STATES
+from .rightsizing import money
+
+GIB = 1024**3
+COLOURS = {"busy": "#2e7d32", "allocated_idle": "#ef6c00", "idle": "#c62828", "down": "#757575"}
+LABELS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": "idle", "down": "down"}
+TOP = 10
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    """Hours to a useful precision: 168.0, 2.35, 0.017."""
+    if v is None:
+        return "-"
+    if v == 0 or abs(v) >= 10:
+        return f"{v:,.{digits}f}"
+    return f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.3f}"
+
+
+def _cash(v: float | None, currency: str | None) -> str:
+    return "-" if v is None else money(v, currency)
+
+
+def _gib(v: float | None) -> str:
+    return "-" if v is None else f"{v / GIB:.1f} GiB"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def _wasted_h(row: dict[str, Any]) -> float:
+    return float(row["allocated_idle_hours"] + row.get("idle_hours", 0.0))
+
+
+def headline(doc: dict[str, Any]) -> list[str]:
+    t, cur, r = doc["totals"], doc["currency"], doc["range"]
+    wasted = _wasted_h(t)
+    share = f" ({wasted / t['gpu_hours'] * 100:.0f}% of GPU time)" if t["gpu_hours"] else ""
+    lines = [
+        f"GPU cost and waste from {r['start']} to {r['end']} ({_num(r['hours'])} h)",
+        f"{t['gpus']} GPUs, {_num(t['gpu_hours'])} GPU-hours: busy {_num(t['busy_hours'])}, allocated but idle "
+        f"{_num(t['allocated_idle_hours'])}, idle {_num(t['idle_hours'])}, down {_num(t['down_hours'])}; "
+        f"wasted {_num(wasted)}{share}",
+    ]
+    if t["cost"] is not None:
+        lines.append(f"Cost {_cash(t['cost'], cur)}, of which wasted {_cash(t['wasted_cost'], cur)}"
+                     + (f" ({t['unpriced_gpus']} GPUs without a price)" if t["unpriced_gpus"] else ""))  # fmt: skip
+    else:
+        lines.append("No prices in Prometheus (gpu_price_per_hour): hours only; see the pricing settings")
+    return lines
+
+
+def _gpu_rows(doc: dict[str, Any]) -> list[list[str]]:
+    cur = doc["currency"]
+    rows = sorted(doc["gpus"], key=lambda g: (-_wasted_h(g), g["node"], g["gpu"]))
+    return [[g["node"], g["gpu"], g["model"] or "?", _num(g["busy_hours"]), _num(g["allocated_idle_hours"]),
+             _num(g["idle_hours"]), _num(g["down_hours"]), _cash(g["cost"], cur), _cash(g["wasted_cost"], cur),
+             _gib(g["memory_peak_bytes"]), _pct(g["activity_p95"]), g["holder"] or "-"] for g in rows]  # fmt: skip
+
+
+GPU_HEAD = ["node", "gpu", "model", "busy h", "alloc-idle h", "idle h", "down h", "cost", "wasted", "peak mem (p98)",
+            "activity p95", "main holder"]  # fmt: skip
+HOLDER_HEAD = ["holder", "gpus", "held h", "alloc-idle h", "cost", "wasted"]
+
+
+def _holder_rows(doc: dict[str, Any]) -> list[list[str]]:
+    cur = doc["currency"]
+    return [[h["holder"], str(h["gpus"]), _num(h["gpu_hours"]), _num(h["allocated_idle_hours"]),
+             _cash(h["cost"], cur), _cash(h["wasted_cost"], cur)] for h in doc["holders"]]  # fmt: skip
+
+
+def _grid(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*[h.upper() for h in head]).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
+
+
+def _notes(doc: dict[str, Any]) -> list[str]:
+    return [f"GPU {g['gpu']} on {g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
+
+
+def as_table(doc: dict[str, Any]) -> str:
+    out = [*headline(doc), "", "GPUs, most wasted first", *_grid(GPU_HEAD, _gpu_rows(doc))]
+    if doc["holders"]:
+        out += ["", "Holders, most allocated-but-idle first", *_grid(HOLDER_HEAD, _holder_rows(doc))]
+    out += ["", "Recommendations" if doc["recommendations"] else "Recommendations: none"]
+    for r in doc["recommendations"]:
+        out += [f"  GPU {r['gpu']} on {r['node']}: {r['current_model']} -> {r['suggested']}, saves about "
+                f"{_cash(r['saving_per_month'], doc['currency'])}/month", f"    {r['reason']}"]  # fmt: skip
+    if notes := _notes(doc):
+        out += ["", "Notes", *(f"  {n}" for n in notes)]
+    return "\n".join(out) + "\n"
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    def cell(x: str) -> str:
+        return x.replace("|", "\\|")
+
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(cell(x) for x in r) + " |" for r in rows)]  # fmt: skip
+
+
+def as_markdown(doc: dict[str, Any]) -> str:
+    h = headline(doc)
+    out = [f"# {h[0]}", "", *(f"- {line}" for line in h[1:]), "", "## GPUs", "", *_md_table(GPU_HEAD, _gpu_rows(doc))]
+    if doc["holders"]:
+        out += ["", "## Holders", "", *_md_table(HOLDER_HEAD, _holder_rows(doc))]
+    out += ["", "## Recommendations", ""]
+    out += [f"- **GPU {r['gpu']} on {r['node']}: {r['current_model']} → {r['suggested']}** "
+            f"({_cash(r['saving_per_month'], doc['currency'])}/month): {r['reason']}"
+            for r in doc["recommendations"]] or ["None."]  # fmt: skip
+    if notes := _notes(doc):
+        out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    return "\n".join(out) + "\n"
+
+
+# -- HTML ----------------------------------------------------------------------------------------------
+def _svg_timeline(doc: dict[str, Any], width: int = 860, height: int = 240) -> str:
+    points = doc["timeline"]
+    pad_l, pad_b, pad_t = 56, 28, 10
+    inner_w, inner_h = width - pad_l - 10, height - pad_b - pad_t
+    if not points:
+        return '<p class="empty">No data in the range.</p>'
+    peak = max(sum(p[f"{s}_hours"] for s in STATES) for p in points) or 1.0
+    n = len(points)
+    bar = inner_w / n
+    width_of = bar - 0.5 if bar >= 4 else bar + 0.2  # narrow bars touch, or antialiasing pales them
+    parts = [f'<svg class="chart" id="timeline" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="GPU-hours by state over time" '
+             'shape-rendering="crispEdges">']  # fmt: skip
+    for i, p in enumerate(points):
+        y: float = pad_t + inner_h
+        for s in STATES:
+            h = p[f"{s}_hours"] / peak * inner_h
+            if h > 0:
+                y -= h
+                parts.append(f'<rect x="{pad_l + i * bar:.2f}" y="{y:.2f}" width="{width_of:.2f}" '
+                             f'height="{h:.2f}" fill="{COLOURS[s]}"><title>{escape(p["time"])} {LABELS[s]}: '
+                             f'{p[f"{s}_hours"]:.3f} GPU-h</title></rect>')  # fmt: skip
+    for frac in (0.0, 0.5, 1.0):
+        y = pad_t + inner_h * (1 - frac)
+        parts.append(f'<line x1="{pad_l}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ccc"/>'
+                     f'<text x="{pad_l - 6}" y="{y + 4:.1f}" text-anchor="end">{peak * frac:.3g}</text>')  # fmt: skip
+    parts.append(f'<text x="{pad_l}" y="{height - 8}">{escape(points[0]["time"])}</text>'
+                 f'<text x="{width - 10}" y="{height - 8}" text-anchor="end">{escape(points[-1]["time"])}</text>'
+                 "</svg>")  # fmt: skip
+    return "".join(parts)
+
+
+def _svg_bars(items: list[tuple[str, list[tuple[str, float]]]], unit: str, chart_id: str, width: int = 860) -> str:
+    """Horizontal stacked bars: (label, [(colour, value), ...]) each."""
+    if not items:
+        return '<p class="empty">Nothing to show.</p>'
+    row, label_w = 26, 300
+    height = row * len(items) + 10
+    peak = max(sum(v for _, v in segs) for _, segs in items) or 1.0
+    scale = (width - label_w - 110) / peak
+    parts = [f'<svg class="chart" id="{chart_id}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img">']  # fmt: skip
+    for i, (label, segs) in enumerate(items):
+        y = 5 + i * row
+        parts.append(f'<text x="{label_w - 8}" y="{y + 16}" text-anchor="end">{escape(label[:48])}</text>')
+        x = float(label_w)
+        for colour, v in segs:
+            if v > 0:
+                parts.append(f'<rect x="{x:.2f}" y="{y + 3}" width="{max(v * scale, 1):.2f}" height="{row - 8}" '
+                             f'fill="{colour}"/>')  # fmt: skip
+                x += v * scale
+        parts.append(f'<text x="{x + 6:.2f}" y="{y + 16}">{escape(unit.format(sum(v for _, v in segs)))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;font-size:12.5px}
+td,th{border-bottom:1px solid #e3e3e3;padding:3px 8px;text-align:left;white-space:nowrap}
+.chart text{font:11px system-ui,sans-serif;fill:#333}.legend span{display:inline-block;margin-right:14px}
+.legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
+.rec{border-left:4px solid #ef6c00;padding:4px 10px;margin:10px 0;background:#fff8f0}
+.note{border-left:4px solid #757575;padding:4px 10px;margin:8px 0;background:#f6f6f6}"""
+
+
+def as_html(doc: dict[str, Any]) -> str:
+    cur = doc["currency"]
+    h = headline(doc)
+    legend = "".join(f'<span><i style="background:{COLOURS[s]}"></i>{LABELS[s]}</span>' for s in STATES)
+    wasters = sorted(doc["gpus"], key=lambda g: -_wasted_h(g))[:TOP]
+    gpu_bars = [(f"{g['node']} GPU {g['gpu']} ({g['model'] or '?'})",
+                 [(COLOURS["allocated_idle"], g["allocated_idle_hours"]), (COLOURS["idle"], g["idle_hours"])])
+                for g in wasters if _wasted_h(g) > 0]  # fmt: skip
+    holder_bars = [(x["holder"], [(COLOURS["allocated_idle"], x["allocated_idle_hours"])])
+                   for x in doc["holders"][:TOP] if x["allocated_idle_hours"] > 0]  # fmt: skip
+    recs = []
+    for i, r in enumerate(doc["recommendations"]):
+        g = next(x for x in doc["gpus"] if x["uuid"] == r["uuid"] and x["node"] == r["node"])
+        monthly_now = (g["price_per_hour"] or 0) * 730
+        # Monthly cost at the held hours' rate, now and on the suggestion, as the saving is computed.
+        monthly_new = max(monthly_now - (r["saving_per_month"] or 0), 0)
+        bars = _svg_bars([(f"now: {r['current_model']}", [(COLOURS["idle"], monthly_now)]),
+                          (f"{r['suggested']}", [(COLOURS["busy"], monthly_new)])],
+                         "{:,.0f} " + (cur or "") + "/month", f"rec-{i}")  # fmt: skip
+        title = f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} → {r['suggested']}"
+        recs.append(f'<div class="rec"><b>{escape(title)}</b>, about {escape(_cash(r["saving_per_month"], cur))}'
+                    f"/month<br>{escape(r['reason'])}{bars}</div>")  # fmt: skip
+    notes = "".join(f'<div class="note">{escape(n)}</div>' for n in _notes(doc))
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{escape(h[0])}</title>
+<meta name="generator" content="gpu-exporter report ({escape(doc["schema"])})"><style>{CSS}</style></head>
+<body>
+<h1>{escape(h[0])}</h1>
+{"".join(f"<p>{escape(line)}</p>" for line in h[1:])}
+<h2>Waste over time (GPU-hours per step of {doc["range"]["step_seconds"]} s)</h2>
+<div class="legend">{legend}</div>
+{_svg_timeline(doc)}
+<h2>Top wasters: GPUs (wasted GPU-hours)</h2>
+{_svg_bars(gpu_bars, "{:,.2f} h", "top-gpus")}
+<h2>Top wasters: holders (allocated-but-idle GPU-hours)</h2>
+{_svg_bars(holder_bars, "{:,.2f} h", "top-holders")}
+<h2>Recommendations</h2>
+{"".join(recs) or "<p>None.</p>"}
+{"<h2>Notes</h2>" + notes if notes else ""}
+<h2>GPUs</h2>
+{_html_table(GPU_HEAD, _gpu_rows(doc))}
+<h2>Holders</h2>
+{_html_table(HOLDER_HEAD, _holder_rows(doc))}
+</body></html>
+"""

@@ -1,0 +1,64 @@
+"""The accounting's books as metric families: GPU time by state and holder, memory peaks, last
+activity and prices (see :mod:`gpu_exporter.accounting`).
+
+Series carry ``gpu``, ``uuid`` and, with pod attribution on, the pod labels, like every per-GPU
+series.  ``gpu_state_seconds_total`` is the exception that proves it: one series per holder, so its
+pod labels (or its ``user``) name that one holder, where the other series join a shared GPU's pods
+with commas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..accounting.ledger import AccountingView, GpuAccount
+from ..snapshot import pod_label_values
+from .metrics import GPU_LABELS, METRICS, RenderOptions
+
+
+def accounting_families(view: AccountingView, opts: RenderOptions | None = None) -> Iterator[Metric]:
+    pod_names = (opts.pod_labels if opts else None) or ()
+
+    def base(a: GpuAccount) -> list[str]:
+        return [str(a.index), a.uuid, *(pod_label_values(a.pods) if pod_names else ())]
+
+    def gauge(name: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, METRICS[name].help, labels=[*GPU_LABELS, *pod_names, *extra])
+
+    name = "gpu_state_seconds_total"
+    seconds = CounterMetricFamily(name.removesuffix("_total"), METRICS[name].help,
+                                  labels=[*GPU_LABELS, *pod_names, "user", "state"])  # fmt: skip
+    last_active = gauge("gpu_last_active_timestamp_seconds")
+    peak = gauge("gpu_memory_used_max_bytes")
+    price = gauge("gpu_price_per_hour", ("currency",))
+    energy = gauge("gpu_energy_price_per_kwh", ("currency",))
+    currency = view.currency or ""
+    for a in view.gpus:
+        for (namespace, pod, container, user), state, value in a.seconds:
+            holder = [namespace, pod, container] if pod_names else []
+            seconds.add_metric([str(a.index), a.uuid, *holder, user, state], value)
+        if a.last_active is not None:
+            last_active.add_metric(base(a), a.last_active)
+        if a.memory_peak_bytes is not None:
+            peak.add_metric(base(a), a.memory_peak_bytes)
+        if a.price_per_hour is not None:
+            price.add_metric([*base(a), currency], a.price_per_hour)
+        if a.energy_price_per_kwh is not None:
+            energy.add_metric([*base(a), currency], a.energy_price_per_kwh)
+    yield from (seconds, last_active, peak, price, energy)
+
+
+class AccountingCollector(Collector):
+    """The accountant's latest view, at render time; it never touches NVML."""
+
+    def __init__(self, view: Callable[[], AccountingView | None], opts: RenderOptions | None = None) -> None:
+        self._view = view
+        self.opts = opts
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._view()
+        if view is not None:
+            yield from accounting_families(view, self.opts)

@@ -1,0 +1,115 @@
+"""Done-when of the cost issue, end to end: the real daemon on the fake NVML, a real Prometheus
+scraping it, and ``gpu-exporter report`` querying that Prometheus.
+
+A node with one busy H100, one H100 a job holds but leaves idle, and one idle L4 runs for a
+minute; the report over the last minute gives each GPU's hours and cost within one poll interval
+of price x time, suggests a smaller card for the over-sized one and nothing for the busy one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cost_helpers import H100_PRICE, L4_PRICE, pricing_config, three_gpu_node
+from tests.exporter_helpers import run_daemon, wait_for
+from tests.prometheus_helpers import Prometheus, prometheus
+
+ROOT = Path(__file__).resolve().parent.parent
+COST_RULES = ROOT / "alerts" / "gpu-cost.rules.yml"
+POLL_S = 1.0
+MINUTE_H = 60 / 3600
+ONE_POLL_H = POLL_S / 3600
+
+
+def report(prom: Prometheus, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", prom.url, *args],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def minute_of_three_gpus(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib: Path) -> Any:
+    tmp = tmp_path_factory.mktemp("minute")
+    s = three_gpu_node(tmp / "node.scn")
+    s.write()
+    cfg = pricing_config(tmp / "config.yaml", node_name="node-a")
+    with run_daemon(s.path, "--config", str(cfg), "--poll.interval", f"{POLL_S:g}s") as d, \
+            prometheus([f"127.0.0.1:{d.port}"], tmp / "prom", rule_files=[COST_RULES],
+                       labels={"node": "node-a"}) as prom:  # fmt: skip
+        wait_for(
+            lambda: len(prom.query("count by (gpu) (gpu_state_seconds_total)")) == 3,
+            timeout=30,
+            what="the state counters of the three GPUs",
+        )
+        started = time.time()
+        # A minute and a few seconds more, so the report's last minute lies wholly within the run.
+        wait_for(lambda: time.time() - started >= 68, timeout=120, interval=1, what="a minute of history")
+        yield prom
+
+
+def test_a_minute_gives_price_times_time_for_each_gpu(minute_of_three_gpus: Prometheus) -> None:
+    prom = minute_of_three_gpus
+    out = report(prom, "--since", "1m", "--format", "json", "--selector", '{node="node-a"}')
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["range"]["hours"] == pytest.approx(MINUTE_H, abs=1e-6) and doc["currency"] == "USD"
+    gpus = {g["gpu"]: g for g in doc["gpus"]}
+    assert set(gpus) == {"0", "1", "2"}
+    expected = {"0": ("busy", H100_PRICE, "NVIDIA H100 80GB HBM3"), "1": ("allocated_idle", H100_PRICE, None),
+                "2": ("idle", L4_PRICE, "NVIDIA L4")}  # fmt: skip
+    for index, (state, price, model) in expected.items():
+        g = gpus[index]
+        assert g["gpu_hours"] == pytest.approx(MINUTE_H, abs=ONE_POLL_H), g
+        assert g[f"{state}_hours"] == pytest.approx(MINUTE_H, abs=ONE_POLL_H), g
+        assert g["cost"] == pytest.approx(price * MINUTE_H, abs=price * ONE_POLL_H), g
+        if model:
+            assert g["model"] == model
+    assert gpus["0"]["wasted_cost"] == pytest.approx(0, abs=H100_PRICE * ONE_POLL_H)
+    assert gpus["1"]["wasted_cost"] == pytest.approx(H100_PRICE * MINUTE_H, abs=H100_PRICE * ONE_POLL_H)
+    assert doc["totals"]["gpu_hours"] == pytest.approx(3 * MINUTE_H, abs=3 * ONE_POLL_H)
+    assert doc["totals"]["wasted_cost"] == pytest.approx((H100_PRICE + L4_PRICE) * MINUTE_H, abs=4 * ONE_POLL_H)
+    # The peaks and the activity that right-sizing reads.
+    assert gpus["1"]["memory_peak_bytes"] == 10 * 1024**3 and gpus["1"]["activity_signal"] == "SM activity"
+    assert gpus["1"]["activity_p95"] < 0.05 and gpus["0"]["activity_p95"] > 0.7
+
+    recs = {r["gpu"]: r for r in doc["recommendations"]}
+    assert "0" not in recs, recs["0"]
+    over = recs["1"]
+    assert over["current_model"] == "NVIDIA H100 80GB HBM3" and over["suggested"] not in ("release", "H100 80GB")
+    assert over["saving_per_month"] > 0 and "10.0 GiB" in over["reason"] and "SM activity" in over["reason"]
+    assert "would hold it with" in over["reason"] and "/month" in over["reason"]
+    # Progress went to stderr, never into the JSON.
+    assert "[7/7]" in out.stderr
+
+
+def test_every_format_renders_the_same_report(minute_of_three_gpus: Prometheus, tmp_path: Path) -> None:
+    prom = minute_of_three_gpus
+    for fmt, needle in (("table", "RECOMMENDATIONS"), ("markdown", "## Recommendations"), ("html", "<svg")):
+        path = tmp_path / f"report.{fmt}"
+        out = report(prom, "--since", "1m", "--format", fmt, "--output", str(path), "--quiet")
+        assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out.stderr
+        text = path.read_text()
+        assert ("Recommendations" in text or needle in text) and "node-a" in text, text[:500]
+
+
+def test_the_recording_rules_see_the_waste(minute_of_three_gpus: Prometheus) -> None:
+    prom = minute_of_three_gpus
+    wait_for(lambda: bool(prom.query("node:gpu_wasted_hours:increase1h")), timeout=90, what="a rule evaluation")
+    wasted = {r["metric"]["gpu"]: float(r["value"][1]) for r in prom.query('gpu:wasted_hours:increase1h{user!=""}')}
+    # The group's first evaluation may come seconds after the start: some waste, on the right GPU only.
+    assert wasted.get("1", 0) > 0 and wasted.get("0", 0) == 0
+    (node,) = prom.query("node:gpu_wasted_cost:increase1h")
+    assert node["metric"]["currency"] == "USD" and float(node["value"][1]) > 0
+
+
+def test_a_selector_that_matches_nothing_gives_an_empty_report(minute_of_three_gpus: Prometheus) -> None:
+    out = report(minute_of_three_gpus, "--since", "1m", "--format", "json", "--selector", '{node="elsewhere"}')
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["gpus"] == [] and doc["totals"]["gpu_hours"] == 0 and "no gpu-exporter series" in out.stderr
