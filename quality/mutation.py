@@ -1,0 +1,518 @@
+"""Mutation testing of the modules where a wrong result reaches users: how many small bugs the tests catch.
+
+    .venv/bin/python quality/mutation.py                  # every module in TARGETS
+    .venv/bin/python quality/mutation.py rules window     # some of them
+    .venv/bin/python quality/mutation.py --check window   # fail on a survivor without a reason
+
+Two passes, both on mutmut's mutants (see quality/README.md):
+
+1. ``mutmut run`` in a scratch copy of the work tree (``quality/.work``), with mutmut's own test
+   selection: each mutant re-runs only the in-process tests, out of the target's ``tests``, that
+   called its function.
+2. Each mutant that survived pass 1, or that no in-process test reached, is run against the
+   target's ``daemon_tests``: tests that start the daemon (or ``--once``) as a subprocess, which
+   pass 1 cannot attribute to a function.  The subprocess inherits ``MUTANT_UNDER_TEST`` and imports
+   the mutated package first on its ``PYTHONPATH``.
+
+Mutants that change nothing but log or message text are left out of the score and counted.
+A survivor is *explained* when quality/survivors.toml gives the reason it is equivalent or harmless.
+The summary goes to quality/results/ (one Markdown file per module, summary.md and summary.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+QUALITY = ROOT / "quality"
+SURVIVORS = QUALITY / "survivors.toml"
+
+
+@dataclass(frozen=True)
+class Target:
+    path: str
+    tests: tuple[str, ...]  # in-process tests; mutmut picks, per function, those that call it
+    daemon_tests: tuple[str, ...] = ()  # subprocess-based tests, run against what pass 1 left alive
+    # Functions whose only output is text for people (every mutant in them is message text).
+    message_functions: frozenset[str] = frozenset()
+
+
+# Tests left out of pass 1: cross-checks against a real Prometheus or promtool that take seconds
+# per run and judge the shipped PromQL more than the module (each survivor would pay for them).
+DESELECT = ("tests/test_gpm_rules.py::test_daemon_and_prometheus_agree_on_the_activity_rules",)
+
+
+# Adding a module is one entry here (and its tests).  The accounting and report modules (issue 14)
+# go here once merged.
+TARGETS: dict[str, Target] = {
+    "rules": Target(
+        "gpu_exporter/alerting/rules.py",
+        tests=("tests/test_rules.py", "tests/test_rule_properties.py", "tests/test_gpm_rules.py"),
+        daemon_tests=("tests/test_exporter_once.py",),
+        message_functions=frozenset({"_gpu", "_pct"}),
+    ),
+    "engine": Target(
+        "gpu_exporter/alerting/engine.py",
+        tests=(
+            "tests/test_rules.py",
+            "tests/test_rule_properties.py",
+            "tests/test_gpm_rules.py",
+            "tests/test_alert_delivery.py",
+            "tests/test_webhook_routing.py",
+        ),
+        daemon_tests=("tests/test_exporter_once.py", "tests/test_alert_chain.py"),
+    ),
+    "window": Target(
+        "gpu_exporter/alerting/window.py",
+        tests=("tests/test_rules.py", "tests/test_rule_properties.py", "tests/test_gpm_rules.py"),
+    ),
+    "exposition": Target(
+        "gpu_exporter/serving/exposition.py",
+        tests=("tests/test_exposition.py", "tests/test_exporter_metrics.py", "tests/test_exporter_promtool.py"),
+        daemon_tests=("tests/test_exporter_daemon.py::test_http_endpoints",),
+    ),
+    "delivery": Target(
+        "gpu_exporter/alerting/delivery.py",
+        tests=("tests/test_alert_delivery.py", "tests/test_webhook_routing.py"),
+        daemon_tests=("tests/test_alert_chain.py",),
+        message_functions=frozenset({"_reply_excerpt"}),
+    ),
+    "routing": Target(
+        "gpu_exporter/alerting/routing.py",
+        tests=("tests/test_webhook_routing.py", "tests/test_alert_delivery.py"),
+        daemon_tests=(
+            "tests/test_alert_chain.py::test_the_direct_webhook_notifies_as_alertmanager_does",
+            "tests/test_alert_chain.py::test_the_direct_webhook_repeats_as_alertmanager_does",
+        ),
+    ),
+    "gpm": Target(
+        "gpu_exporter/sources/gpm.py",
+        tests=("tests/test_gpm_pairs.py", "tests/test_gpm.py"),
+        daemon_tests=("tests/test_gpm.py", "tests/test_exporter_mig.py"),
+    ),
+}
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), read from its .meta files.
+KILLED, SURVIVED, NO_TESTS = {1, 3}, {0}, {33, 5}
+TIMEOUT = {36, -24, 24, 152, 255}
+
+# Calls whose arguments are log output only: structlog's bound logger.
+LOG_OBJECTS = {"log"}
+# Keyword arguments and positions (of ``Check``) that hold text for people.
+MESSAGE_KEYWORDS = {"summary", "description"}
+MESSAGE_POSITIONS = {"Check": {4, 5}}
+
+
+# -- the scratch copy ---------------------------------------------------------------------------------
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         check=True, capture_output=True).stdout.decode()  # fmt: skip
+    return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
+
+
+def prepare(work: Path, names: list[str]) -> None:
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    for rel in tracked_files():
+        if rel.startswith("quality/results/"):
+            continue
+        dest = work / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest)
+    targets = [TARGETS[n] for n in names]
+    tests = sorted({t for tg in targets for t in tg.tests if (work / t.partition("::")[0]).exists()})
+    config = {
+        "source_paths": ["gpu_exporter"],
+        "only_mutate": [tg.path for tg in targets],
+        "also_copy": ["alerts", "deploy", "benchmarks", "README.md"],
+        "pytest_add_cli_args_test_selection": tests,
+        "pytest_add_cli_args": ["-p", "no:cacheprovider", *(f"--deselect={t}" for t in DESELECT)],
+        "use_git_change_detection": False,
+    }
+    # On PYTHONPATH from the start (run_env): it must exist then, or Python caches it as a dead end.
+    (work / "mutants").mkdir()
+    # Tests that look for the venv next to the code (the oldest nvidia-ml-py kept there) find it.
+    (work / "mutants" / ".venv").symlink_to(ROOT / ".venv")
+    with (work / "pyproject.toml").open("a") as f:
+        f.write("\n[tool.mutmut]\n")
+        for key, value in config.items():
+            f.write(f"{key} = {json.dumps(value)}\n")
+
+
+def run_env(work: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # A daemon the tests start as a subprocess imports the mutated package, whatever its cwd.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(work / "mutants"), env.get("PYTHONPATH", "")) if p)
+    env.pop("MUTANT_UNDER_TEST", None)
+    return env
+
+
+def stray_processes(work: Path) -> Iterator[int]:
+    """Processes a killed mutant left behind (a daemon whose test was stopped): their cwd is in ``work``."""
+    me = os.getpid()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == me:
+            continue
+        try:
+            cwd = os.readlink(p / "cwd")
+        except OSError:
+            continue
+        if cwd == str(work) or cwd.startswith(str(work) + os.sep):
+            yield int(p.name)
+
+
+def end_strays(work: Path) -> int:
+    n = 0
+    for pid in stray_processes(work):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
+# -- pass 1 and 2 -----------------------------------------------------------------------------------
+def mutmut_pass(work: Path, jobs: int, log: Path) -> float:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    start = time.monotonic()
+    with log.open("w") as out:
+        rc = subprocess.run([str(mutmut), "run", "--max-children", str(jobs)], cwd=work, env=run_env(work),
+                            stdout=out, stderr=subprocess.STDOUT).returncode  # fmt: skip
+    if rc != 0:
+        sys.exit(f"mutation: mutmut run failed ({rc}); see {log}")
+    return time.monotonic() - start
+
+
+def load_results(work: Path, target: Target) -> dict[str, int | None]:
+    meta = json.loads((work / "mutants" / (target.path + ".meta")).read_text())
+    codes: dict[str, int | None] = meta["exit_code_by_key"]
+    return codes
+
+
+def daemon_pass(work: Path, target: Target, mutant: str, timeout: float) -> str:
+    """Run the target's subprocess-based tests with ``mutant`` active: killed, survived or timeout."""
+    env = run_env(work)
+    env["MUTANT_UNDER_TEST"] = mutant
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--rootdir=.",
+           *target.daemon_tests]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=work / "mutants", env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        rc = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        end_strays(work)
+        return "timeout"
+    end_strays(work)
+    return "survived" if rc == 0 else "killed"
+
+
+# -- what a mutant changed ----------------------------------------------------------------------------
+def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    found[item.name] = item
+    return found
+
+
+Step = tuple[Any, str, int | None]  # (node, field, index in a list field)
+
+
+def _differences(a: Any, b: Any, trail: list[Step]) -> Iterator[tuple[list[Step], Any, Any]]:
+    if type(a) is not type(b):
+        yield trail, a, b
+    elif isinstance(a, ast.AST):
+        for name in a._fields:
+            yield from _differences(getattr(a, name), getattr(b, name), [*trail, (a, name, None)])
+    elif isinstance(a, list):
+        if len(a) != len(b):
+            yield trail, a, b
+            return
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if trail:
+                node, name, _ = trail[-1]
+                yield from _differences(x, y, [*trail[:-1], (node, name, i), (x, "", None)])
+            else:
+                yield from _differences(x, y, trail)
+    elif a != b:
+        yield trail, a, b
+
+
+def _is_log_call(node: Any) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in LOG_OBJECTS)  # fmt: skip
+
+
+def _text_only(trail: list[Step], a: Any, b: Any) -> bool:
+    """Whether this one difference changes only text for people."""
+    nodes = [node for node, _, _ in trail]
+    for i, (node, name, index) in enumerate(trail):
+        if _is_log_call(node):
+            return True  # anything inside a log call is log output
+        in_message = (isinstance(node, ast.keyword) and node.arg in MESSAGE_KEYWORDS) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and name == "args"
+            and index in MESSAGE_POSITIONS.get(node.func.id, set()))  # fmt: skip
+        if in_message:
+            inner = nodes[i + 1 :]
+            # Still a string: a changed literal, or any change inside an f-string.
+            if any(isinstance(n, ast.JoinedStr) for n in inner[:-1] or inner):
+                return True
+            return isinstance(a, str) and isinstance(b, str)
+    return False
+
+
+@dataclass
+class Mutant:
+    name: str
+    function: str
+    status: str  # killed, killed-daemon, timeout, survived, no-tests, text
+    diff: str = ""
+    reason: str = ""
+
+    @property
+    def change(self) -> str:
+        """The mutated lines, as the key that quality/survivors.toml explains."""
+        return " / ".join(line[1:].strip() for line in self.diff.splitlines()
+                          if line.startswith("+") and not line.startswith("+++"))  # fmt: skip
+
+
+def function_of(key: str) -> str:
+    mangled = key.rpartition(".")[2].partition("__mutmut_")[0]
+    if "ǁ" in mangled:
+        _, cls, fn = mangled.split("ǁ")
+        return f"{cls}.{fn}"
+    return mangled.removeprefix("x_")
+
+
+def classify_text(work: Path, target: Target, keys: list[str]) -> set[str]:
+    """The mutants that change only log or message text."""
+    tree = ast.parse((work / "mutants" / target.path).read_text())
+    functions = _functions(tree)
+    text = set()
+    for key in keys:
+        mangled_mutant = key.rpartition(".")[2]
+        mangled = mangled_mutant.partition("__mutmut_")[0]
+        if function_of(key).rpartition(".")[2] in target.message_functions:
+            text.add(key)
+            continue
+        orig, mutant = functions.get(mangled + "__mutmut_orig"), functions.get(mangled_mutant)
+        if orig is None or mutant is None:
+            continue
+        diffs = [(t, a, b) for t, a, b in _differences(orig, mutant, []) if not (len(t) == 1 and t[0][1] == "name")]
+        if diffs and all(_text_only(t, a, b) for t, a, b in diffs):
+            text.add(key)
+    return text
+
+
+def diffs(work: Path, target: Target, keys: list[str]) -> dict[str, str]:
+    """mutmut's own diff of each mutant (imported here: mutmut reads its config from the cwd)."""
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+        return {k: get_diff_for_mutant(k, path=target.path) for k in keys}
+    finally:
+        os.chdir(cwd)
+
+
+# -- explanations and reports ---------------------------------------------------------------------------
+def explanations() -> dict[str, list[dict[str, str]]]:
+    if not SURVIVORS.exists():
+        return {}
+    data = tomllib.loads(SURVIVORS.read_text())
+    return {module: list(entries) for module, entries in data.items()}
+
+
+def explain(module: str, m: Mutant, known: dict[str, list[dict[str, str]]]) -> str:
+    for entry in known.get(module, []):
+        if entry["function"] == m.function and entry["change"] == m.change:
+            return entry["reason"]
+    return ""
+
+
+@dataclass
+class Summary:
+    module: str
+    path: str
+    mutants: list[Mutant] = field(default_factory=list)
+
+    def count(self, *statuses: str) -> int:
+        return sum(1 for m in self.mutants if m.status in statuses)
+
+    @property
+    def scored(self) -> int:
+        return len(self.mutants) - self.count("text")
+
+    @property
+    def detected(self) -> int:
+        return self.count("killed", "killed-daemon", "timeout")
+
+    @property
+    def score(self) -> float:
+        return self.detected / self.scored if self.scored else 1.0
+
+    @property
+    def alive(self) -> list[Mutant]:
+        return [m for m in self.mutants if m.status in ("survived", "no-tests")]
+
+    @property
+    def unexplained(self) -> list[Mutant]:
+        return [m for m in self.alive if not m.reason]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"module": self.module, "path": self.path, "mutants": len(self.mutants),
+                "text_only_excluded": self.count("text"), "scored": self.scored,
+                "killed_in_process": self.count("killed"), "killed_by_daemon_tests": self.count("killed-daemon"),
+                "timeout": self.count("timeout"), "survived": self.count("survived"),
+                "no_tests": self.count("no-tests"), "explained": len(self.alive) - len(self.unexplained),
+                "unexplained": len(self.unexplained), "score": round(self.score, 4)}  # fmt: skip
+
+
+def write_module_report(s: Summary, out: Path) -> None:
+    j = s.as_json()
+    lines = [
+        f"# Mutation testing: `{s.path}`",
+        "",
+        f"Score **{s.score:.1%}**: {s.detected} of {s.scored} mutants detected "
+        f"({j['killed_in_process']} by in-process tests, {j['killed_by_daemon_tests']} only by daemon tests, "
+        f"{j['timeout']} by timeout); {j['text_only_excluded']} mutants that change only log or message text "
+        f"left out of {len(s.mutants)}.",
+        "",
+    ]
+    if s.alive:
+        lines += [f"## Survivors ({len(s.alive)}; {len(s.unexplained)} without a reason)", ""]
+        for m in sorted(s.alive, key=lambda m: (m.function, m.name)):
+            lines += [f"### `{m.function}`: {m.name.rpartition('.')[2]} ({m.status})", "",
+                      f"Why it is equivalent or harmless: {m.reason or '**not explained yet**'}", "",
+                      "```diff", m.diff, "```", ""]  # fmt: skip
+    else:
+        lines += ["No survivors.", ""]
+    out.write_text("\n".join(lines))
+
+
+def write_summary(summaries: list[Summary], out: Path, seconds: dict[str, float], jobs: int) -> None:
+    rows = [
+        "| module | mutants | text only (excluded) | detected | by daemon tests | survived (explained) | score |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        j = s.as_json()
+        rows.append(f"| [{s.module}]({s.module}.md) `{s.path}` | {len(s.mutants)} | {j['text_only_excluded']} | "
+                    f"{s.detected} | {j['killed_by_daemon_tests']} | {len(s.alive)} ({j['explained']}) | "
+                    f"{s.score:.1%} |")  # fmt: skip
+    timing = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+    text = "\n".join(["# Mutation score per module", "",
+                      "Written by `quality/mutation.py` (mutmut 3.8.1); see quality/README.md.", "", *rows, "",
+                      f"Wall time with {jobs} worker(s): {timing}.", ""])  # fmt: skip
+    (out / "summary.md").write_text(text)
+    data = {"modules": [s.as_json() for s in summaries], "seconds": {k: round(v) for k, v in seconds.items()},
+            "jobs": jobs}  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+# -- main ---------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("modules", nargs="*", help=f"any of: {', '.join(TARGETS)} (default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
+    p.add_argument("--work", type=Path, default=QUALITY / ".work", help="scratch copy (default quality/.work)")
+    p.add_argument("--results", type=Path, default=QUALITY / "results", help="where the summary goes")
+    p.add_argument("--daemon-timeout", type=float, default=300, help="seconds for one mutant's daemon tests")
+    p.add_argument("--no-daemon-pass", action="store_true", help="skip pass 2 (subprocess-based tests)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 on a survivor that quality/survivors.toml does not explain")  # fmt: skip
+    p.add_argument("--fail-under", type=float, default=0.0, help="exit 1 if a module scores below this (0-1)")
+    args = p.parse_args(argv)
+    names = args.modules or list(TARGETS)
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
+    work: Path = args.work.resolve()
+    prepare(work, names)
+    seconds: dict[str, float] = {}
+    print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
+    seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log")
+    end_strays(work)
+
+    known = explanations()
+    summaries = []
+    daemon_start = time.monotonic()
+    for name in names:
+        target = TARGETS[name]
+        codes = load_results(work, target)
+        keys = sorted(codes)
+        text = classify_text(work, target, keys)
+        mutants = []
+        for key in keys:
+            code = codes[key]
+            if key in text:
+                status = "text"
+            elif code in KILLED:
+                status = "killed"
+            elif code in TIMEOUT:
+                status = "timeout"
+            elif code in NO_TESTS:
+                status = "no-tests"
+            elif code in SURVIVED:
+                status = "survived"
+            else:
+                status = f"other ({code})"
+            mutants.append(Mutant(key, function_of(key), status))
+        if target.daemon_tests and not args.no_daemon_pass:
+            for m in mutants:
+                if m.status in ("survived", "no-tests"):
+                    verdict = daemon_pass(work, target, m.name, args.daemon_timeout)
+                    if verdict != "survived":
+                        m.status = "killed-daemon" if verdict == "killed" else "timeout"
+                    print(f"mutation: {name} {m.name.rpartition('.')[2]}: daemon tests: {verdict}", flush=True)
+        alive = [m for m in mutants if m.status in ("survived", "no-tests")]
+        for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
+            m.diff = d
+            m.reason = explain(name, m, known)
+        summaries.append(Summary(name, target.path, mutants))
+    seconds["daemon tests"] = time.monotonic() - daemon_start
+
+    args.results.mkdir(parents=True, exist_ok=True)
+    for s in summaries:
+        write_module_report(s, args.results / f"{s.module}.md")
+    write_summary(summaries, args.results, seconds, args.jobs)
+    failed = False
+    for s in summaries:
+        j = s.as_json()
+        print(f"mutation: {s.module}: {s.score:.1%} ({s.detected}/{s.scored}; {j['text_only_excluded']} text-only "
+              f"excluded; {len(s.alive)} alive, {len(s.unexplained)} unexplained)")  # fmt: skip
+        if args.check and s.unexplained:
+            failed = True
+            for m in s.unexplained:
+                print(f"mutation: {s.module}: unexplained survivor {m.name} in {m.function}:\n{m.diff}")
+        if s.score < args.fail_under:
+            failed = True
+            print(f"mutation: {s.module} scores {s.score:.1%}, below {args.fail_under:.0%}")
+    print(f"mutation: took {' + '.join(f'{v:.0f} s' for v in seconds.values())}; summary in {args.results}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
