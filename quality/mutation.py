@@ -123,7 +123,7 @@ def tracked_files() -> list[str]:
     return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
 
 
-def prepare(work: Path, names: list[str]) -> None:
+def prepare(work: Path, names: list[str], tests_from: str | None = None) -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -133,6 +133,14 @@ def prepare(work: Path, names: list[str]) -> None:
         dest = work / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dest)
+    if tests_from:  # the tests as they were at another commit (to measure a score before a change)
+        shutil.rmtree(work / "tests")
+        listing = subprocess.run(["git", "ls-tree", "-r", "-z", "--name-only", tests_from, "tests/"], cwd=ROOT,
+                                 check=True, capture_output=True).stdout.decode()  # fmt: skip
+        for rel in filter(None, listing.split("\0")):
+            blob = subprocess.run(["git", "show", f"{tests_from}:{rel}"], cwd=ROOT, check=True, capture_output=True)
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).write_bytes(blob.stdout)
     targets = [TARGETS[n] for n in names]
     tests = sorted({t for tg in targets for t in tg.tests if (work / t.partition("::")[0]).exists()})
     config = {
@@ -142,6 +150,9 @@ def prepare(work: Path, names: list[str]) -> None:
         "pytest_add_cli_args_test_selection": tests,
         "pytest_add_cli_args": ["-p", "no:cacheprovider", *(f"--deselect={t}" for t in DESELECT)],
         "use_git_change_detection": False,
+        # A mutant that hangs a test is stopped after 6x the tests' usual time plus 6 s (mutmut's
+        # default, 15x + 15 s, spends most of a run waiting on delivery threads that never wake).
+        "timeout_multiplier": 6.0,
     }
     # On PYTHONPATH from the start (run_env): it must exist then, or Python caches it as a dead end.
     (work / "mutants").mkdir()
@@ -440,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=QUALITY / ".work", help="scratch copy (default quality/.work)")
     p.add_argument("--results", type=Path, default=QUALITY / "results", help="where the summary goes")
     p.add_argument("--daemon-timeout", type=float, default=300, help="seconds for one mutant's daemon tests")
+    p.add_argument("--tests-from", metavar="REV", help="use the tests/ of this git revision (a score before)")
     p.add_argument("--no-daemon-pass", action="store_true", help="skip pass 2 (subprocess-based tests)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 on a survivor that quality/survivors.toml does not explain")  # fmt: skip
@@ -450,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
     work: Path = args.work.resolve()
-    prepare(work, names)
+    prepare(work, names, args.tests_from)
     seconds: dict[str, float] = {}
     print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
     seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log")
