@@ -1,0 +1,95 @@
+"""A webhook fed directly, delivered by its own thread: what the receiver gets and when.
+
+The routing itself is pure state (tests/test_webhook_routing.py); these run the delivery thread
+against real loopback receivers, with the route's clock under the test's control where timing
+matters.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, WebhookReceiver
+from gpu_exporter.alerting.engine import RESOLVED
+from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings
+from tests.alerting_helpers import webhook_receiver
+from tests.exporter_helpers import wait_for
+from tests.test_alert_delivery import T0, FakeClock, Outcomes, alert
+
+GENERATOR = "http://node-a:9445/alerts"
+
+
+def receiver(url: str, outcomes: Outcomes, clock: Any = time.time, **settings: Any) -> WebhookReceiver:
+    s = WebhookSettings(url=url, name="ops", **{"group_wait": 0, "group_interval": 1, **settings})
+    return WebhookReceiver(s, outcomes, generator_url=lambda: GENERATOR, clock=clock)
+
+
+def test_the_payload_points_back_at_this_daemon() -> None:
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = receiver(hook.url, outcomes)
+        r.start()
+        r.submit([alert()], time.time())
+        wait_for(lambda: outcomes.count("sent") == 1, what="the notification")
+        r.stop()
+    (req,) = hook.requests
+    assert req.body["externalURL"] == "http://node-a:9445"
+    assert [a["generatorURL"] for a in req.body["alerts"]] == [GENERATOR]
+    assert req.body["receiver"] == "ops" and req.body["version"] == "4"
+
+
+def test_a_notification_with_nothing_to_send_does_not_hold_back_the_next_group() -> None:
+    """Without send_resolved, a group whose alerts all resolved needs a notification (Alertmanager
+    logs it) that sends nothing; another group due at the same moment still goes out then."""
+    clock = FakeClock(T0)
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = receiver(hook.url, outcomes, clock=clock, send_resolved=False, group_interval=60)
+        r.start()
+        r.submit([alert("GpuLost")], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the first notification")
+        clock.now = T0 + 60  # GpuLost's group is due again, and a new group with it
+        r.submit([alert("GpuLost", state=RESOLVED, resolved_at=T0 + 30), alert("GpuXidError", at=T0 + 60)], T0 + 60)
+        wait_for(lambda: len(hook.requests) == 2, timeout=10, what="the new group's notification")
+        time.sleep(0.3)  # anything else would have been sent by now: the clock stands still
+        r.stop()
+    assert [[a["labels"]["alertname"] for a in req.body["alerts"]] for req in hook.requests] == [
+        ["GpuLost"], ["GpuXidError"]]  # fmt: skip
+    assert outcomes.count("sent") == 2, "a notification with nothing in it is not counted as sent"
+    assert len(r) == 0
+
+
+def test_failures_back_off_exponentially_and_a_success_starts_the_backoff_again() -> None:
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        hook.status = 503
+        r = receiver(hook.url, outcomes, group_interval=3600)
+        r.min_backoff, r.max_backoff = 0.05, 0.8
+        r.start()
+        r.submit([alert(gpu="0")], time.time())
+        time.sleep(2.0)
+        tries = outcomes.count("retried")
+        # 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 0.8 ... : about 6 in 2 s; without backoff, 40.
+        assert 3 <= tries <= 12, tries
+        hook.status = 200
+        wait_for(lambda: outcomes.count("sent") == 1, timeout=10, what="delivery once the receiver answers")
+        hook.status = 503
+        failed_at = time.monotonic()
+        r.submit([alert("GpuXidError")], time.time())  # a new group: due at once, and it fails
+        wait_for(lambda: outcomes.count("retried") >= tries + 2, timeout=10, what="the first retry")
+        # The first retry came after the minimum backoff again, not after the 0.8 s reached before.
+        assert time.monotonic() - failed_at < 0.7
+        r.stop()
+
+
+def test_the_notifier_gives_every_receiver_every_alert_and_an_empty_batch_to_none() -> None:
+    outcomes = Outcomes()
+    am = AlertmanagerReceiver(ReceiverSettings(url="http://127.0.0.1:9/am"), outcomes, queue_size=10, valid_for=60,
+                              generator_url=lambda: GENERATOR)  # fmt: skip
+    hook = receiver("http://127.0.0.1:9/hook", outcomes)
+    n = Notifier([am, hook])  # not started: what they were given stays queued
+    n.send([], T0)
+    assert (len(am), len(hook)) == (0, 0)
+    n.send([alert(gpu="0"), alert(gpu="1")], T0)
+    assert (len(am), len(hook)) == (2, 2)
