@@ -60,25 +60,27 @@ DESELECT = ("tests/test_gpm_rules.py::test_daemon_and_prometheus_agree_on_the_ac
 TARGETS: dict[str, Target] = {
     "rules": Target(
         "gpu_exporter/alerting/rules.py",
-        tests=("tests/test_rules.py", "tests/test_rule_properties.py", "tests/test_gpm_rules.py"),
+        tests=(
+            RULE_TESTS := (
+                "tests/test_rules.py",
+                "tests/test_rule_properties.py",
+                "tests/test_gpm_rules.py",
+                "tests/test_alert_payloads.py",
+            )
+        ),
         daemon_tests=("tests/test_exporter_once.py",),
         message_functions=frozenset({"_gpu", "_pct"}),
     ),
     "engine": Target(
         "gpu_exporter/alerting/engine.py",
-        tests=(
-            "tests/test_rules.py",
-            "tests/test_rule_properties.py",
-            "tests/test_gpm_rules.py",
-            "tests/test_alert_delivery.py",
-            "tests/test_webhook_routing.py",
+        tests=(*RULE_TESTS, "tests/test_alert_delivery.py", "tests/test_webhook_routing.py"),
+        daemon_tests=(
+            "tests/test_exporter_once.py",
+            "tests/test_alert_delivery.py::test_webhook_gets_alertmanager_payload_v4",
+            "tests/test_alert_delivery.py::test_alertmanager_delivers_alert_and_resolution",
         ),
-        daemon_tests=("tests/test_exporter_once.py", "tests/test_alert_chain.py"),
     ),
-    "window": Target(
-        "gpu_exporter/alerting/window.py",
-        tests=("tests/test_rules.py", "tests/test_rule_properties.py", "tests/test_gpm_rules.py"),
-    ),
+    "window": Target("gpu_exporter/alerting/window.py", tests=RULE_TESTS),
     "exposition": Target(
         "gpu_exporter/serving/exposition.py",
         tests=("tests/test_exposition.py", "tests/test_exporter_metrics.py", "tests/test_exporter_promtool.py"),
@@ -86,13 +88,24 @@ TARGETS: dict[str, Target] = {
     ),
     "delivery": Target(
         "gpu_exporter/alerting/delivery.py",
-        tests=("tests/test_alert_delivery.py", "tests/test_webhook_routing.py"),
-        daemon_tests=("tests/test_alert_chain.py",),
+        tests=(
+            DELIVERY_TESTS := (
+                "tests/test_alert_delivery.py",
+                "tests/test_webhook_delivery.py",
+                "tests/test_webhook_routing.py",
+                "tests/test_alert_payloads.py",
+            )
+        ),
+        daemon_tests=(
+            "tests/test_alert_delivery.py::test_alertmanager_outage_loses_nothing",
+            "tests/test_alert_delivery.py::test_webhook_gets_alertmanager_payload_v4",
+            "tests/test_alert_delivery.py::test_receivers_from_flags",
+        ),
         message_functions=frozenset({"_reply_excerpt"}),
     ),
     "routing": Target(
         "gpu_exporter/alerting/routing.py",
-        tests=("tests/test_webhook_routing.py", "tests/test_alert_delivery.py"),
+        tests=DELIVERY_TESTS,
         daemon_tests=(
             "tests/test_alert_chain.py::test_the_direct_webhook_notifies_as_alertmanager_does",
             "tests/test_alert_chain.py::test_the_direct_webhook_repeats_as_alertmanager_does",
@@ -121,6 +134,15 @@ def tracked_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          check=True, capture_output=True).stdout.decode()  # fmt: skip
     return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
+
+
+def refresh_tests(work: Path) -> None:
+    """Bring the work tree's tests up to date (for --reuse: the mutants stay, the tests change)."""
+    shutil.rmtree(work / "tests")
+    for rel in tracked_files():
+        if rel.startswith("tests/"):
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, work / rel)
 
 
 def prepare(work: Path, names: list[str], tests_from: str | None = None) -> None:
@@ -198,11 +220,12 @@ def end_strays(work: Path) -> int:
 
 
 # -- pass 1 and 2 -----------------------------------------------------------------------------------
-def mutmut_pass(work: Path, jobs: int, log: Path) -> float:
+def mutmut_pass(work: Path, jobs: int, log: Path, only: list[str] | None = None) -> float:
     mutmut = Path(sys.executable).with_name("mutmut")
     start = time.monotonic()
     with log.open("w") as out:
-        rc = subprocess.run([str(mutmut), "run", "--max-children", str(jobs)], cwd=work, env=run_env(work),
+        cmd = [str(mutmut), "run", "--max-children", str(jobs), *(only or [])]
+        rc = subprocess.run(cmd, cwd=work, env=run_env(work),
                             stdout=out, stderr=subprocess.STDOUT).returncode  # fmt: skip
     if rc != 0:
         sys.exit(f"mutation: mutmut run failed ({rc}); see {log}")
@@ -452,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=QUALITY / "results", help="where the summary goes")
     p.add_argument("--daemon-timeout", type=float, default=300, help="seconds for one mutant's daemon tests")
     p.add_argument("--tests-from", metavar="REV", help="use the tests/ of this git revision (a score before)")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the mutants and verdicts of the last run in --work; re-test only what was left alive "
+                        "(after adding tests)")  # fmt: skip
     p.add_argument("--no-daemon-pass", action="store_true", help="skip pass 2 (subprocess-based tests)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 on a survivor that quality/survivors.toml does not explain")  # fmt: skip
@@ -462,10 +488,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
     work: Path = args.work.resolve()
-    prepare(work, names, args.tests_from)
+    again: list[str] = []
+    if args.reuse and (work / "mutants").is_dir():
+        refresh_tests(work)
+        for name in names:
+            codes = load_results(work, TARGETS[name])
+            again += [k for k, code in codes.items() if code is None or code in SURVIVED | NO_TESTS]
+        print(f"mutation: re-testing {len(again)} mutants left alive in {work}", flush=True)
+    else:
+        prepare(work, names, args.tests_from)
     seconds: dict[str, float] = {}
     print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
-    seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log")
+    if again or not args.reuse:
+        seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log", again)
     end_strays(work)
 
     known = explanations()
