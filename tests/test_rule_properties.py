@@ -11,13 +11,14 @@ windows at exactly one window old.  Time is the snapshots' own; nothing sleeps.
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine
+from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, node_name
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.serving.alerts_page import alerts_json
 from gpu_exporter.snapshot import Activity, GpuReading, ProcessReading
@@ -107,18 +108,19 @@ class Poller:
 
 
 # -- for, firing and resolving, rule by rule -------------------------------------------------------
-@pytest.mark.parametrize("for_seconds", [0, 45, 120])
+@pytest.mark.parametrize("for_seconds", [0, 1, 45, 120])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_stays_pending_for_its_for_then_fires(case: RuleCase, for_seconds: int) -> None:
     p = Poller(case, rules_for(case, for_seconds))
+    fires_at = next(t for t in range(0, 10_000, int(STEP)) if t >= for_seconds)  # the first poll past ``for``
     for i in range(int(for_seconds / STEP) + 3):
         elapsed = i * STEP
         sent = p.poll(case.holds)
         if elapsed < for_seconds:
             assert (p.state(), sent) == (PENDING, []), f"{elapsed} s into a for of {for_seconds} s"
-        elif elapsed == for_seconds:
+        elif elapsed == fires_at:
             assert p.state() == FIRING, f"not firing {elapsed} s into a for of {for_seconds} s"
-            assert [(a.state, a.active_at, a.starts_at) for a in sent] == [(FIRING, T0, T0 + for_seconds)]
+            assert [(a.state, a.active_at, a.starts_at) for a in sent] == [(FIRING, T0, T0 + fires_at)]
         else:
             assert (p.state(), sent) == (FIRING, [])  # sent once; next at the resend interval
 
@@ -348,3 +350,25 @@ def test_an_increase_exactly_one_window_old_still_counts_and_one_poll_later_it_d
     # The counter rose at T0 (the first poll of ``holds``) and stays: the alert ends once the rise
     # is more than a window old, not at exactly one window.
     assert states == [[FIRING], [], [], [], [], [RESOLVED], []]
+
+
+# -- the node label ---------------------------------------------------------------------------------
+def test_the_node_label_is_the_configured_name_else_node_name_else_the_host_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "k8s-node-7")
+    assert node_name("configured") == "configured"
+    assert node_name(None) == "k8s-node-7"
+    monkeypatch.delenv("NODE_NAME")
+    assert node_name(None) == socket.gethostname()
+    monkeypatch.setenv("NODE_NAME", "")
+    assert node_name("") == socket.gethostname()
+
+
+def test_the_same_alert_on_two_gpus_is_two_alerts() -> None:
+    engine = RuleEngine(fast_rules(GpuMemoryHigh={"for": "30s"}), "n", resend_interval=3600)
+    full = int(0.95 * 80 * GIB)
+    gpus = (gpu(memory_used_bytes=full), gpu(index=1, uuid="GPU-1", memory_used_bytes=full))
+    engine.evaluate(snap(T0, *gpus))
+    sent = engine.evaluate(snap(T0 + 30, *gpus)).to_send
+    assert sorted((a.label_dict["gpu"], a.state, a.active_at) for a in sent) == [("0", FIRING, T0), ("1", FIRING, T0)]
