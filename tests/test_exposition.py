@@ -138,6 +138,16 @@ def test_integers_are_written_without_a_fraction_and_large_values_exactly() -> N
                      "1.152921504606847e+18", 'gpu_bytes{k="neg"}': "-7", 'gpu_bytes{k="frac"}': "0.25"}  # fmt: skip
 
 
+def test_special_values_are_spelled_as_the_text_format_spells_them() -> None:
+    fam = GaugeMetricFamily("gpu_s", "help", labels=["k"])
+    for k, v in (("nan", math.nan), ("pos", math.inf), ("neg", -math.inf)):
+        fam.add_metric([k], v)
+    registry = CollectorRegistry()
+    registry.register(Samples(fam))
+    body = render_text(registry).decode()
+    assert 'gpu_s{k="nan"} NaN\n' in body and 'gpu_s{k="pos"} +Inf\n' in body and 'gpu_s{k="neg"} -Inf\n' in body
+
+
 def test_help_text_escapes_backslashes_and_newlines() -> None:
     registry = CollectorRegistry()
     Gauge("gpu_h", "a \\ b\nc", registry=registry)

@@ -164,8 +164,8 @@ def test_a_failing_allocation_leaves_nothing_allocated() -> None:
 
 @pytest.mark.parametrize(
     ("code", "percent", "ratio"),
-    [(0, 0.0, 0.0), (0, 62.0, 0.62), (0, 100.0, 1.0), (0, 101.5, 1.0), (0, 103.0, None), (0, -0.5, None),
-     (0, float("nan"), None), (NOT_SUPPORTED, 50.0, None), (UNKNOWN, 50.0, None)],
+    [(0, 0.0, 0.0), (0, 62.0, 0.62), (0, 100.0, 1.0), (0, 101.5, 1.0), (0, 102.0, 1.0), (0, 102.01, None),
+     (0, 103.0, None), (0, -0.5, None), (0, float("nan"), None), (NOT_SUPPORTED, 50.0, None), (UNKNOWN, 50.0, None)],
 )  # fmt: skip
 def test_answers_are_ratios_and_garbage_is_unavailable(code: int, percent: float, ratio: float | None) -> None:
     calls, clock = FakeCalls(), Clock()
