@@ -298,21 +298,35 @@ def _is_log_call(node: Any) -> bool:
             and isinstance(node.func.value, ast.Name) and node.func.value.id in LOG_OBJECTS)  # fmt: skip
 
 
-def _text_only(trail: list[Step], a: Any, b: Any) -> bool:
-    """Whether this one difference changes only text for people."""
+def _plain_text_change(nodes: list[Any], a: Any, b: Any) -> bool:
+    """A changed string, number, arithmetic or and/or, with no call getting something else on the way."""
+    if any(isinstance(n, ast.Call) for n in nodes) and not (isinstance(a, str) and isinstance(b, str)):
+        return False
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+    return (isinstance(a, str) and isinstance(b, str)) or numbers or isinstance(nodes[-1], ast.BinOp | ast.BoolOp)
+
+
+def _text_only(trail: list[Step], a: Any, b: Any, message_function: bool = False) -> bool:
+    """Whether this one difference changes only text for people (and cannot raise)."""
     nodes = [node for node, _, _ in trail]
+    if message_function:
+        return _plain_text_change(nodes[1:], a, b)
     for i, (node, name, index) in enumerate(trail):
+        inner = nodes[i + 1 :]
         if _is_log_call(node):
-            return True  # anything inside a log call is log output
+            # Log output, unless a call inside the arguments now gets something else (``dict(None)``
+            # raises before anything is logged).
+            return not any(isinstance(n, ast.Call) for n in inner)
         in_message = (isinstance(node, ast.keyword) and node.arg in MESSAGE_KEYWORDS) or (
             isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and name == "args"
             and index in MESSAGE_POSITIONS.get(node.func.id, set()))  # fmt: skip
         if in_message:
-            inner = nodes[i + 1 :]
-            # Still a string: a changed literal, or any change inside an f-string.
-            if any(isinstance(n, ast.JoinedStr) for n in inner[:-1] or inner):
-                return True
-            return isinstance(a, str) and isinstance(b, str)
+            if isinstance(a, str) and isinstance(b, str):
+                return True  # a changed string literal
+            # Inside an f-string: arithmetic or and/or on what it shows, and no call getting
+            # something else (``_pct(None)`` raises); a changed condition of an ``if`` can raise too.
+            strings = [j for j, n in enumerate(inner) if isinstance(n, ast.JoinedStr)]
+            return bool(strings) and _plain_text_change(inner[strings[0] :], a, b)
     return False
 
 
@@ -347,14 +361,12 @@ def classify_text(work: Path, target: Target, keys: list[str]) -> set[str]:
     for key in keys:
         mangled_mutant = key.rpartition(".")[2]
         mangled = mangled_mutant.partition("__mutmut_")[0]
-        if function_of(key).rpartition(".")[2] in target.message_functions:
-            text.add(key)
-            continue
+        in_message_function = function_of(key).rpartition(".")[2] in target.message_functions
         orig, mutant = functions.get(mangled + "__mutmut_orig"), functions.get(mangled_mutant)
         if orig is None or mutant is None:
             continue
         diffs = [(t, a, b) for t, a, b in _differences(orig, mutant, []) if not (len(t) == 1 and t[0][1] == "name")]
-        if diffs and all(_text_only(t, a, b) for t, a, b in diffs):
+        if diffs and all(_text_only(t, a, b, in_message_function) for t, a, b in diffs):
             text.add(key)
     return text
 
