@@ -490,9 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="keep the mutants and verdicts of the last run in --work; re-test only what was left alive "
                         "(after adding tests)")  # fmt: skip
+    p.add_argument("--report-only", action="store_true",
+                   help="write the reports from the last run in --work without testing anything")  # fmt: skip
     p.add_argument("--no-daemon-pass", action="store_true", help="skip pass 2 (subprocess-based tests)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 on a survivor that quality/survivors.toml does not explain")  # fmt: skip
+    p.add_argument("--draft", type=Path, help="write TOML stubs for unexplained survivors to this file")
     p.add_argument("--fail-under", type=float, default=0.0, help="exit 1 if a module scores below this (0-1)")
     args = p.parse_args(argv)
     names = args.modules or list(TARGETS)
@@ -501,7 +504,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
     work: Path = args.work.resolve()
     again: list[str] = []
-    if args.reuse and (work / "mutants").is_dir():
+    if args.report_only:
+        pass
+    elif args.reuse and (work / "mutants").is_dir():
         refresh_tests(work)
         for name in names:
             codes = load_results(work, TARGETS[name])
@@ -511,12 +516,15 @@ def main(argv: list[str] | None = None) -> int:
         prepare(work, names, args.tests_from)
     seconds: dict[str, float] = {}
     print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
-    if again or not args.reuse:
+    if not args.report_only and (again or not args.reuse):
         seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log", again)
     end_strays(work)
 
     known = explanations()
     summaries = []
+    # Verdicts of the daemon pass, kept so that --reuse and --report-only do not run it again.
+    cache = work / "daemon-verdicts.json"
+    verdicts: dict[str, str] = json.loads(cache.read_text()) if cache.exists() else {}
     daemon_start = time.monotonic()
     for name in names:
         target = TARGETS[name]
@@ -542,21 +550,38 @@ def main(argv: list[str] | None = None) -> int:
         if target.daemon_tests and not args.no_daemon_pass:
             for m in mutants:
                 if m.status in ("survived", "no-tests"):
-                    verdict = daemon_pass(work, target, m.name, args.daemon_timeout)
-                    if verdict != "survived":
+                    verdict = verdicts.get(m.name)
+                    if not args.report_only and verdict in (None, "survived"):
+                        verdict = daemon_pass(work, target, m.name, args.daemon_timeout)
+                        verdicts[m.name] = verdict
+                        cache.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+                        print(f"mutation: {name} {m.name.rpartition('.')[2]}: daemon tests: {verdict}", flush=True)
+                    if verdict in ("killed", "timeout"):
                         m.status = "killed-daemon" if verdict == "killed" else "timeout"
-                    print(f"mutation: {name} {m.name.rpartition('.')[2]}: daemon tests: {verdict}", flush=True)
         alive = [m for m in mutants if m.status in ("survived", "no-tests")]
         for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
             m.diff = d
             m.reason = explain(name, m, known)
         summaries.append(Summary(name, target.path, mutants))
     seconds["daemon tests"] = time.monotonic() - daemon_start
+    timing = work / "seconds.json"  # what each pass took, added up over --reuse runs
+    before: dict[str, float] = json.loads(timing.read_text()) if timing.exists() else {}
+    if args.report_only and before:
+        seconds = before
+    elif args.reuse:
+        seconds = {k: v + before.get(k, 0.0) for k, v in seconds.items()}
+    timing.write_text(json.dumps(seconds))
 
     args.results.mkdir(parents=True, exist_ok=True)
     for s in summaries:
         write_module_report(s, args.results / f"{s.module}.md")
     write_summary(summaries, args.results, seconds, args.jobs)
+    if args.draft:
+        with args.draft.open("w") as f:
+            for s in summaries:
+                for m in s.unexplained:
+                    f.write(f"[[{s.module}]]\n# {m.name.rpartition('.')[2]}\nfunction = {json.dumps(m.function)}\n"
+                            f"change = {json.dumps(m.change, ensure_ascii=False)}\nreason = \"\"\n\n")  # fmt: skip
     failed = False
     for s in summaries:
         j = s.as_json()
