@@ -209,6 +209,9 @@ def test_underutilized_needs_memory_held_by_a_process_not_just_a_process() -> No
     no_memory = (ProcessReading(7, "python3", 0), ProcessReading(8, "nvidia-smi", None))
     sent = engine.evaluate(snap(T0, gpu(utilization_ratio=0.0, processes=no_memory))).to_send
     assert "GpuUnderutilized" not in {a.label_dict["alertname"] for a in sent}
+    one_byte = (*no_memory, ProcessReading(9, "python3", 1))
+    sent = engine.evaluate(snap(T0 + 15, gpu(utilization_ratio=0.0, processes=one_byte))).to_send
+    assert "GpuUnderutilized" in {a.label_dict["alertname"] for a in sent}
 
 
 def test_pcie_bottleneck_fires_on_either_direction_at_its_threshold_and_only_while_the_gpu_starves() -> None:
@@ -372,3 +375,25 @@ def test_the_same_alert_on_two_gpus_is_two_alerts() -> None:
     engine.evaluate(snap(T0, *gpus))
     sent = engine.evaluate(snap(T0 + 30, *gpus)).to_send
     assert sorted((a.label_dict["gpu"], a.state, a.active_at) for a in sent) == [("0", FIRING, T0), ("1", FIRING, T0)]
+
+
+@pytest.mark.parametrize(
+    ("alertname", "holds", "unreported"),
+    [
+        ("GpuUnderutilized", dict(utilization_ratio=0.02), dict(utilization_ratio=None)),
+        ("GpuLowSmActivity", dict(utilization_ratio=0.95, activity=Activity(sm=0.15)),
+         dict(utilization_ratio=0.95, activity=None)),
+    ],
+)  # fmt: skip
+def test_a_windowed_alert_whose_signal_stops_being_reported_resolves_once_its_window_has_drained(
+    alertname: str, holds: dict[str, Any], unreported: dict[str, Any]
+) -> None:
+    rules = fast_rules(**{alertname: {"for": "0s", "window": "60s"}})
+    engine = RuleEngine(rules, "n", resend_interval=3600)
+    states = []
+    for t, reading in [(0, holds), (15, holds), *((t, unreported) for t in range(30, 151, 15))]:
+        sent = engine.evaluate(snap(T0 + t, gpu(**reading))).to_send
+        states.append([a.state for a in sent if a.label_dict["alertname"] == alertname])
+    # The last sample (t = 15) is out of the window (now - 60 s, now] at t = 75: no data, so the
+    # alert resolves then, as the PromQL rule's series would vanish.
+    assert states == [[FIRING], [], [], [], [], [RESOLVED], [], [], [], [], []]
