@@ -166,6 +166,18 @@ def test_a_scrape_before_the_first_poll_gets_the_metrics_not_an_empty_page() -> 
     assert b"gpu_exporter_up 1\n" in gzip.decompress(Exposition(registry).body(gzipped=True))
 
 
+def test_a_page_rendered_at_a_poll_is_served_without_collecting_again() -> None:
+    registry = CollectorRegistry()
+    counter = CountingCollector()
+    registry.register(counter)
+    expo = Exposition(registry)
+    base = counter.collects
+    expo.render()  # the poll renders ahead of the scrapes
+    for _ in range(3):
+        assert b"gpu_up" in expo.body() and b"gpu_up" in gzip.decompress(expo.body(gzipped=True))
+    assert counter.collects == base + 1
+
+
 def test_a_render_after_a_poll_replaces_both_the_plain_and_the_gzipped_page() -> None:
     registry = CollectorRegistry()
     g = Gauge("gpu_v", "v", registry=registry)
