@@ -397,3 +397,17 @@ def test_a_windowed_alert_whose_signal_stops_being_reported_resolves_once_its_wi
     # The last sample (t = 15) is out of the window (now - 60 s, now] at t = 75: no data, so the
     # alert resolves then, as the PromQL rule's series would vanish.
     assert states == [[FIRING], [], [], [], [], [RESOLVED], [], [], [], [], []]
+
+
+WINDOWED = [c for c in CASES if c.alertname in ("GpuUnderutilized", "GpuLowSmActivity", "GpuIdle")]
+
+
+@pytest.mark.parametrize("case", WINDOWED, ids=[c.alertname for c in WINDOWED])
+def test_a_windowed_alert_of_a_gpu_that_stops_answering_resolves_though_its_window_still_holds_samples(
+    case: RuleCase,
+) -> None:
+    """A lost GPU is GpuLost; what its last minutes looked like says nothing about it any more."""
+    p = Poller(case, fast_rules(**{case.alertname: {**case.settings, "for": "0s"}}, GpuLost={"for": "0s"}))
+    assert [a.state for a in p.poll(case.holds)] == [FIRING]
+    assert [a.state for a in p.poll(LOST)] == [RESOLVED]
+    assert "GpuLost" in {a.label_dict["alertname"] for a in p.engine.active()}
