@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +35,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,11 +253,12 @@ def daemon_pass(work: Path, target: Target, mutant: str, timeout: float) -> str:
     try:
         rc = proc.wait(timeout)
     except subprocess.TimeoutExpired:
+        rc = None
+    with contextlib.suppress(OSError):  # whatever the tests left running (a daemon whose test was cut short)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        end_strays(work)
+    proc.wait()
+    if rc is None:
         return "timeout"
-    end_strays(work)
     return "survived" if rc == 0 else "killed"
 
 
@@ -392,8 +397,12 @@ def explanations() -> dict[str, list[dict[str, str]]]:
 
 
 def explain(module: str, m: Mutant, known: dict[str, list[dict[str, str]]]) -> str:
+    """The reason survivors.toml gives for ``m``: an entry whose ``function`` (a glob) matches and whose
+    ``change`` is the mutated line(s), or whose ``pattern`` (a regular expression) matches them whole."""
     for entry in known.get(module, []):
-        if entry["function"] == m.function and entry["change"] == m.change:
+        if not fnmatch.fnmatchcase(m.function, entry["function"]):
+            continue
+        if entry.get("change") == m.change or ("pattern" in entry and re.fullmatch(entry["pattern"], m.change)):
             return entry["reason"]
     return ""
 
@@ -490,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="keep the mutants and verdicts of the last run in --work; re-test only what was left alive "
                         "(after adding tests)")  # fmt: skip
+    p.add_argument("--daemon-only", action="store_true",
+                   help="skip mutmut: run the daemon pass on what the last run in --work left alive")  # fmt: skip
     p.add_argument("--report-only", action="store_true",
                    help="write the reports from the last run in --work without testing anything")  # fmt: skip
     p.add_argument("--no-daemon-pass", action="store_true", help="skip pass 2 (subprocess-based tests)")
@@ -504,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
     work: Path = args.work.resolve()
     again: list[str] = []
-    if args.report_only:
+    if args.report_only or args.daemon_only:
         pass
     elif args.reuse and (work / "mutants").is_dir():
         refresh_tests(work)
@@ -516,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare(work, names, args.tests_from)
     seconds: dict[str, float] = {}
     print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
-    if not args.report_only and (again or not args.reuse):
+    if not (args.report_only or args.daemon_only) and (again or not args.reuse):
         seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log", again)
     end_strays(work)
 
@@ -548,16 +559,18 @@ def main(argv: list[str] | None = None) -> int:
                 status = f"other ({code})"
             mutants.append(Mutant(key, function_of(key), status))
         if target.daemon_tests and not args.no_daemon_pass:
+            todo = [m for m in mutants if m.status in ("survived", "no-tests")
+                    and not args.report_only and verdicts.get(m.name) in (None, "survived")]  # fmt: skip
+            with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run in its own process group
+                runs = {m.name: pool.submit(daemon_pass, work, target, m.name, args.daemon_timeout) for m in todo}
+                for key, run in runs.items():
+                    verdicts[key] = run.result()
+                    cache.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+                    print(f"mutation: {name} {key.rpartition('.')[2]}: daemon tests: {verdicts[key]}", flush=True)
+            end_strays(work)
             for m in mutants:
-                if m.status in ("survived", "no-tests"):
-                    verdict = verdicts.get(m.name)
-                    if not args.report_only and verdict in (None, "survived"):
-                        verdict = daemon_pass(work, target, m.name, args.daemon_timeout)
-                        verdicts[m.name] = verdict
-                        cache.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
-                        print(f"mutation: {name} {m.name.rpartition('.')[2]}: daemon tests: {verdict}", flush=True)
-                    if verdict in ("killed", "timeout"):
-                        m.status = "killed-daemon" if verdict == "killed" else "timeout"
+                if m.status in ("survived", "no-tests") and verdicts.get(m.name) in ("killed", "timeout"):
+                    m.status = "killed-daemon" if verdicts[m.name] == "killed" else "timeout"
         alive = [m for m in mutants if m.status in ("survived", "no-tests")]
         for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
             m.diff = d
@@ -568,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     before: dict[str, float] = json.loads(timing.read_text()) if timing.exists() else {}
     if args.report_only and before:
         seconds = before
-    elif args.reuse:
-        seconds = {k: v + before.get(k, 0.0) for k, v in seconds.items()}
+    elif args.reuse or args.daemon_only:
+        seconds = {**before, **{k: v + (0.0 if args.daemon_only else before.get(k, 0.0)) for k, v in seconds.items()}}
     timing.write_text(json.dumps(seconds))
 
     args.results.mkdir(parents=True, exist_ok=True)
