@@ -411,3 +411,52 @@ def test_a_windowed_alert_of_a_gpu_that_stops_answering_resolves_though_its_wind
     assert [a.state for a in p.poll(case.holds)] == [FIRING]
     assert [a.state for a in p.poll(LOST)] == [RESOLVED]
     assert "GpuLost" in {a.label_dict["alertname"] for a in p.engine.active()}
+
+
+# -- thresholds exactly met --------------------------------------------------------------------------
+def sent_states(engine: RuleEngine, t: float, alertname: str, **kw: Any) -> list[str]:
+    return [a.state for a in engine.evaluate(snap(T0 + t, gpu(**kw))).to_send if a.label_dict["alertname"] == alertname]
+
+
+def test_low_sm_activity_thresholds_at_their_exact_values() -> None:
+    # A 15 s window holds one poll, so each mean is exactly the value given.
+    engine = RuleEngine(fast_rules(GpuLowSmActivity={"for": "0s", "window": "15s"}), "n", resend_interval=3600)
+
+    def states(t: float, util: float, sm: float) -> list[str]:
+        return sent_states(engine, t, "GpuLowSmActivity", utilization_ratio=util, activity=Activity(sm=sm))
+
+    assert states(0, 0.80, 0.2) == [FIRING]  # utilization at least 80%: at 80% it counts
+    assert states(15, 0.75, 0.2) == []  # the clear needs utilization below 75%
+    assert states(30, 0.80, 0.30) == []  # ... or SM activity above 30%
+    assert states(45, 0.74, 0.2) == [RESOLVED]
+    assert states(60, 0.80, 0.25) == []  # SM activity below 25% to fire: at 25% it does not
+    assert states(75, 0.80, 0.2) == [FIRING]
+    assert states(90, 0.9, 0.31) == [RESOLVED]
+
+
+def test_pcie_bottleneck_needs_the_gpu_below_its_utilization_bound_to_fire() -> None:
+    engine = RuleEngine(fast_rules(GpuPcieBottleneck={"for": "0s"}), "n", resend_interval=3600)
+    starved = dict(pcie_link_generation=2, pcie_rx_bytes_per_second=0.9 * 8e9)
+    assert sent_states(engine, 0, "GpuPcieBottleneck", utilization_ratio=0.5, **starved) == []
+    assert sent_states(engine, 15, "GpuPcieBottleneck", utilization_ratio=0.49, **starved) == [FIRING]
+
+
+def test_link_degraded_counts_a_gpu_at_exactly_its_load_threshold_as_loaded() -> None:
+    engine = RuleEngine(fast_rules(GpuPcieLinkDegraded={"for": "0s"}), "n", resend_interval=3600)
+    assert sent_states(engine, 0, "GpuPcieLinkDegraded", pcie_link_width=8, utilization_ratio=0.19) == []
+    assert sent_states(engine, 15, "GpuPcieLinkDegraded", pcie_link_width=8, utilization_ratio=0.2) == [FIRING]
+
+
+def test_thermal_throttling_without_a_temperature_reading_still_fires_and_says_so() -> None:
+    engine = RuleEngine(fast_rules(GpuThermalThrottling={"for": "0s"}), "n")
+    (a,) = engine.evaluate(snap(T0, gpu(clock_event_active=HOT, temperature_celsius=MappingProxyType({})))).to_send
+    assert a.label_dict["alertname"] == "GpuThermalThrottling" and a.value is None
+    assert dict(a.annotations)["description"] == "Thermal slowdown active (hw_thermal); GPU at n/a."
+
+
+def test_gpu_idle_resolves_once_its_utilization_is_no_longer_reported_for_a_window() -> None:
+    engine = RuleEngine(fast_rules(GpuIdle={"enabled": True, "for": "0s", "window": "60s"}), "n", resend_interval=3600)
+    unreported = {**IDLE_CARD, "utilization_ratio": None}
+    states = [sent_states(engine, 0, "GpuIdle", **IDLE_CARD)]
+    states += [sent_states(engine, t, "GpuIdle", **unreported) for t in range(15, 91, 15)]
+    assert states == [[FIRING], [], [], [], [RESOLVED], [], []]
