@@ -452,6 +452,9 @@ def test_thermal_throttling_without_a_temperature_reading_still_fires_and_says_s
     (a,) = engine.evaluate(snap(T0, gpu(clock_event_active=HOT, temperature_celsius=MappingProxyType({})))).to_send
     assert a.label_dict["alertname"] == "GpuThermalThrottling" and a.value is None
     assert dict(a.annotations)["description"] == "Thermal slowdown active (hw_thermal); GPU at n/a."
+    engine = RuleEngine(fast_rules(GpuThermalThrottling={"for": "0s"}), "n")
+    (a,) = engine.evaluate(snap(T0, gpu(clock_event_active=SW_HOT))).to_send
+    assert dict(a.annotations)["description"] == "Thermal slowdown active (sw_thermal); GPU at 70 C."
 
 
 def test_gpu_idle_resolves_once_its_utilization_is_no_longer_reported_for_a_window() -> None:
