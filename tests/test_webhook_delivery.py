@@ -7,8 +7,11 @@ matters.
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
+
+import pytest
 
 from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, WebhookReceiver
 from gpu_exporter.alerting.engine import RESOLVED
@@ -93,3 +96,131 @@ def test_the_notifier_gives_every_receiver_every_alert_and_an_empty_batch_to_non
     assert (len(am), len(hook)) == (0, 0)
     n.send([alert(gpu="0"), alert(gpu="1")], T0)
     assert (len(am), len(hook)) == (2, 2)
+
+
+# -- the delivery thread, either receiver ---------------------------------------------------------------
+def am(url: str, outcomes: Outcomes, **kw: Any) -> AlertmanagerReceiver:
+    return AlertmanagerReceiver(ReceiverSettings(url=url), outcomes, queue_size=kw.pop("queue_size", 10),
+                                valid_for=60, generator_url=lambda: GENERATOR, **kw)  # fmt: skip
+
+
+def test_an_idle_receiver_sleeps() -> None:
+    """A receiver with nothing to send costs no CPU (a delivery thread that spins would take a core)."""
+    with webhook_receiver() as hook:
+        receivers = [am(hook.url, Outcomes()), receiver(hook.url, Outcomes(), group_wait=5)]
+        for r in receivers:
+            r.start()
+        receivers[1].submit([alert()], time.time())  # a group waiting for its group_wait
+        cpu = time.process_time()
+        time.sleep(1.0)
+        used = time.process_time() - cpu
+        for r in receivers:
+            r.stop()
+    assert used < 0.3, f"{used:.2f} s of CPU in 1 s while idle"
+
+
+def test_stop_ends_the_thread_promptly_even_with_a_request_hanging() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # accepts the connection, never answers
+    try:
+        r = am(f"http://127.0.0.1:{listener.getsockname()[1]}", Outcomes())
+        r.start()
+        r.submit([alert()], T0)
+        time.sleep(0.3)  # the request is in flight, waiting for an answer that never comes
+        started = time.monotonic()
+        r.stop()
+        assert time.monotonic() - started < 3.0
+    finally:
+        listener.close()
+    idle = am("http://127.0.0.1:9/am", Outcomes())
+    idle.start()
+    idle.stop()
+    assert not idle.alive, "a stopped receiver's thread has ended"
+
+
+def test_stop_says_how_many_alerts_were_not_delivered(capsys: pytest.CaptureFixture[str]) -> None:
+    r = am("http://127.0.0.1:9/am", Outcomes())  # nothing listens there: nothing is delivered
+    r.start()
+    r.submit([alert(gpu="0"), alert(gpu="1")], T0)
+    time.sleep(0.2)
+    r.stop()
+    out = capsys.readouterr()
+    line = next(x for x in (out.out + out.err).splitlines() if "notifications_undelivered_at_shutdown" in x)
+    assert "alerts=2" in line
+
+
+def test_an_alertmanager_url_with_a_trailing_slash_gets_the_api_path_once() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = am(hook.url + "/", outcomes)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the delivery")
+        r.stop()
+    (req,) = hook.requests
+    assert req.path == "/hook/api/v2/alerts"
+    assert [a["generatorURL"] for a in req.body] == [GENERATOR]
+
+
+def test_a_failing_alertmanager_is_retried_with_backoff_not_in_a_loop() -> None:
+    with webhook_receiver() as hook:
+        hook.status = 503
+        outcomes = Outcomes()
+        r = am(hook.url, outcomes)
+        r.min_backoff, r.max_backoff = 0.05, 3.0
+        r.start()
+        r.submit([alert()], T0)
+        time.sleep(2.0)
+        r.stop()
+    assert 3 <= outcomes.count("retried") <= 12  # 0.05 + 0.1 + 0.2 + ...: about 6; in a loop, hundreds
+
+
+def test_successive_alerts_are_delivered_without_waiting_a_backoff() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = am(hook.url, outcomes)
+        r.min_backoff = 0.5
+        r.start()
+        started = time.monotonic()
+        for i in range(5):
+            r.submit([alert(gpu=str(i))], T0 + i)
+            wait_for(lambda i=i: outcomes.count("sent") == i + 1, what=f"delivery {i}")
+        r.stop()
+    assert time.monotonic() - started < 3.0  # a backoff after each success would take 0.5 + 1 + 2 + 4 s
+
+
+def test_over_queue_size_the_alert_updated_longest_ago_goes_first() -> None:
+    outcomes = Outcomes()
+    r = am("http://127.0.0.1:9/am", outcomes, queue_size=2)  # not started: the queue only fills
+    r.submit([alert(gpu="0"), alert(gpu="1")], T0)
+    r.submit([alert(gpu="0")], T0 + 60)  # GPU 0 re-sent: now the most recent
+    r.submit([alert(gpu="2")], T0 + 61)
+    assert sorted(a.label_dict["gpu"] for a in r._firing.values()) == ["0", "2"]
+    gone = [alert(gpu=g, state=RESOLVED, resolved_at=T0 + 70) for g in "345"]
+    r2 = am("http://127.0.0.1:9/am", Outcomes(), queue_size=2)
+    r2.submit(gone[:2], T0 + 70)
+    r2.submit([gone[0]], T0 + 130)
+    r2.submit([gone[2]], T0 + 131)
+    assert sorted(a.label_dict["gpu"] for a in r2._resolved.values()) == ["3", "5"]
+
+
+def test_a_webhook_group_is_notified_after_group_wait_with_nothing_else_arriving() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = receiver(hook.url, outcomes, group_wait=0.5)
+        r.start()
+        r.submit([alert()], time.time())
+        wait_for(lambda: outcomes.count("sent") == 1, timeout=5, what="the notification after group_wait")
+        r.stop()
+
+
+def test_a_webhook_repeats_an_unchanged_group_after_repeat_interval() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = receiver(hook.url, outcomes, group_interval=0.2, repeat_interval=0.5)
+        r.start()
+        r.submit([alert()], time.time())
+        wait_for(lambda: outcomes.count("sent") >= 2, timeout=10, what="the repeat")
+        r.stop()
+    assert outcomes.count("retried") == 0
