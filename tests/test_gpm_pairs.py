@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -186,3 +187,45 @@ def test_activity_names_every_metric_and_is_none_when_nothing_answered() -> None
     assert activity_of({2: MetricAnswer(None, NOT_SUPPORTED)}) is None
     assert activity_of({}) is None
     assert activity_of({2: MetricAnswer(0.0)}) == Activity(sm=0.0), "an idle GPU is 0, not absent"
+
+
+def test_a_poll_before_the_interval_has_passed_makes_no_driver_call() -> None:
+    calls, clock = FakeCalls(), Clock()
+    pair = SamplePair(calls, "GPU-a", clock, interval=10.0)
+    filled: list[float] = []
+
+    def fill(b: Buffer) -> None:
+        filled.append(clock.t)
+        sampler(clock, 40)(b)
+
+    pair.take(fill, (2,))
+    clock.t += 10
+    assert pair.take(fill, (2,)) == ({2: MetricAnswer(0.40)}, True)
+    for _ in range(4):  # polls every 2 s: within the 10 s interval, the last answers and no sample taken
+        clock.t += 2
+        assert pair.take(fill, (2,)) == ({2: MetricAnswer(0.40)}, False)
+    clock.t += 2
+    assert pair.take(fill, (2,)) == ({2: MetricAnswer(0.40)}, True)
+    assert filled == [100.0, 110.0, 120.0]
+    assert calls.pairs == [(100.0, 110.0), (110.0, 120.0)]
+
+
+def test_a_caller_does_not_wait_for_another_stuck_in_the_driver() -> None:
+    calls, clock = FakeCalls(), Clock()
+    pair = SamplePair(calls, "GPU-a", clock)
+    inside, release = threading.Event(), threading.Event()
+
+    def stuck(b: Buffer) -> None:
+        inside.set()
+        release.wait(10)
+
+    worker = threading.Thread(target=pair.take, args=(stuck, (2,)))
+    worker.start()
+    try:
+        assert inside.wait(5)
+        started = time.monotonic()
+        assert pair.take(sampler(clock, 1), (2,)) == (None, False)
+        assert time.monotonic() - started < 2.0, "the poll waited on a GPU stuck in the driver"
+    finally:
+        release.set()
+        worker.join(5)

@@ -21,7 +21,7 @@ import pytest
 from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, node_name
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.serving.alerts_page import alerts_json
-from gpu_exporter.snapshot import Activity, GpuReading, ProcessReading
+from gpu_exporter.snapshot import Activity, GpuReading, PodRef, ProcessReading
 from tests.test_rules import GEN5_X16, GIB, IDLE_CARD, STEP, T0, fast_rules, gpu, snap
 
 LOST = GpuReading(index=0, uuid="GPU-0", up=False, error="GPU is lost")
@@ -463,3 +463,58 @@ def test_gpu_idle_resolves_once_its_utilization_is_no_longer_reported_for_a_wind
     states = [sent_states(engine, 0, "GpuIdle", **IDLE_CARD)]
     states += [sent_states(engine, t, "GpuIdle", **unreported) for t in range(15, 91, 15)]
     assert states == [[FIRING], [], [], [], [RESOLVED], [], []]
+
+
+# -- what an alert carries while it goes on ------------------------------------------------------------
+def pods_engine(**rules: dict[str, Any]) -> RuleEngine:
+    return RuleEngine(fast_rules(**rules), "node-a", resend_interval=15, resolved_retention=900,
+                      pod_labels=("namespace", "pod", "container"))  # fmt: skip
+
+
+def test_an_alert_fires_with_the_labels_numbers_and_value_of_the_poll_it_fires_at() -> None:
+    engine = pods_engine(GpuMemoryHigh={"for": "30s"})
+    a, b = (PodRef("ml", "a", "main"),), (PodRef("ml", "b", "main"),)
+    engine.evaluate(snap(T0, gpu(memory_used_bytes=int(0.91 * 80 * GIB), pods=a)))
+    engine.evaluate(snap(T0 + 15, gpu(memory_used_bytes=int(0.93 * 80 * GIB), pods=b)))
+    (pending,) = [x for x in engine.active() if x.label_dict["severity"] == "warning"]
+    assert (pending.state, pending.label_dict["pod"]) == (PENDING, "b") and pending.value == pytest.approx(0.93)
+    assert "93% full" in dict(pending.annotations)["summary"]
+    sent = engine.evaluate(snap(T0 + 30, gpu(memory_used_bytes=int(0.95 * 80 * GIB), pods=b))).to_send
+    (fired,) = [x for x in sent if x.label_dict["severity"] == "warning"]
+    assert (fired.state, fired.label_dict["pod"]) == (FIRING, "b") and fired.value == pytest.approx(0.95)
+    assert "95% full" in dict(fired.annotations)["summary"]
+    # Re-sent while firing: with the numbers of the poll it is re-sent at.
+    sent = engine.evaluate(snap(T0 + 45, gpu(memory_used_bytes=int(0.97 * 80 * GIB), pods=b))).to_send
+    (again,) = [x for x in sent if x.label_dict["severity"] == "warning"]
+    assert (again.state, again.starts_at) == (FIRING, T0 + 30) and again.value == pytest.approx(0.97)
+    assert "97% full" in dict(again.annotations)["summary"]
+
+
+def test_an_old_resolution_of_the_same_labels_never_follows_the_alert_that_fires_again() -> None:
+    """Receivers merge by label set: a resolution sent after the new firing would end it."""
+    engine = pods_engine(GpuMemoryHigh={"for": "30s"})
+    a, b = (PodRef("ml", "a", "main"),), (PodRef("ml", "b", "main"),)
+    full, ok = int(0.95 * 80 * GIB), int(0.5 * 80 * GIB)
+    trace = [(0, full, b), (30, full, b), (45, ok, b),  # fires with pod b, resolves
+             (60, full, a), (75, full, b), (90, full, b),  # pending with pod a, then b: fires with b
+             *((t, full, b) for t in range(105, 400, 15))]  # fmt: skip
+    sent = []
+    for t, used, pods in trace:
+        for x in engine.evaluate(snap(T0 + t, gpu(memory_used_bytes=used, pods=pods))).to_send:
+            if x.label_dict["severity"] == "warning":
+                sent.append((t, x.state, x.label_dict["pod"]))
+    refired = sent.index((90, FIRING, "b"))
+    assert [s for s in sent[refired:] if s[1] == RESOLVED] == []
+
+
+def test_an_old_resolution_never_follows_an_alert_whose_holder_came_back() -> None:
+    engine = pods_engine(GpuMemoryHigh={"for": "0s"})
+    a, b = (PodRef("ml", "a", "main"),), (PodRef("ml", "b", "main"),)
+    full = int(0.95 * 80 * GIB)
+    sent = []
+    for t, pods in [(0, a), (15, b), (30, a), *((t, a) for t in range(45, 400, 15))]:
+        for x in engine.evaluate(snap(T0 + t, gpu(memory_used_bytes=full, pods=pods))).to_send:
+            if x.label_dict["severity"] == "warning":
+                sent.append((t, x.state, x.label_dict["pod"]))
+    assert (30, FIRING, "a") in sent
+    assert [s for s in sent if s[0] > 30 and s[1:] == (RESOLVED, "a")] == []
