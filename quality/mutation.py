@@ -50,7 +50,8 @@ class Target:
     path: str
     tests: tuple[str, ...]  # in-process tests; mutmut picks, per function, those that call it
     daemon_tests: tuple[str, ...] = ()  # subprocess-based tests, run against what pass 1 left alive
-    # Functions whose only output is text for people (every mutant in them is message text).
+    # Functions whose only output is text for people: a changed string, number or operator in them is
+    # message text (a call given something else is not: it can raise).
     message_functions: frozenset[str] = frozenset()
 
 
@@ -370,10 +371,15 @@ def classify_text(work: Path, target: Target, keys: list[str]) -> set[str]:
         orig, mutant = functions.get(mangled + "__mutmut_orig"), functions.get(mangled_mutant)
         if orig is None or mutant is None:
             continue
-        diffs = [(t, a, b) for t, a, b in _differences(orig, mutant, []) if not (len(t) == 1 and t[0][1] == "name")]
-        if diffs and all(_text_only(t, a, b, in_message_function) for t, a, b in diffs):
+        if only_text(orig, mutant, in_message_function):
             text.add(key)
     return text
+
+
+def only_text(orig: ast.AST, mutant: ast.AST, message_function: bool = False) -> bool:
+    """Whether ``mutant`` (a function) differs from ``orig`` only in text for people, in ways that cannot raise."""
+    found = [(t, a, b) for t, a, b in _differences(orig, mutant, []) if not (len(t) == 1 and t[0][1] == "name")]
+    return bool(found) and all(_text_only(t, a, b, message_function) for t, a, b in found)
 
 
 def diffs(work: Path, target: Target, keys: list[str]) -> dict[str, str]:
