@@ -518,3 +518,35 @@ def test_an_old_resolution_never_follows_an_alert_whose_holder_came_back() -> No
                 sent.append((t, x.state, x.label_dict["pod"]))
     assert (30, FIRING, "a") in sent
     assert [s for s in sent if s[0] > 30 and s[1:] == (RESOLVED, "a")] == []
+
+
+# -- each window its own, each GPU its own ------------------------------------------------------------
+LONG_WINDOW = [
+    ("GpuUnderutilized", gpu(utilization_ratio=0.9), gpu(utilization_ratio=0.02)),
+    ("GpuIdle", gpu(**{**IDLE_CARD, "utilization_ratio": 0.5}), gpu(**IDLE_CARD)),
+    ("GpuLowSmActivity", gpu(utilization_ratio=0.95, activity=Activity(sm=0.9)),
+     gpu(utilization_ratio=0.95, activity=Activity(sm=0.1))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("alertname", "busy", "holding"), LONG_WINDOW, ids=[w[0] for w in LONG_WINDOW])
+def test_a_rule_averages_over_its_whole_window_when_it_is_the_longest(
+    alertname: str, busy: GpuReading, holding: GpuReading
+) -> None:
+    """Two hours of history are kept for a two-hour window, though every other rule looks back 10 minutes."""
+    short = {"window": "10m", "for": "0s"}
+    rules = {name: dict(short) for name in ("GpuUnderutilized", "GpuIdle", "GpuLowSmActivity")}
+    rules[alertname] = {"window": "2h", "for": "0s"}
+    rules["GpuIdle"]["enabled"] = True  # type: ignore[assignment]
+    engine = RuleEngine(fast_rules(**rules), "n", resend_interval=3600)
+    trace = [busy] * 240 + [holding] * 240  # an hour busy, then an hour holding: the 2 h mean is in between
+    fired = [a for i, g in enumerate(trace) for a in engine.evaluate(snap(T0 + i * STEP, g)).to_send
+             if a.label_dict["alertname"] == alertname]  # fmt: skip
+    assert fired == []
+
+
+def test_each_gpus_windows_are_its_own() -> None:
+    engine = RuleEngine(fast_rules(GpuUnderutilized={"for": "0s"}), "n", resend_interval=3600)
+    idle, busy = gpu(utilization_ratio=0.02), gpu(index=1, uuid="GPU-1", utilization_ratio=0.9)
+    sent = [a for t in range(0, 300, 15) for a in engine.evaluate(snap(T0 + t, idle, busy)).to_send]
+    assert {(a.label_dict["alertname"], a.label_dict["gpu"]) for a in sent} == {("GpuUnderutilized", "0")}
