@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import fcntl
 import fnmatch
 import json
 import os
@@ -505,6 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="keep the mutants and verdicts of the last run in --work; re-test only what was left alive "
                         "(after adding tests)")  # fmt: skip
+    p.add_argument("--untested", action="store_true", help="with --reuse: re-test only mutants not tested yet")
+    p.add_argument(
+        "--daemon-all",
+        action="store_true",
+        help="run the daemon pass on explained survivors too (by default only on those without a reason)",
+    )
     p.add_argument("--daemon-only", action="store_true",
                    help="skip mutmut: run the daemon pass on what the last run in --work left alive")  # fmt: skip
     p.add_argument("--report-only", action="store_true",
@@ -520,6 +527,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
     work: Path = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    lock = (work.parent / f".{work.name}.lock").open("w")
+    try:  # one run per work tree: a second would take the first one's processes for strays
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit(f"mutation: another run is using {work}")
     again: list[str] = []
     if args.report_only or args.daemon_only:
         pass
@@ -527,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
         refresh_tests(work)
         for name in names:
             codes = load_results(work, TARGETS[name])
-            again += [k for k, code in codes.items() if code is None or code in SURVIVED | NO_TESTS]
+            again += [k for k, code in codes.items()
+                      if code is None or (not args.untested and code in SURVIVED | NO_TESTS)]  # fmt: skip
         print(f"mutation: re-testing {len(again)} mutants left alive in {work}", flush=True)
     else:
         prepare(work, names, args.tests_from)
@@ -535,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
     if not (args.report_only or args.daemon_only) and (again or not args.reuse):
         seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log", again)
-    end_strays(work)
+        end_strays(work)  # mutmut has exited: what is left in the work tree was left by a killed mutant
 
     known = explanations()
     summaries = []
@@ -564,23 +578,23 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 status = f"other ({code})"
             mutants.append(Mutant(key, function_of(key), status))
+        alive = [m for m in mutants if m.status in ("survived", "no-tests")]
+        for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
+            m.diff = d
+            m.reason = explain(name, m, known)
         if target.daemon_tests and not args.no_daemon_pass:
-            todo = [m for m in mutants if m.status in ("survived", "no-tests")
-                    and not args.report_only and verdicts.get(m.name) in (None, "survived")]  # fmt: skip
+            # An explained survivor is equivalent or harmless: the daemon tests cannot tell it apart either.
+            todo = [m for m in alive if (args.daemon_all or not m.reason) and not args.report_only
+                    and verdicts.get(m.name) in (None, "survived")]  # fmt: skip
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run in its own process group
                 runs = {m.name: pool.submit(daemon_pass, work, target, m.name, args.daemon_timeout) for m in todo}
                 for key, run in runs.items():
                     verdicts[key] = run.result()
                     cache.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
                     print(f"mutation: {name} {key.rpartition('.')[2]}: daemon tests: {verdicts[key]}", flush=True)
-            end_strays(work)
-            for m in mutants:
-                if m.status in ("survived", "no-tests") and verdicts.get(m.name) in ("killed", "timeout"):
+            for m in alive:
+                if verdicts.get(m.name) in ("killed", "timeout"):
                     m.status = "killed-daemon" if verdicts[m.name] == "killed" else "timeout"
-        alive = [m for m in mutants if m.status in ("survived", "no-tests")]
-        for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
-            m.diff = d
-            m.reason = explain(name, m, known)
         summaries.append(Summary(name, target.path, mutants))
     seconds["daemon tests"] = time.monotonic() - daemon_start
     timing = work / "seconds.json"  # what each pass took, added up over --reuse runs
@@ -589,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds = before
     elif args.reuse or args.daemon_only:
         seconds = {**before, **{k: v + (0.0 if args.daemon_only else before.get(k, 0.0)) for k, v in seconds.items()}}
-    timing.write_text(json.dumps(seconds))
+    if not args.report_only:
+        timing.write_text(json.dumps(seconds))
 
     args.results.mkdir(parents=True, exist_ok=True)
     for s in summaries:
