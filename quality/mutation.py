@@ -436,6 +436,12 @@ class Summary:
         return self.detected / self.scored if self.scored else 1.0
 
     @property
+    def score_explained_aside(self) -> float:
+        """The score with the survivors survivors.toml explains (equivalent or harmless) left out."""
+        counted = self.scored - (len(self.alive) - len(self.unexplained))
+        return self.detected / counted if counted else 1.0
+
+    @property
     def alive(self) -> list[Mutant]:
         return [m for m in self.mutants if m.status in ("survived", "no-tests")]
 
@@ -449,7 +455,8 @@ class Summary:
                 "killed_in_process": self.count("killed"), "killed_by_daemon_tests": self.count("killed-daemon"),
                 "timeout": self.count("timeout"), "survived": self.count("survived"),
                 "no_tests": self.count("no-tests"), "explained": len(self.alive) - len(self.unexplained),
-                "unexplained": len(self.unexplained), "score": round(self.score, 4)}  # fmt: skip
+                "unexplained": len(self.unexplained), "score": round(self.score, 4),
+                "score_explained_aside": round(self.score_explained_aside, 4)}  # fmt: skip
 
 
 def write_module_report(s: Summary, out: Path) -> None:
@@ -457,7 +464,8 @@ def write_module_report(s: Summary, out: Path) -> None:
     lines = [
         f"# Mutation testing: `{s.path}`",
         "",
-        f"Score **{s.score:.1%}**: {s.detected} of {s.scored} mutants detected "
+        f"Score **{s.score:.1%}** ({s.score_explained_aside:.1%} with the explained survivors left out): "
+        f"{s.detected} of {s.scored} mutants detected "
         f"({j['killed_in_process']} by in-process tests, {j['killed_by_daemon_tests']} only by daemon tests, "
         f"{j['timeout']} by timeout); {j['text_only_excluded']} mutants that change only log or message text "
         f"left out of {len(s.mutants)}.",
@@ -476,14 +484,15 @@ def write_module_report(s: Summary, out: Path) -> None:
 
 def write_summary(summaries: list[Summary], out: Path, seconds: dict[str, float], jobs: int) -> None:
     rows = [
-        "| module | mutants | text only (excluded) | detected | by daemon tests | survived (explained) | score |",
-        "|---|---|---|---|---|---|---|",
+        "| module | mutants | text only (excluded) | detected | by daemon tests | survived (explained) | score "
+        "| score, explained survivors aside |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         j = s.as_json()
         rows.append(f"| [{s.module}]({s.module}.md) `{s.path}` | {len(s.mutants)} | {j['text_only_excluded']} | "
                     f"{s.detected} | {j['killed_by_daemon_tests']} | {len(s.alive)} ({j['explained']}) | "
-                    f"{s.score:.1%} |")  # fmt: skip
+                    f"{s.score:.1%} | {s.score_explained_aside:.1%} |")  # fmt: skip
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
     text = "\n".join(["# Mutation score per module", "",
                       "Written by `quality/mutation.py` (mutmut 3.8.1); see quality/README.md.", "", *rows, "",
