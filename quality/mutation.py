@@ -516,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the mutants and verdicts of the last run in --work; re-test only what was left alive "
                         "(after adding tests)")  # fmt: skip
     p.add_argument("--untested", action="store_true", help="with --reuse: re-test only mutants not tested yet")
+    p.add_argument("--mutants", nargs="+", metavar="GLOB", help="with --reuse: re-test only mutants matching these")
     p.add_argument(
         "--daemon-all",
         action="store_true",
@@ -551,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             codes = load_results(work, TARGETS[name])
             again += [k for k, code in codes.items()
                       if code is None or (not args.untested and code in SURVIVED | NO_TESTS)]  # fmt: skip
+        if args.mutants:
+            again = [k for k in again if any(fnmatch.fnmatchcase(k, g) for g in args.mutants)]
         print(f"mutation: re-testing {len(again)} mutants left alive in {work}", flush=True)
     else:
         prepare(work, names, args.tests_from)

@@ -224,3 +224,17 @@ def test_a_webhook_repeats_an_unchanged_group_after_repeat_interval() -> None:
         wait_for(lambda: outcomes.count("sent") >= 2, timeout=10, what="the repeat")
         r.stop()
     assert outcomes.count("retried") == 0
+
+
+def test_basic_auth_with_a_user_name_and_no_password_sends_an_empty_password() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = AlertmanagerReceiver(ReceiverSettings(url=hook.url, basic_auth_username="am"), outcomes, queue_size=10,
+                                 valid_for=60, generator_url=lambda: GENERATOR)  # fmt: skip
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the delivery")
+        r.stop()
+    (req,) = hook.requests
+    assert req.headers["Authorization"] == "Basic YW06"  # base64 of "am:"
+    assert req.headers["Content-Type"] == "application/json"
