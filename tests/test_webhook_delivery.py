@@ -8,7 +8,9 @@ matters.
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -238,3 +240,78 @@ def test_basic_auth_with_a_user_name_and_no_password_sends_an_empty_password() -
     (req,) = hook.requests
     assert req.headers["Authorization"] == "Basic YW06"  # base64 of "am:"
     assert req.headers["Content-Type"] == "application/json"
+
+
+def test_a_receiver_that_never_answers_times_out_and_is_retried() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts, never answers
+    try:
+        outcomes = Outcomes()
+        r = AlertmanagerReceiver(ReceiverSettings(url=f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=0.3),
+                                 outcomes, queue_size=10, valid_for=60, generator_url=lambda: GENERATOR)  # fmt: skip
+        r.min_backoff = 0.05
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("retried") >= 2, timeout=10, what="the timed-out request retried")
+        r.stop()
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("size", [10, 64 * 1024, 100 * 1024])
+def test_a_reply_with_a_body_of_any_length_is_a_delivery(size: int) -> None:
+    body = b"x" * size
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        outcomes = Outcomes()
+        r = am(f"http://127.0.0.1:{server.server_address[1]}", outcomes)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the delivery")
+        time.sleep(0.2)
+        r.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert outcomes.count("retried") == 0
+
+
+def test_a_bug_that_keeps_failing_a_send_backs_off_too() -> None:
+    outcomes = Outcomes()
+    r = am("http://127.0.0.1:9/am", outcomes)
+
+    def broken() -> str:
+        raise RuntimeError("a bug")
+
+    r._generator_url = broken
+    r.min_backoff, r.max_backoff = 0.05, 3.0
+    r.start()
+    r.submit([alert()], T0)
+    time.sleep(2.0)
+    r.stop()
+    assert 3 <= outcomes.count("retried") <= 12
+
+
+def test_stop_ends_a_thread_waiting_out_a_long_backoff() -> None:
+    outcomes = Outcomes()
+    r = am("http://127.0.0.1:9/am", outcomes)  # refused: the first send fails
+    r.min_backoff = 30.0
+    r.start()
+    r.submit([alert()], T0)
+    wait_for(lambda: outcomes.count("retried") == 1, what="the first failure")
+    r.stop()
+    assert not r.alive, "the thread should end at once, not after its 30 s backoff"
