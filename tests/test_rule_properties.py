@@ -549,4 +549,6 @@ def test_each_gpus_windows_are_its_own() -> None:
     engine = RuleEngine(fast_rules(GpuUnderutilized={"for": "0s"}), "n", resend_interval=3600)
     idle, busy = gpu(utilization_ratio=0.02), gpu(index=1, uuid="GPU-1", utilization_ratio=0.9)
     sent = [a for t in range(0, 300, 15) for a in engine.evaluate(snap(T0 + t, idle, busy)).to_send]
-    assert {(a.label_dict["alertname"], a.label_dict["gpu"]) for a in sent} == {("GpuUnderutilized", "0")}
+    assert [(a.label_dict["alertname"], a.label_dict["gpu"], a.state) for a in sent] == [
+        ("GpuUnderutilized", "0", FIRING)]  # fmt: skip
+    assert [(a.label_dict["gpu"], a.state) for a in engine.active()] == [("0", FIRING)]
