@@ -493,10 +493,9 @@ def write_summary(summaries: list[Summary], out: Path, seconds: dict[str, float]
         rows.append(f"| [{s.module}]({s.module}.md) `{s.path}` | {len(s.mutants)} | {j['text_only_excluded']} | "
                     f"{s.detected} | {j['killed_by_daemon_tests']} | {len(s.alive)} ({j['explained']}) | "
                     f"{s.score:.1%} | {s.score_explained_aside:.1%} |")  # fmt: skip
-    timing = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
     text = "\n".join(["# Mutation score per module", "",
-                      "Written by `quality/mutation.py` (mutmut 3.8.1); see quality/README.md.", "", *rows, "",
-                      f"Wall time with {jobs} worker(s): {timing}.", ""])  # fmt: skip
+                      "Written by `quality/mutation.py` (mutmut 3.8.1); see quality/README.md for what the columns "
+                      "count and how long a run takes.", "", *rows, ""])  # fmt: skip
     (out / "summary.md").write_text(text)
     data = {"modules": [s.as_json() for s in summaries], "seconds": {k: round(v) for k, v in seconds.items()},
             "jobs": jobs}  # fmt: skip
