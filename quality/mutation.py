@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
     work: Path = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    lock = (work.parent / f".{work.name}.lock").open("w")
+    lock = work.with_name(work.name + ".lock").open("w")
     try:  # one run per work tree: a second would take the first one's processes for strays
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
