@@ -260,9 +260,10 @@ def test_non_printable_label_values_are_quoted_as_go_quotes_them_in_the_group_ke
 def test_equal_sized_label_sets_order_as_prometheus_label_set_before() -> None:
     # LabelSet.Before walks the union of both sets' names in order: the first name only one set
     # has puts the set *without* it first.
-    for given in ([{"a_extra": "x"}, {"b_extra": "x"}], [{"b_extra": "x"}, {"a_extra": "x"}]):
+    with_a, with_b = alert(gpu="0", a_extra="x"), alert(gpu="0", b_extra="x")
+    for given in ([with_a, with_b], [with_b, with_a]):
         r = route(group_wait=0, group_by=["alertname"])
-        r.insert([alert(gpu="0", **extra) for extra in given], T0)
+        r.insert(given, T0)
         (doc,) = deliver(r, T0)
         assert [next(k for k in a["labels"] if k.endswith("_extra")) for a in doc["alerts"]] == ["b_extra", "a_extra"]
 
