@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -164,8 +165,8 @@ def test_a_failing_allocation_leaves_nothing_allocated() -> None:
 
 @pytest.mark.parametrize(
     ("code", "percent", "ratio"),
-    [(0, 0.0, 0.0), (0, 62.0, 0.62), (0, 100.0, 1.0), (0, 101.5, 1.0), (0, 103.0, None), (0, -0.5, None),
-     (0, float("nan"), None), (NOT_SUPPORTED, 50.0, None), (UNKNOWN, 50.0, None)],
+    [(0, 0.0, 0.0), (0, 62.0, 0.62), (0, 100.0, 1.0), (0, 101.5, 1.0), (0, 102.0, 1.0), (0, 102.01, None),
+     (0, 103.0, None), (0, -0.5, None), (0, float("nan"), None), (NOT_SUPPORTED, 50.0, None), (UNKNOWN, 50.0, None)],
 )  # fmt: skip
 def test_answers_are_ratios_and_garbage_is_unavailable(code: int, percent: float, ratio: float | None) -> None:
     calls, clock = FakeCalls(), Clock()
@@ -186,3 +187,45 @@ def test_activity_names_every_metric_and_is_none_when_nothing_answered() -> None
     assert activity_of({2: MetricAnswer(None, NOT_SUPPORTED)}) is None
     assert activity_of({}) is None
     assert activity_of({2: MetricAnswer(0.0)}) == Activity(sm=0.0), "an idle GPU is 0, not absent"
+
+
+def test_a_poll_before_the_interval_has_passed_makes_no_driver_call() -> None:
+    calls, clock = FakeCalls(), Clock()
+    pair = SamplePair(calls, "GPU-a", clock, interval=10.0)
+    filled: list[float] = []
+
+    def fill(b: Buffer) -> None:
+        filled.append(clock.t)
+        sampler(clock, 40)(b)
+
+    pair.take(fill, (2,))
+    clock.t += 10
+    assert pair.take(fill, (2,)) == ({2: MetricAnswer(0.40)}, True)
+    for _ in range(4):  # polls every 2 s: within the 10 s interval, the last answers and no sample taken
+        clock.t += 2
+        assert pair.take(fill, (2,)) == ({2: MetricAnswer(0.40)}, False)
+    clock.t += 2
+    assert pair.take(fill, (2,)) == ({2: MetricAnswer(0.40)}, True)
+    assert filled == [100.0, 110.0, 120.0]
+    assert calls.pairs == [(100.0, 110.0), (110.0, 120.0)]
+
+
+def test_a_caller_does_not_wait_for_another_stuck_in_the_driver() -> None:
+    calls, clock = FakeCalls(), Clock()
+    pair = SamplePair(calls, "GPU-a", clock)
+    inside, release = threading.Event(), threading.Event()
+
+    def stuck(b: Buffer) -> None:
+        inside.set()
+        release.wait(10)
+
+    worker = threading.Thread(target=pair.take, args=(stuck, (2,)))
+    worker.start()
+    try:
+        assert inside.wait(5)
+        started = time.monotonic()
+        assert pair.take(sampler(clock, 1), (2,)) == (None, False)
+        assert time.monotonic() - started < 2.0, "the poll waited on a GPU stuck in the driver"
+    finally:
+        release.set()
+        worker.join(5)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, sendable
-from gpu_exporter.alerting.routing import Notification, Route, go_quote, group_key, label_set_string
+from gpu_exporter.alerting.routing import LOG_RETENTION_S, Notification, Route, go_quote, group_key, label_set_string
 from gpu_exporter.alerting.settings import WebhookSettings
 
 T0 = 1_800_000_000.0
@@ -208,3 +208,114 @@ def test_fewer_labels_sort_first() -> None:
     r.insert([alert(gpu="0", extra="x"), alert(gpu="1")], T0)
     (doc,) = deliver(r, T0)
     assert [a["labels"]["gpu"] for a in doc["alerts"]] == ["1", "0"]
+
+
+# -- what the mutation run found unguarded -----------------------------------------------------------
+def test_the_whole_webhook_body_is_alertmanagers() -> None:
+    r = route(group_wait=0, group_interval=60)
+    firing = Alert(
+        sendable({"alertname": "GpuLost", "severity": "critical", "gpu": "0", "node": "n1"}),
+        (("description", "gone"), ("summary", "GpuLost 0")),
+        FIRING,
+        active_at=T0 - 30,
+        fired_at=T0,
+    )
+    r.insert([firing, alert(gpu="1", state=RESOLVED, resolved_at=T0 + 5)], T0 + 5)  # fmt: skip
+    (doc,) = deliver(r, T0 + 5)
+    common = {"alertname": "GpuLost", "node": "n1", "severity": "critical"}
+    assert doc == {
+        "receiver": "ops", "status": "firing",
+        "alerts": [
+            {"status": "firing", "labels": {**common, "gpu": "0"},
+             "annotations": {"description": "gone", "summary": "GpuLost 0"}, "startsAt": "2027-01-15T08:00:00.000Z",
+             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://n1:9445/alerts",
+             "fingerprint": firing.fingerprint},
+            {"status": "resolved", "labels": {**common, "gpu": "1"}, "annotations": {"summary": "GpuLost 1"},
+             "startsAt": "2027-01-15T08:00:00.000Z", "endsAt": "2027-01-15T08:00:05.000Z",
+             "generatorURL": "http://n1:9445/alerts", "fingerprint": alert(gpu="1").fingerprint},
+        ],
+        "groupLabels": {"alertname": "GpuLost", "node": "n1"}, "commonLabels": common,
+        "commonAnnotations": {}, "externalURL": "http://n1:9445", "version": "4",
+        "groupKey": '{}:{alertname="GpuLost", node="n1"}', "truncatedAlerts": 0,
+    }  # fmt: skip
+
+
+def test_common_annotations_are_those_every_alert_shares() -> None:
+    r = route(group_wait=0)
+    shared = (("runbook_url", "https://runbooks/gpu"),)
+    one = Alert(sendable({"alertname": "A", "node": "n1", "gpu": "0"}), (*shared, ("summary", "0")), FIRING, T0, T0)
+    two = Alert(sendable({"alertname": "A", "node": "n1", "gpu": "1"}), (*shared, ("summary", "1")), FIRING, T0, T0)
+    r.insert([one, two], T0)
+    (doc,) = deliver(r, T0)
+    assert doc["commonAnnotations"] == {"runbook_url": "https://runbooks/gpu"}
+
+
+def test_non_printable_label_values_are_quoted_as_go_quotes_them_in_the_group_key() -> None:
+    # Go's strconv.Quote: \u for the Basic Multilingual Plane, \U beyond it.
+    assert go_quote("\u00a0\uffff") == '"\\u00a0\\uffff"'
+    assert go_quote("\U000e0001") == '"\\U000e0001"'
+    assert go_quote("\U00010000é") == '"\U00010000é"'  # printable beyond the BMP stays as it is
+
+
+def test_equal_sized_label_sets_order_as_prometheus_label_set_before() -> None:
+    # LabelSet.Before walks the union of both sets' names in order: the first name only one set
+    # has puts the set *without* it first.
+    with_a, with_b = alert(gpu="0", a_extra="x"), alert(gpu="0", b_extra="x")
+    for given in ([with_a, with_b], [with_b, with_a]):
+        r = route(group_wait=0, group_by=["alertname"])
+        r.insert(given, T0)
+        (doc,) = deliver(r, T0)
+        assert [next(k for k in a["labels"] if k.endswith("_extra")) for a in doc["alerts"]] == ["b_extra", "a_extra"]
+
+
+def test_only_a_new_state_counts_as_waiting_not_the_same_state_sent_again() -> None:
+    r = route(group_wait=0, group_interval=60)
+    r.insert([alert(gpu="0")], T0)
+    deliver(r, T0)
+    r.insert([alert(gpu="0")], T0 + 15)  # the daemon's resend: nothing new
+    assert r.waiting() == 0
+    r.insert([alert(gpu="0", state=RESOLVED, resolved_at=T0 + 20)], T0 + 20)  # same start, new state
+    assert r.waiting() == 1
+    deliver(r, T0 + 60)
+    assert r.waiting() == 0
+
+
+def test_a_group_with_no_news_at_its_tick_has_nothing_waiting() -> None:
+    r = route(group_wait=0, group_interval=300)
+    r.insert([alert()], T0)
+    deliver(r, T0)
+    # It resolves and fires again between two ticks: Alertmanager sees the same firing alert.
+    r.insert([alert(state=RESOLVED, resolved_at=T0 + 10)], T0 + 10)
+    r.insert([alert(at=T0 + 20)], T0 + 20)
+    assert r.waiting() == 1
+    assert deliver(r, T0 + 300) == []
+    assert r.waiting() == 0
+
+
+def test_an_alert_exactly_group_wait_old_waits_for_group_wait() -> None:
+    # Alertmanager flushes at once only an alert that started *before* now - group_wait.
+    r = route(group_wait=30)
+    r.insert([alert(at=T0 - 30)], T0)
+    assert r.next_due() == T0 + 30
+    r2 = route(group_wait=30)
+    r2.insert([alert(at=T0 - 30.001)], T0)
+    assert r2.next_due() == T0
+
+
+def test_a_group_not_yet_due_does_not_hold_back_one_that_is() -> None:
+    r = route(group_wait=30, group_by=["alertname"])
+    r.insert([alert("A")], T0)
+    r.insert([alert("B", at=T0 - 3600)], T0 + 1)  # started long ago: due at once
+    assert [d["groupLabels"] for d in deliver(r, T0 + 1)] == [{"alertname": "B"}]
+
+
+def test_the_notification_log_forgets_a_gone_group_after_the_retention_only() -> None:
+    r = route(group_wait=0, group_interval=60)
+    r.insert([alert()], T0)
+    deliver(r, T0)
+    r.insert([alert(state=RESOLVED, resolved_at=T0 + 10)], T0 + 10)
+    deliver(r, T0 + 60)
+    assert r.groups == {} and list(r.log) == ['{}:{alertname="GpuLost", node="n1"}']
+    r.insert([alert("Other")], T0 + 60 + LOG_RETENTION_S)  # something else keeps the route ticking
+    deliver(r, T0 + 61 + LOG_RETENTION_S)
+    assert list(r.log) == ['{}:{alertname="Other", node="n1"}']

@@ -1,0 +1,317 @@
+"""A webhook fed directly, delivered by its own thread: what the receiver gets and when.
+
+The routing itself is pure state (tests/test_webhook_routing.py); these run the delivery thread
+against real loopback receivers, with the route's clock under the test's control where timing
+matters.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, WebhookReceiver
+from gpu_exporter.alerting.engine import RESOLVED
+from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings
+from tests.alerting_helpers import webhook_receiver
+from tests.exporter_helpers import wait_for
+from tests.test_alert_delivery import T0, FakeClock, Outcomes, alert
+
+GENERATOR = "http://node-a:9445/alerts"
+
+
+def receiver(url: str, outcomes: Outcomes, clock: Any = time.time, **settings: Any) -> WebhookReceiver:
+    s = WebhookSettings(url=url, name="ops", **{"group_wait": 0, "group_interval": 1, **settings})
+    return WebhookReceiver(s, outcomes, generator_url=lambda: GENERATOR, clock=clock)
+
+
+def test_the_payload_points_back_at_this_daemon() -> None:
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = receiver(hook.url, outcomes)
+        r.start()
+        r.submit([alert()], time.time())
+        wait_for(lambda: outcomes.count("sent") == 1, what="the notification")
+        r.stop()
+    (req,) = hook.requests
+    assert req.body["externalURL"] == "http://node-a:9445"
+    assert [a["generatorURL"] for a in req.body["alerts"]] == [GENERATOR]
+    assert req.body["receiver"] == "ops" and req.body["version"] == "4"
+
+
+def test_a_notification_with_nothing_to_send_does_not_hold_back_the_next_group() -> None:
+    """Without send_resolved, a group whose alerts all resolved needs a notification (Alertmanager
+    logs it) that sends nothing; another group due at the same moment still goes out then."""
+    clock = FakeClock(T0)
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = receiver(hook.url, outcomes, clock=clock, send_resolved=False, group_interval=60)
+        r.start()
+        r.submit([alert("GpuLost")], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the first notification")
+        clock.now = T0 + 60  # GpuLost's group is due again, and a new group with it
+        r.submit([alert("GpuLost", state=RESOLVED, resolved_at=T0 + 30), alert("GpuXidError", at=T0 + 60)], T0 + 60)
+        wait_for(lambda: len(hook.requests) == 2, timeout=10, what="the new group's notification")
+        time.sleep(0.3)  # anything else would have been sent by now: the clock stands still
+        r.stop()
+    assert [[a["labels"]["alertname"] for a in req.body["alerts"]] for req in hook.requests] == [
+        ["GpuLost"], ["GpuXidError"]]  # fmt: skip
+    assert outcomes.count("sent") == 2, "a notification with nothing in it is not counted as sent"
+    assert len(r) == 0
+
+
+def test_failures_back_off_exponentially_and_a_success_starts_the_backoff_again() -> None:
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        hook.status = 503
+        r = receiver(hook.url, outcomes, group_interval=3600)
+        r.min_backoff, r.max_backoff = 0.05, 3.0
+        r.start()
+        r.submit([alert(gpu="0")], time.time())
+        time.sleep(2.0)
+        tries = outcomes.count("retried")
+        # 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.6 ...: about 6 in 2 s; without backoff, 40.
+        assert 3 <= tries <= 12, tries
+        hook.status = 200
+        wait_for(lambda: outcomes.count("sent") == 1, timeout=10, what="delivery once the receiver answers")
+        hook.status = 503
+        failed_at = time.monotonic()
+        r.submit([alert("GpuXidError")], time.time())  # a new group: due at once, and it fails
+        wait_for(lambda: outcomes.count("retried") >= tries + 2, timeout=10, what="the first retry")
+        # The first retry came after the minimum backoff again, not after the 3.2 s doubling would reach.
+        assert time.monotonic() - failed_at < 2.0
+        r.stop()
+
+
+def test_the_notifier_gives_every_receiver_every_alert_and_an_empty_batch_to_none() -> None:
+    outcomes = Outcomes()
+    am = AlertmanagerReceiver(ReceiverSettings(url="http://127.0.0.1:9/am"), outcomes, queue_size=10, valid_for=60,
+                              generator_url=lambda: GENERATOR)  # fmt: skip
+    hook = receiver("http://127.0.0.1:9/hook", outcomes)
+    n = Notifier([am, hook])  # not started: what they were given stays queued
+    n.send([], T0)
+    assert (len(am), len(hook)) == (0, 0)
+    n.send([alert(gpu="0"), alert(gpu="1")], T0)
+    assert (len(am), len(hook)) == (2, 2)
+
+
+# -- the delivery thread, either receiver ---------------------------------------------------------------
+def am(url: str, outcomes: Outcomes, **kw: Any) -> AlertmanagerReceiver:
+    return AlertmanagerReceiver(ReceiverSettings(url=url), outcomes, queue_size=kw.pop("queue_size", 10),
+                                valid_for=60, generator_url=lambda: GENERATOR, **kw)  # fmt: skip
+
+
+def test_an_idle_receiver_sleeps() -> None:
+    """A receiver with nothing to send costs no CPU (a delivery thread that spins would take a core)."""
+    with webhook_receiver() as hook:
+        receivers = [am(hook.url, Outcomes()), receiver(hook.url, Outcomes(), group_wait=1.2)]
+        for r in receivers:
+            r.start()
+        receivers[1].submit([alert()], time.time())  # a group waiting for its group_wait, due in 1.2 s
+        cpu = time.process_time()
+        time.sleep(1.0)
+        used = time.process_time() - cpu
+        for r in receivers:
+            r.stop()
+    assert used < 0.3, f"{used:.2f} s of CPU in 1 s while idle"
+
+
+def test_stop_ends_the_thread_promptly_even_with_a_request_hanging() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)  # accepts the connection, never answers
+    try:
+        r = am(f"http://127.0.0.1:{listener.getsockname()[1]}", Outcomes())
+        r.start()
+        r.submit([alert()], T0)
+        time.sleep(0.3)  # the request is in flight, waiting for an answer that never comes
+        started = time.monotonic()
+        r.stop()
+        assert time.monotonic() - started < 3.0
+    finally:
+        listener.close()
+    idle = am("http://127.0.0.1:9/am", Outcomes())
+    idle.start()
+    idle.stop()
+    assert not idle.alive, "a stopped receiver's thread has ended"
+
+
+def test_stop_says_how_many_alerts_were_not_delivered(capsys: pytest.CaptureFixture[str]) -> None:
+    r = am("http://127.0.0.1:9/am", Outcomes())  # nothing listens there: nothing is delivered
+    r.start()
+    r.submit([alert(gpu="0"), alert(gpu="1")], T0)
+    time.sleep(0.2)
+    r.stop()
+    out = capsys.readouterr()
+    line = next(x for x in (out.out + out.err).splitlines() if "notifications_undelivered_at_shutdown" in x)
+    assert "alerts=2" in line
+
+
+def test_an_alertmanager_url_with_a_trailing_slash_gets_the_api_path_once() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = am(hook.url + "/", outcomes)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the delivery")
+        r.stop()
+    (req,) = hook.requests
+    assert req.path == "/hook/api/v2/alerts"
+    assert [a["generatorURL"] for a in req.body] == [GENERATOR]
+
+
+def test_a_failing_alertmanager_is_retried_with_backoff_not_in_a_loop() -> None:
+    with webhook_receiver() as hook:
+        hook.status = 503
+        outcomes = Outcomes()
+        r = am(hook.url, outcomes)
+        r.min_backoff, r.max_backoff = 0.05, 3.0
+        r.start()
+        r.submit([alert()], T0)
+        time.sleep(2.0)
+        r.stop()
+    assert 3 <= outcomes.count("retried") <= 12  # 0.05 + 0.1 + 0.2 + ...: about 6; in a loop, hundreds
+
+
+def test_successive_alerts_are_delivered_without_waiting_a_backoff() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = am(hook.url, outcomes)
+        r.min_backoff = 0.5
+        r.start()
+        started = time.monotonic()
+        for i in range(5):
+            r.submit([alert(gpu=str(i))], T0 + i)
+            wait_for(lambda i=i: outcomes.count("sent") == i + 1, what=f"delivery {i}")
+        r.stop()
+    assert time.monotonic() - started < 3.0  # a backoff after each success would take 0.5 + 1 + 2 + 4 s
+
+
+def test_over_queue_size_the_alert_updated_longest_ago_goes_first() -> None:
+    outcomes = Outcomes()
+    r = am("http://127.0.0.1:9/am", outcomes, queue_size=2)  # not started: the queue only fills
+    r.submit([alert(gpu="0"), alert(gpu="1")], T0)
+    r.submit([alert(gpu="0")], T0 + 60)  # GPU 0 re-sent: now the most recent
+    r.submit([alert(gpu="2")], T0 + 61)
+    assert sorted(a.label_dict["gpu"] for a in r._firing.values()) == ["0", "2"]
+    gone = [alert(gpu=g, state=RESOLVED, resolved_at=T0 + 70) for g in "345"]
+    r2 = am("http://127.0.0.1:9/am", Outcomes(), queue_size=2)
+    r2.submit(gone[:2], T0 + 70)
+    r2.submit([gone[0]], T0 + 130)
+    r2.submit([gone[2]], T0 + 131)
+    assert sorted(a.label_dict["gpu"] for a in r2._resolved.values()) == ["3", "5"]
+
+
+def test_a_webhook_group_is_notified_after_group_wait_with_nothing_else_arriving() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = receiver(hook.url, outcomes, group_wait=0.5)
+        r.start()
+        r.submit([alert()], time.time())
+        wait_for(lambda: outcomes.count("sent") == 1, timeout=5, what="the notification after group_wait")
+        r.stop()
+
+
+def test_a_webhook_repeats_an_unchanged_group_after_repeat_interval() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = receiver(hook.url, outcomes, group_interval=0.2, repeat_interval=0.5)
+        r.start()
+        r.submit([alert()], time.time())
+        wait_for(lambda: outcomes.count("sent") >= 2, timeout=10, what="the repeat")
+        r.stop()
+    assert outcomes.count("retried") == 0
+
+
+def test_basic_auth_with_a_user_name_and_no_password_sends_an_empty_password() -> None:
+    with webhook_receiver() as hook:
+        outcomes = Outcomes()
+        r = AlertmanagerReceiver(ReceiverSettings(url=hook.url, basic_auth_username="am"), outcomes, queue_size=10,
+                                 valid_for=60, generator_url=lambda: GENERATOR)  # fmt: skip
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the delivery")
+        r.stop()
+    (req,) = hook.requests
+    assert req.headers["Authorization"] == "Basic YW06"  # base64 of "am:"
+    assert req.headers["Content-Type"] == "application/json"
+
+
+def test_a_receiver_that_never_answers_times_out_and_is_retried() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts, never answers
+    try:
+        outcomes = Outcomes()
+        r = AlertmanagerReceiver(ReceiverSettings(url=f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=0.3),
+                                 outcomes, queue_size=10, valid_for=60, generator_url=lambda: GENERATOR)  # fmt: skip
+        r.min_backoff = 0.05
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("retried") >= 2, timeout=10, what="the timed-out request retried")
+        r.stop()
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("size", [10, 64 * 1024, 100 * 1024])
+def test_a_reply_with_a_body_of_any_length_is_a_delivery(size: int) -> None:
+    body = b"x" * size
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        outcomes = Outcomes()
+        r = am(f"http://127.0.0.1:{server.server_address[1]}", outcomes)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the delivery")
+        time.sleep(0.2)
+        r.stop()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert outcomes.count("retried") == 0
+
+
+def test_a_bug_that_keeps_failing_a_send_backs_off_too() -> None:
+    outcomes = Outcomes()
+    r = am("http://127.0.0.1:9/am", outcomes)
+
+    def broken() -> str:
+        raise RuntimeError("a bug")
+
+    r._generator_url = broken
+    r.min_backoff, r.max_backoff = 0.05, 3.0
+    r.start()
+    r.submit([alert()], T0)
+    wait_for(lambda: outcomes.count("retried") >= 3, what="three failed attempts")
+    r.stop()
+    assert r._backoff >= 4 * r.min_backoff, "each failure doubles the wait before the next attempt"
+
+
+def test_stop_ends_a_thread_waiting_out_a_long_backoff() -> None:
+    outcomes = Outcomes()
+    r = am("http://127.0.0.1:9/am", outcomes)  # refused: the first send fails
+    r.min_backoff = 30.0
+    r.start()
+    r.submit([alert()], T0)
+    wait_for(lambda: outcomes.count("retried") == 1, what="the first failure")
+    r.stop()
+    assert not r.alive, "the thread should end at once, not after its 30 s backoff"
