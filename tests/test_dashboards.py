@@ -693,3 +693,70 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
                 wanted = {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}
                 extra = {"currency": {"USD"}, "model": {"NVIDIA H100 80GB HBM3"}}
                 assert found == wanted | {k: v for k, v in extra.items() if k in found}
+
+
+# -- dashboards that scale -------------------------------------------------------------------------------
+def test_the_fleet_scales_lists_the_top_ten_and_names_the_holder_and_model() -> None:
+    dash = load("gpu-fleet.json")
+    by_title = {p["title"]: p for p in panels(dash)}
+    # No bar gauge with a bar per GPU or per node: lists of GPUs are tables, cut to ten where not a full list.
+    assert not [p["title"] for p in panels(dash) if p["type"] == "bargauge"]
+    for title in (
+        "Least utilized GPUs (10)",
+        "Fullest GPUs (10)",
+        "PCIe load (10 busiest)",
+        "Utilization per pod (top 10)",
+    ):
+        (t,) = by_title[title]["targets"]
+        assert re.match(r"(topk|bottomk)\(10,", t["expr"]), title
+    # The tables of idle and near-OOM GPUs show namespace, pod and model.
+    for title in ("Allocated but idle (30m)", "Near OOM", "Least utilized GPUs (10)", "Fullest GPUs (10)"):
+        p = by_title[title]
+        organize = p["transformations"][-1]["options"]
+        shown = set(organize["indexByName"]) - set(organize["excludeByName"])
+        assert {"node", "gpu", "name", "namespace", "pod"} <= shown, title
+        assert organize["renameByName"] == {"name": "model"}
+        for t in p["targets"]:
+            grouped = [e for e in agg_groupings(parsed(t)) if "node" in e and "name" not in e]  # not the gpu_info join
+            assert grouped and all({"namespace", "pod"} <= g for g in grouped), (title, t["refId"])
+            assert "group_left (name)" in t["expr"] and 'gpu_info{name=~"$model"' in t["expr"], (title, t["refId"])
+    # Counts of GPUs near OOM and PCIe-bound, at the alert rules' thresholds.
+    rules = RulesSettings()
+    assert f">= {rules.GpuMemoryHigh.warning}" in by_title["Near OOM"]["targets"][0]["expr"]
+    assert f">= {rules.GpuPcieBottleneck.threshold}" in by_title["PCIe-bound"]["targets"][0]["expr"]
+    # The model variable narrows every query over per-GPU series, and lists gpu_info's model names.
+    assert variable_selectors(dash)["model"][1] == "name"
+    for panel, t in targets(dash):
+        names = {m for m in metrics_of(parsed(t)) if m in reference_labels() and "gpu" in reference_labels()[m]}
+        if names and panel["title"] not in ("GPUs up and lost", "Lost GPUs", "GPUs lost", "Alerts firing"):
+            assert "$model" in t["expr"], f"{panel['title']!r} {t['refId']} ignores the model variable"
+
+
+def agg_groupings(expr: pp.Expr) -> list[set[str]]:
+    found: list[set[str]] = []
+
+    def visit(e: pp.Expr) -> bool:
+        if isinstance(e, pp.AggregateExpr) and e.modifier is not None and str(e.op) in ("max", "sum"):
+            found.append(set(e.modifier.labels))
+        return True
+
+    pp.walk(expr, visit)
+    return found
+
+
+def test_the_node_dashboard_repeats_by_gpu_with_a_gauge_row() -> None:
+    dash = load("gpu-node.json")
+    top = dash["panels"]
+    (i,) = [n for n, p in enumerate(top) if p["type"] == "row" and p.get("repeat") == "gpu"]
+    repeated = []
+    for p in top[i + 1 :]:
+        if p["type"] == "row":
+            break
+        repeated.append(p)
+    gauges = {p["title"] for p in repeated if p["type"] == "gauge"}
+    assert {"Utilization", "Memory used", "Temperature", "Power vs limit"} <= gauges
+    assert variables(dash)["gpu"]["multi"] and variables(dash)["gpu"]["includeAll"]
+    # Clocks (7 clocks x 2 lines per GPU) are drawn per GPU, in the repeated row; process memory is cut to ten.
+    assert "Clocks vs max (this GPU)" in {p["title"] for p in repeated}
+    (proc,) = [p for p in panels(dash) if p["title"] == "Process memory (10 largest)"]
+    assert proc["targets"][0]["expr"].startswith("topk(10,")
