@@ -111,6 +111,7 @@ def test_three_nodes_with_the_readme_config(fake_nvml_lib: Path, tmp_path: Path)
                 check_power_falls_back(prom)
                 check_model_variable(prom)
                 check_alerts_carry_node(prom)
+                check_no_panel_draws_dozens_of_lines(prom)
                 # One exporter dies: its node and GPUs must show as unwatched, not vanish.
                 assert number(prom, "Targets down") == 0 and number(prom, "Nodes") == 3
                 lost_before = number(prom, "GPUs lost")
@@ -199,3 +200,25 @@ def check_alerts_carry_node(prom: Prometheus) -> None:
     alerts = prom.alerts()
     assert all(a["labels"].get("node") in NODES for a in alerts), alerts
     assert NODES[0] in {a["labels"]["node"] for a in alerts}
+
+
+MOST_LINES = 16  # two lines per GPU of an 8-GPU node
+
+
+def check_no_panel_draws_dozens_of_lines(prom: Prometheus) -> None:
+    """Node a (6 GPUs, 18 NVLinks, 2 fans, several sensors and clocks each): the node dashboard's
+    time series draw at most 16 lines each; those in the row repeated per GPU, for one GPU."""
+    dash = load("gpu-node.json")
+    per_gpu = False
+    counts = {}
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            per_gpu = p.get("repeat") == "gpu"
+            continue
+        if p["type"] != "timeseries":
+            continue
+        values = VALUES | {"node": NODES[0], "gpu": "0" if per_gpu else ".*"}
+        counts[p["title"]] = sum(len(prom.query(substitute(t["expr"], values))) for t in p["targets"])
+    assert counts["Clocks vs max (this GPU)"] > 2, counts  # it does draw, for one GPU
+    too_many = {title: n for title, n in counts.items() if n > MOST_LINES}
+    assert not too_many, f"panels drawing more than {MOST_LINES} lines on one node: {too_many}"
