@@ -180,9 +180,17 @@ class Daemon:
             return False, f"not ready: the last successful poll was {age:.0f} s ago (limit {stale_after:g} s)"
         return True, f"ready: {len(snap.gpus)} GPUs, last poll {age:.1f} s ago"
 
+    def gpu_models(self) -> dict[str, str]:
+        """GPU UUID -> model name, from the latest snapshot (for the /alerts page)."""
+        snap = self.collector.snapshot
+        if snap is None:
+            return {}
+        return {g.uuid: g.static.name for g in snap.gpus if g.static is not None}
+
     def start(self) -> None:
         self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness, self.engine.active,
-                                web=self.web, max_requests=self.settings.web_max_requests)  # fmt: skip
+                                web=self.web, max_requests=self.settings.web_max_requests,
+                                node=node_name(self.settings.node_name), gpu_models=self.gpu_models)  # fmt: skip
         self._http.start()
         self.notifier.start()
         if self.watcher is not None:

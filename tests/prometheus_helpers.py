@@ -68,9 +68,6 @@ def prometheus(targets: Sequence[str], workdir: Path, rule_files: Sequence[Path]
     ``node`` in a cluster; ``relabel_configs`` then apply to the targets, as a ServiceMonitor's
     ``relabelings`` do.
     """
-    binary = shutil.which("prometheus")
-    assert binary, "Prometheus is missing: apt-get install prometheus (bash .ci/setup does it)"
-    workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
         "rule_files": [str(p) for p in rule_files],
@@ -82,6 +79,16 @@ def prometheus(targets: Sequence[str], workdir: Path, rule_files: Sequence[Path]
             }
         ],
     }
+    with prometheus_with_config(config, workdir) as prom:
+        yield prom
+
+
+@contextmanager
+def prometheus_with_config(config: dict[str, Any], workdir: Path) -> Iterator[Prometheus]:
+    """Prometheus started on 127.0.0.1 with ``config`` as its prometheus.yml."""
+    binary = shutil.which("prometheus")
+    assert binary, "Prometheus is missing: apt-get install prometheus (bash .ci/setup does it)"
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = open(workdir / "prometheus.log", "ab")  # noqa: SIM115 - lives as long as the process

@@ -47,6 +47,10 @@ COST = "gpu-cost.json"  # Cost and waste: money in the currency its `currency` v
 NAMES = (*OVERVIEWS, COST)
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 FILTER_VARIABLES = ("node", "gpu", "namespace", "pod")
+# Series Prometheus makes itself for each target: they carry the target's labels (node, from the
+# relabelling), not a GPU's or a pod's.
+TARGET_SERIES = {"up"}
+UP_SELECTOR = 'up{job=~".*gpu-exporter.*",node=~"$node"}'  # as promql-parser prints it
 
 # What Grafana would substitute, realistic for a 1 s scrape of one node with every GPU selected.
 VALUES = {
@@ -55,6 +59,7 @@ VALUES = {
     "gpu": ".*",
     "namespace": ".*",
     "pod": ".*",
+    "model": ".*",
     "currency": "USD",
     "__rate_interval": "15s",
     "__interval": "5s",
@@ -291,9 +296,12 @@ def test_queries_parse_use_reference_metrics_and_filter_by_the_variables(name: s
     for panel, t in targets(dash):
         where = f"{name}: {panel['title']!r} {t['refId']}"
         expr = parsed(t)  # every variable substituted: raises on bad PromQL
-        assert metrics_of(expr) <= known.keys(), f"{where}: unknown metric in {t['expr']}"
+        assert metrics_of(expr) <= known.keys() | TARGET_SERIES, f"{where}: unknown metric in {t['expr']}"
         # With the label variables left in place, each selector must filter by them.
         for sel in selectors(parsed(t, TIME_VALUES)):
+            if sel.name in TARGET_SERIES:
+                assert str(sel) == UP_SELECTOR, f"{where}: {sel} is not the gpu-exporter targets of $node"
+                continue
             metric = known[sel.name or ""]
             wanted = [v for v in FILTER_VARIABLES if v != "gpu" or "gpu" in labels[metric]]
             have = {(m.name, m.value) for m in sel.matchers.matchers if m.op == pp.MatchOp.Re}
@@ -308,7 +316,7 @@ def test_the_node_dashboard_covers_every_metric_and_the_fleet_its_subjects() -> 
     known = series_names()
 
     def used(name: str) -> set[str]:
-        return {known[m] for _, t in targets(load(name)) for m in metrics_of(parsed(t))}
+        return {known[m] for _, t in targets(load(name)) for m in metrics_of(parsed(t)) - TARGET_SERIES}
 
     assert used("gpu-node.json") == METRICS.keys()
     assert {
@@ -330,7 +338,8 @@ def test_the_datasource_variable_is_used_everywhere_and_the_filter_variables_exi
             f"{var}: All must match any value, and series without the label"
         )
     # The cost dashboard also picks a currency: money is never summed across currencies.
-    assert set(variable_selectors(dash)) == set(FILTER_VARIABLES) | ({"currency"} if name == COST else set())
+    assert set(variable_selectors(dash)) == set(FILTER_VARIABLES) | {
+        COST: {"currency"}, "gpu-fleet.json": {"model"}}.get(name, set())  # fmt: skip
     if name == COST:
         currency = vs["currency"]
         assert not currency["includeAll"] and not currency["multi"]
@@ -478,7 +487,7 @@ def test_thresholds_are_the_alert_defaults(name: str) -> None:
         expr = parsed(t)
         if family(expr) != "percentunit":
             continue
-        names = metrics_of(expr)
+        names = {m for m in metrics_of(expr) if not m.endswith("_info")}  # a join with gpu_info adds the model
         where = f"{panel['title']!r} {t['refId']}"
         if {"gpu_memory_used_bytes", "gpu_memory_total_bytes"} <= names:
             assert thresholds_of(panel, t["refId"]) == memory, where
@@ -597,6 +606,16 @@ def returns_data(prom: Prometheus, t: dict[str, Any], expr: str, now: float) -> 
     return any(series["values"] for series in data["result"])
 
 
+# Panels whose query part before `or vector(0)` is empty while every exporter answers: they count what
+# only a dead exporter or a failing NVML makes (tests/test_fleet.py kills one and checks them).
+EMPTY_WHILE_HEALTHY = {
+    ("gpu-fleet.json", "GPUs lost", "B"),  # GPUs on a target that is down
+    ("gpu-fleet.json", "Alerts firing", "B"),  # alerts last seen on a target that is down
+    ("gpu-fleet.json", "Targets down", "A"),
+    ("gpu-fleet.json", "Polls not fresh", "A"),
+}
+
+
 def queries_to_run(t: dict[str, Any]) -> list[str]:
     """The substituted query, and its left side when it ends in ``or vector(0)`` (which hides nothing)."""
     expr = substitute(t["expr"], VALUES)
@@ -652,7 +671,8 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             scrapes = 'count_over_time(gpu_exporter_notifications_total{node="node-a"}[1m]) >= 4'
             wait_for(lambda: bool(prom.query(scrapes)), timeout=30, interval=0.2, what="four scrapes")
             runs = [(f"{n}: {p['title']!r} {t['refId']}", t, e) for n, dash in dashes.items()
-                    for p, t in targets(dash) for e in queries_to_run(t)]  # fmt: skip
+                    for p, t in targets(dash) for e in queries_to_run(t)
+                    if (n, p["title"], t["refId"]) not in EMPTY_WHILE_HEALTHY or e.endswith("vector(0)")]  # fmt: skip
             empty = runs
             deadline = time.monotonic() + 15
             while empty and time.monotonic() < deadline:
@@ -671,4 +691,72 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
                          for var, (selector, label) in variable_selectors(dash).items()}  # fmt: skip
                 gpus = {str(i) for i in range(6)}
                 wanted = {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}
-                assert found == wanted | ({"currency": {"USD"}} if "currency" in found else {})
+                extra = {"currency": {"USD"}, "model": {"NVIDIA H100 80GB HBM3"}}
+                assert found == wanted | {k: v for k, v in extra.items() if k in found}
+
+
+# -- dashboards that scale -------------------------------------------------------------------------------
+def test_the_fleet_scales_lists_the_top_ten_and_names_the_holder_and_model() -> None:
+    dash = load("gpu-fleet.json")
+    by_title = {p["title"]: p for p in panels(dash)}
+    # No bar gauge with a bar per GPU or per node: lists of GPUs are tables, cut to ten where not a full list.
+    assert not [p["title"] for p in panels(dash) if p["type"] == "bargauge"]
+    for title in (
+        "Least utilized GPUs (10)",
+        "Fullest GPUs (10)",
+        "PCIe load (10 busiest)",
+        "Utilization per pod (top 10)",
+    ):
+        (t,) = by_title[title]["targets"]
+        assert re.match(r"(topk|bottomk)\(10,", t["expr"]), title
+    # The tables of idle and near-OOM GPUs show namespace, pod and model.
+    for title in ("Allocated but idle (30m)", "Near OOM", "Least utilized GPUs (10)", "Fullest GPUs (10)"):
+        p = by_title[title]
+        organize = p["transformations"][-1]["options"]
+        shown = set(organize["indexByName"]) - set(organize["excludeByName"])
+        assert {"node", "gpu", "name", "namespace", "pod"} <= shown, title
+        assert organize["renameByName"] == {"name": "model"}
+        for t in p["targets"]:
+            grouped = [e for e in agg_groupings(parsed(t)) if "node" in e and "name" not in e]  # not the gpu_info join
+            assert grouped and all({"namespace", "pod"} <= g for g in grouped), (title, t["refId"])
+            assert "group_left (name)" in t["expr"] and 'gpu_info{name=~"$model"' in t["expr"], (title, t["refId"])
+    # Counts of GPUs near OOM and PCIe-bound, at the alert rules' thresholds.
+    rules = RulesSettings()
+    assert f">= {rules.GpuMemoryHigh.warning}" in by_title["Near OOM"]["targets"][0]["expr"]
+    assert f">= {rules.GpuPcieBottleneck.threshold}" in by_title["PCIe-bound"]["targets"][0]["expr"]
+    # The model variable narrows every query over per-GPU series, and lists gpu_info's model names.
+    assert variable_selectors(dash)["model"][1] == "name"
+    for panel, t in targets(dash):
+        names = {m for m in metrics_of(parsed(t)) if m in reference_labels() and "gpu" in reference_labels()[m]}
+        if names and panel["title"] not in ("GPUs up and lost", "Lost GPUs", "GPUs lost", "Alerts firing"):
+            assert "$model" in t["expr"], f"{panel['title']!r} {t['refId']} ignores the model variable"
+
+
+def agg_groupings(expr: pp.Expr) -> list[set[str]]:
+    found: list[set[str]] = []
+
+    def visit(e: pp.Expr) -> bool:
+        if isinstance(e, pp.AggregateExpr) and e.modifier is not None and str(e.op) in ("max", "sum"):
+            found.append(set(e.modifier.labels))
+        return True
+
+    pp.walk(expr, visit)
+    return found
+
+
+def test_the_node_dashboard_repeats_by_gpu_with_a_gauge_row() -> None:
+    dash = load("gpu-node.json")
+    top = dash["panels"]
+    (i,) = [n for n, p in enumerate(top) if p["type"] == "row" and p.get("repeat") == "gpu"]
+    repeated = []
+    for p in top[i + 1 :]:
+        if p["type"] == "row":
+            break
+        repeated.append(p)
+    gauges = {p["title"] for p in repeated if p["type"] == "gauge"}
+    assert {"Utilization", "Memory used", "Temperature", "Power vs limit"} <= gauges
+    assert variables(dash)["gpu"]["multi"] and variables(dash)["gpu"]["includeAll"]
+    # Clocks (7 clocks x 2 lines per GPU) are drawn per GPU, in the repeated row; process memory is cut to ten.
+    assert "Clocks vs max (this GPU)" in {p["title"] for p in repeated}
+    (proc,) = [p for p in panels(dash) if p["title"] == "Process memory (10 largest)"]
+    assert proc["targets"][0]["expr"].startswith("topk(10,")

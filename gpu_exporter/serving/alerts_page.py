@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..alerting.delivery import rfc3339
 from ..alerting.engine import Alert
@@ -29,20 +29,39 @@ def alerts_json(alerts: Sequence[Alert]) -> bytes:
     return json.dumps(doc, indent=1).encode()
 
 
-def alerts_html(alerts: Sequence[Alert]) -> bytes:
+# An operator leaves the page open: it reloads itself, as often as Prometheus's default scrape.
+REFRESH_SECONDS = 15
+
+
+def alerts_html(alerts: Sequence[Alert], node: str = "", models: Mapping[str, str] | None = None) -> bytes:
+    """The alerts as a table: node, GPU and its model, with a link back; ``models`` maps GPU UUIDs to names."""
+    models = models or {}
+
+    def cells(a: Alert) -> tuple[str, ...]:
+        labels = a.label_dict
+        uuid = labels.get("uuid", "")
+        return (
+            labels["alertname"], a.state, labels["severity"], labels.get("node", node),
+            f"{labels['gpu']} {uuid or '(uuid unknown)'}", models.get(uuid, "(model unknown)"),
+            rfc3339(a.active_at), dict(a.annotations).get("description", ""),
+        )  # fmt: skip
+
     rows = "".join(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
-            *(html.escape(x) for x in (
-                a.label_dict["alertname"], a.state, a.label_dict["severity"],
-                f"{a.label_dict['gpu']} {a.label_dict.get('uuid', '(uuid unknown)')}", rfc3339(a.active_at),
-                dict(a.annotations).get("description", ""),
-            ))
-        )
+        f"<tr class='{html.escape(a.state)}'>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(a)) + "</tr>"
         for a in alerts
-    )  # fmt: skip
-    body = rows or "<tr><td colspan='6'>No pending or firing alerts.</td></tr>"
+    )
+    body = rows or "<tr><td colspan='8'>No pending or firing alerts.</td></tr>"
+    where = f" on {html.escape(node)}" if node else ""
     return (
-        "<!doctype html><html><head><title>gpu-exporter alerts</title></head><body><h1>Alerts</h1>"
-        "<table border='1' cellpadding='4'><tr><th>alert</th><th>state</th><th>severity</th><th>GPU</th>"
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<meta http-equiv='refresh' content='{REFRESH_SECONDS}'>"
+        f"<title>gpu-exporter alerts{where}</title>"
+        "<style>body{font-family:sans-serif;margin:1em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #999;padding:4px 8px;text-align:left}th{background:#eee}"
+        "tr.firing td:first-child{background:#f4b4b4}tr.pending td:first-child{background:#f8e0a0}</style>"
+        f"</head><body><h1>Alerts{where}</h1>"
+        f"<p><a href='/'>home</a> · <a href='/metrics'>metrics</a> · <a href='/api/v1/alerts'>JSON</a> · "
+        f"reloads every {REFRESH_SECONDS} s; {len(alerts)} pending or firing</p>"
+        "<table><tr><th>alert</th><th>state</th><th>severity</th><th>node</th><th>GPU</th><th>model</th>"
         f"<th>active since</th><th>description</th></tr>{body}</table></body></html>\n"
     ).encode()

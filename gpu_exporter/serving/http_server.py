@@ -32,7 +32,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import structlog
@@ -92,6 +92,8 @@ class HttpServer:
         readiness: Readiness,
         active_alerts: ActiveAlerts = list,
         *,
+        node: str = "",
+        gpu_models: Callable[[], Mapping[str, str]] = dict,
         web: WebConfigWatcher | None = None,
         max_requests: int = 40,
         max_connections: int = 512,
@@ -113,6 +115,8 @@ class HttpServer:
         self._exposition = exposition
         self._readiness = readiness
         self._alerts = active_alerts
+        self._node = node
+        self._gpu_models = gpu_models
         self._web = web or WebConfigWatcher(None)
         self._max_requests = max_requests
         self._read_timeout = read_timeout
@@ -305,7 +309,7 @@ class HttpServer:
         if path == "/api/v1/alerts":
             return 200, alerts_json(self._alerts()), "application/json", {}
         if path == "/alerts":
-            return 200, alerts_html(self._alerts()), "text/html; charset=utf-8", {}
+            return 200, alerts_html(self._alerts(), self._node, self._gpu_models()), "text/html; charset=utf-8", {}
         if path == "/":
             return 200, _landing_page(), "text/html; charset=utf-8", {}
         return 404, b"not found; try /metrics\n", text, {}
