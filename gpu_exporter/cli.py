@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="send alerts to this webhook in Alertmanager's payload format (repeatable)",
     )
     p.add_argument(
-        "--once", action="store_true",
+        "--once",
+        action="store_true",
         help="take one snapshot, print it and exit as a monitoring check does: 0 OK, 1 WARNING, 2 CRITICAL "
         "(e.g. a lost GPU), 3 UNKNOWN (the GPUs or the configuration cannot be read)",
     )

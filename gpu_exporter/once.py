@@ -200,9 +200,9 @@ def _link(g: GpuReading) -> str:
         return "n/a"
     link = f"Gen{g.pcie_link_generation} x{g.pcie_link_width}"
     s = g.static
-    if s is not None and s.pcie_max_generation is not None and s.pcie_max_width is not None:
-        if (g.pcie_link_generation, g.pcie_link_width) != (s.pcie_max_generation, s.pcie_max_width):
-            link += f" (max Gen{s.pcie_max_generation} x{s.pcie_max_width})"
+    best = (s.pcie_max_generation, s.pcie_max_width) if s is not None else (None, None)
+    if None not in best and (g.pcie_link_generation, g.pcie_link_width) != best:
+        link += f" (max Gen{best[0]} x{best[1]})"
     return link
 
 
@@ -248,11 +248,12 @@ def _summary_table(snapshot: NodeSnapshot, cost: CostNow | None) -> list[str]:
         rows.append(_summary_row(g, state))
     cells = [r for r in rows if isinstance(r, list)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(_HEADINGS))]
-    return [
-        r if isinstance(r, str) else
-        " " + "  ".join(c.rjust(w) if i in _RIGHT else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
-        for r in rows
-    ]  # fmt: skip
+
+    def line(r: list[str]) -> str:
+        cells = (c.rjust(w) if i in _RIGHT else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        return " " + "  ".join(cells).rstrip()
+
+    return [r if isinstance(r, str) else line(r) for r in rows]
 
 
 def _details(g: GpuReading, cost: CostNow | None = None) -> list[str]:
