@@ -20,10 +20,16 @@ def test_metrics_reference_matches_the_code() -> None:
     assert documented == {n: (d.type, d.help) for n, d in METRICS.items()}
 
 
-def test_readme_leads_with_the_two_commands() -> None:
+def first_commands() -> list[str]:
     first_block = README.read_text().split("```sh", 1)[1].split("```", 1)[0]
-    commands = [line for line in first_block.splitlines() if line and not line.startswith("#")]
-    assert commands == [
-        "bash .ci/setup && .venv/bin/gpu-exporter --simulate",
+    return [line for line in first_block.splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_leads_with_the_two_commands() -> None:
+    """One sets up only what running needs and runs; one sets up everything and runs the tests, as CI does."""
+    assert first_commands() == [
+        "bash .ci/setup --run-only && .venv/bin/gpu-exporter --simulate",
         "bash .ci/setup && .venv/bin/python -m pytest",
     ]
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "bash .ci/setup\n" in ci and ".venv/bin/python -m pytest" in ci
