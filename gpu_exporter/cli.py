@@ -158,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:
         # argparse says what is wrong on stderr and exits 2; for a check, "cannot check" is UNKNOWN.
-        return UNKNOWN_EXIT if once and e.code == 2 else int(e.code or 0)
+        if once and e.code == 2:
+            return UNKNOWN_EXIT
+        raise
     cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
     receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
     alerting = {k: [{"url": u} for u in urls] for k, urls in receivers.items() if urls}
