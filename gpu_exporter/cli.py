@@ -128,7 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="send alerts to this webhook in Alertmanager's payload format (repeatable)",
     )
     p.add_argument(
-        "--once", action="store_true", help="take one snapshot, print it and exit (0 ok, 1 findings, 2 error)"
+        "--once",
+        action="store_true",
+        help="take one snapshot, print it and exit as a monitoring check does: 0 OK, 1 WARNING, 2 CRITICAL "
+        "(e.g. a lost GPU), 3 UNKNOWN (the GPUs or the configuration cannot be read)",
     )
     p.add_argument("--format", choices=["table", "json"], default="table", help="output of --once")
     return p  # fmt: skip
@@ -150,7 +153,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .report.command import main as report
 
         return report(argv[1:])
-    args = build_parser().parse_args(argv)
+    once = "--once" in argv
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        # argparse says what is wrong on stderr and exits 2; for a check, "cannot check" is UNKNOWN.
+        if once and e.code == 2:
+            return UNKNOWN_EXIT
+        raise
     cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
     receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
     alerting = {k: [{"url": u} for u in urls] for k, urls in receivers.items() if urls}
@@ -160,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(cli, config)
     except ConfigError as e:
+        if args.once:  # a check that cannot run is UNKNOWN, not CRITICAL: the GPUs may be fine
+            return once_unknown(str(e), args.format)
         print(f"gpu-exporter: {e}", file=sys.stderr)
         return 2
     configure_logging(
@@ -171,6 +183,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 SECOND_LOOK_S = 0.2
+UNKNOWN_EXIT = 3  # gpu_exporter.once.UNKNOWN, without importing the rules for a usage error
+
+
+def once_unknown(error: str, fmt: str, node: str | None = None, hint: str | None = None) -> int:
+    """``--once`` could not look: the reason on stderr, a JSON error object on stdout for scripts, UNKNOWN."""
+    from .alerting.engine import node_name
+    from .once import UNKNOWN, error_json
+
+    print(f"gpu-exporter: {error}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+    if fmt == "json":
+        _print(error_json(error, node_name(node), time.time(), hint))
+    return UNKNOWN
+
+
+def _print(text: str) -> None:
+    """Print, and let a reader that went away (``| head``) end the output quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python would complain again flushing stdout at exit: point it at nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def needs_second_look(snapshot: NodeSnapshot) -> bool:
@@ -179,7 +214,8 @@ def needs_second_look(snapshot: NodeSnapshot) -> bool:
 
 def run_once(settings: Settings, fmt: str) -> int:
     from .accounting.pricing import PriceBook
-    from .once import as_json, as_table, cost_now, findings
+    from .alerting.engine import node_name
+    from .once import as_json, as_table, cost_now, exit_status, findings
     from .serving.metrics import RenderOptions
     from .serving.web_config import load_web_config
     from .sources.poller import Poller
@@ -187,8 +223,7 @@ def run_once(settings: Settings, fmt: str) -> int:
     try:
         load_web_config(settings.web_config_file)  # what the daemon would refuse, --once refuses too
     except WebConfigError as e:
-        print(f"gpu-exporter: {e}", file=sys.stderr)
-        return 2
+        return once_unknown(str(e), fmt, settings.node_name)
     # One look takes its two GPM samples 200 ms apart, whatever the daemon's profiling interval.
     backend = make_backend(settings, lambda f, e: None, profiling_interval=MIN_INTERVAL_S)
     poller = Poller(backend, errors=lambda f, e: None, gpu_timeout_s=settings.gpu_timeout)
@@ -202,15 +237,15 @@ def run_once(settings: Settings, fmt: str) -> int:
     finally:
         _close_without_waiting(poller.close)
     if not snapshot.nvml_up:
-        print(f"gpu-exporter: cannot read the GPUs: {snapshot.nvml_error}", file=sys.stderr)
-        print("hint: is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
-              "gpu-exporter --once --simulate", file=sys.stderr)  # fmt: skip
-        return 2
-    problems = findings(snapshot, settings.rules)
+        return once_unknown(f"cannot read the GPUs: {snapshot.nvml_error}", fmt, settings.node_name,
+                            "is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
+                            "gpu-exporter --once --simulate")  # fmt: skip
+    found = findings(snapshot, settings.rules)
     opts = RenderOptions(process_top_n=settings.process_top_n)
     cost = cost_now(snapshot, settings.rules, PriceBook(settings.pricing) if settings.pricing else None)
-    print(as_json(snapshot, problems, opts, cost) if fmt == "json" else as_table(snapshot, problems, cost))
-    return 1 if problems else 0
+    node = node_name(settings.node_name)
+    _print(as_json(snapshot, found, opts, cost, node) if fmt == "json" else as_table(snapshot, found, cost, node))
+    return exit_status(found)
 
 
 def _close_without_waiting(close: Callable[[], None], limit_s: float = 1.5) -> None:

@@ -1,30 +1,86 @@
-"""``gpu-exporter --once``: one look at the local GPUs, as a table or as JSON.
+"""``gpu-exporter --once``: one look at the local GPUs, as a table or as JSON, and a check's exit status.
+
+The exit status follows the monitoring-plugin convention (Nagios, Icinga, Sensu, Checkmk): 0 OK,
+1 WARNING, 2 CRITICAL, 3 UNKNOWN (the GPUs, or the configuration, cannot be read).
 
 The JSON is built from the same metric families as /metrics, so scripts and dashboards share
-one vocabulary: each key is a metric name.
+one vocabulary: each per-GPU key is a metric name.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
 
 from .accounting.pricing import PriceBook
 from .accounting.states import WASTE_STATES, classify
 from .alerting.engine import RuleEngine, holding_now
+from .alerting.rules import Check
 from .alerting.settings import RulesSettings
 from .serving.metrics import GPU_LABELS, RenderOptions, gpu_families
-from .snapshot import GpuReading, NodeSnapshot
+from .snapshot import GpuReading, NodeSnapshot, ProcessReading
 
 GIB = 1024**3
 
+OK: Final = 0
+WARNING: Final = 1
+CRITICAL: Final = 2
+UNKNOWN: Final = 3
+STATUS_NAMES: Final = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+# An info finding (GpuIdle) is worth showing but not worth a page.
+_SEVERITY_STATUS: Final = {"critical": CRITICAL, "warning": WARNING}
+# Label values that are numbers, given to scripts as numbers.
+_NUMERIC_LABELS: Final = frozenset({"gpu", "pid", "gpu_instance_id", "compute_instance_id"})
 
-def findings(snapshot: NodeSnapshot, rules: RulesSettings | None = None) -> list[str]:
-    """The alert rules whose condition holds right now (``for`` is not waited out), in words."""
-    engine = RuleEngine(rules or RulesSettings(), node="")
-    return [f"{c.alertname} ({c.severity}) on GPU {g.index}: {c.description or c.summary}"
-            for g, c in holding_now(engine, snapshot)]  # fmt: skip
+
+@dataclass(frozen=True)
+class Finding:
+    """An alert rule whose condition holds right now (its ``for`` is not waited out)."""
+
+    alertname: str
+    severity: str
+    gpu: int
+    uuid: str | None
+    summary: str
+    description: str
+    value: float | None
+    threshold: float | None
+
+    def line(self) -> str:
+        return f"{self.alertname} ({self.severity}) on GPU {self.gpu}: {self.description or self.summary}"
+
+
+def _threshold(rules: RulesSettings, g: GpuReading, c: Check) -> float | None:
+    """The limit the finding's ``value`` is compared with, where the rule has a single one."""
+    rule = getattr(rules, c.alertname)
+    if c.alertname == "GpuMemoryHigh":
+        return float(rule.critical if c.severity == "critical" else rule.warning)
+    if c.alertname == "GpuLowSmActivity":
+        return float(rule.sm_active_below)  # the value is SM activity
+    if c.alertname == "GpuPcieLinkDegraded":  # the value is the link generation
+        return None if g.static is None or g.static.pcie_max_generation is None else float(g.static.pcie_max_generation)
+    threshold = getattr(rule, "threshold", None)
+    return None if threshold is None else float(threshold)
+
+
+def findings(snapshot: NodeSnapshot, rules: RulesSettings | None = None) -> list[Finding]:
+    """The alert rules whose condition holds right now, worst first."""
+    rules = rules or RulesSettings()
+    engine = RuleEngine(rules, node="")
+    found = [
+        Finding(c.alertname, c.severity, g.index, g.uuid or None, c.summary, c.description, c.value,
+                _threshold(rules, g, c))
+        for g, c in holding_now(engine, snapshot)
+    ]  # fmt: skip
+    return sorted(found, key=lambda f: (-_SEVERITY_STATUS.get(f.severity, OK), f.gpu))
+
+
+def exit_status(found: Sequence[Finding]) -> int:
+    """OK, WARNING or CRITICAL: the worst severity found."""
+    return max((_SEVERITY_STATUS.get(f.severity, OK) for f in found), default=OK)
 
 
 @dataclass(frozen=True)
@@ -49,13 +105,23 @@ def cost_now(snapshot: NodeSnapshot, rules: RulesSettings | None = None, prices:
     )  # fmt: skip
 
 
-def as_json(
-    snapshot: NodeSnapshot, problems: list[str], opts: RenderOptions | None = None, cost: CostNow | None = None
-) -> str:
-    gpus: dict[str, dict[str, Any]] = {}
+def _timestamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _label_value(name: str, value: str) -> Any:
+    return int(value) if name in _NUMERIC_LABELS and value.isdigit() else value
+
+
+def _gpu_rows(snapshot: NodeSnapshot, opts: RenderOptions | None) -> dict[int, dict[str, Any]]:
+    gpus: dict[int, dict[str, Any]] = {}
+    for g in snapshot.gpus:  # every GPU, lost or not, with what is known of it
+        gpus[g.index] = {"gpu": g.index, "uuid": g.uuid or None, "up": g.up}
+        if not g.up:
+            gpus[g.index]["error"] = g.error
     for fam in gpu_families(snapshot, opts):
         for s in fam.samples:
-            gpu = gpus.setdefault(s.labels["gpu"], {"gpu": s.labels["gpu"], "uuid": s.labels["uuid"]})
+            gpu = gpus[int(s.labels["gpu"])]
             extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS}
             value: Any = int(s.value) if float(s.value).is_integer() else s.value
             if fam.name == "gpu_info":
@@ -65,22 +131,54 @@ def as_json(
             elif len(extra) == 1:
                 gpu.setdefault(s.name, {})[next(iter(extra.values()))] = value
             else:
-                gpu.setdefault(s.name, []).append({**extra, "value": value})
+                gpu.setdefault(s.name, []).append({k: _label_value(k, v) for k, v in extra.items()} | {"value": value})
+    return gpus
+
+
+def as_json(
+    snapshot: NodeSnapshot,
+    found: Sequence[Finding],
+    opts: RenderOptions | None = None,
+    cost: CostNow | None = None,
+    node: str = "",
+) -> str:
+    gpus = _gpu_rows(snapshot, opts)
     for index, (state, price) in (cost.gpus if cost else {}).items():
-        if (row := gpus.get(str(index))) is not None:
+        if (row := gpus.get(index)) is not None:
             row["state"] = state
             if price is not None:
                 row["gpu_price_per_hour"] = price
+    status = exit_status(found)
     doc: dict[str, Any] = {
+        "timestamp": _timestamp(snapshot.taken_at),
+        "node": node,
+        "status": STATUS_NAMES[status],
+        "exit_code": status,
         "nvml_up": snapshot.nvml_up,
         "driver_version": snapshot.driver_version,
         "cuda_version": snapshot.cuda_version,
-        "gpus": sorted(gpus.values(), key=lambda g: int(g["gpu"])),
-        "findings": problems,
+        "gpus": [gpus[i] for i in sorted(gpus)],
+        "findings": [asdict(f) for f in found],
     }
     if cost is not None and cost.currency:
         doc["currency"] = cost.currency
         doc["waste_per_hour"] = cost.waste_per_hour
+    return json.dumps(doc, indent=2)
+
+
+def error_json(error: str, node: str, taken_at: float, hint: str | None = None) -> str:
+    """What a script gets on stdout when nothing could be checked: status UNKNOWN and why."""
+    doc: dict[str, Any] = {
+        "timestamp": _timestamp(taken_at),
+        "node": node,
+        "status": STATUS_NAMES[UNKNOWN],
+        "exit_code": UNKNOWN,
+        "nvml_up": False,
+        "error": error,
+    }
+    if hint:
+        doc["hint"] = hint
+    doc |= {"gpus": [], "findings": []}
     return json.dumps(doc, indent=2)
 
 
@@ -97,6 +195,17 @@ def _bytes_rate(v: float | None) -> str:
     return f"{v:.0f} B/s"
 
 
+def _link(g: GpuReading) -> str:
+    if g.pcie_link_generation is None or g.pcie_link_width is None:
+        return "n/a"
+    link = f"Gen{g.pcie_link_generation} x{g.pcie_link_width}"
+    s = g.static
+    best = (s.pcie_max_generation, s.pcie_max_width) if s is not None else (None, None)
+    if None not in best and (g.pcie_link_generation, g.pcie_link_width) != best:
+        link += f" (max Gen{best[0]} x{best[1]})"
+    return link
+
+
 def _state_line(state: str, price: float | None, currency: str | None) -> str:
     line = f"  state        {state}"
     if price is not None and currency:
@@ -105,7 +214,49 @@ def _state_line(state: str, price: float | None, currency: str | None) -> str:
     return line
 
 
-def _gpu_block(g: GpuReading, cost: CostNow | None = None) -> list[str]:
+def biggest_first(processes: Sequence[ProcessReading]) -> list[ProcessReading]:
+    """Processes by GPU memory held, largest first (as /metrics and the JSON keep them); unknown last."""
+    return sorted(processes, key=lambda p: (p.used_memory_bytes is None, -(p.used_memory_bytes or 0), p.pid))
+
+
+def _summary_row(g: GpuReading, state: str) -> list[str]:
+    assert g.static is not None
+    mem = "n/a"
+    if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
+        mem = f"{g.memory_used_bytes / GIB:.1f}/{g.memory_total_bytes / GIB:.1f} GiB {_pct(g.memory_used_ratio):>4}"
+    temp = g.temperature_celsius.get("gpu")
+    power = "n/a" if g.power_usage_watts is None else f"{g.power_usage_watts:.0f}"
+    if g.power_usage_watts is not None and g.power_limit_watts is not None:
+        power += f"/{g.power_limit_watts:.0f}"
+    return [
+        str(g.index), g.static.name, _pct(g.utilization_ratio), mem, "n/a" if temp is None else f"{temp:.0f} C",
+        power if g.power_usage_watts is None else f"{power} W", _link(g), state,
+    ]  # fmt: skip
+
+
+_HEADINGS = ("GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PCIE LINK", "STATE")
+_RIGHT = frozenset({0, 2, 3, 4, 5})  # numbers line up on the right
+
+
+def _summary_table(snapshot: NodeSnapshot, cost: CostNow | None) -> list[str]:
+    rows: list[list[str] | str] = [list(_HEADINGS)]
+    for g in snapshot.gpus:
+        if not g.up or g.static is None:  # a lost GPU: what is known of it and why, in one line
+            rows.append(f" {g.index:>3}  LOST  {g.uuid or 'uuid unknown'}: {g.error}")
+            continue
+        state = cost.gpus.get(g.index, ("", None))[0] if cost else ""
+        rows.append(_summary_row(g, state))
+    cells = [r for r in rows if isinstance(r, list)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(_HEADINGS))]
+
+    def line(r: list[str]) -> str:
+        cells = (c.rjust(w) if i in _RIGHT else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        return " " + "  ".join(cells).rstrip()
+
+    return [r if isinstance(r, str) else line(r) for r in rows]
+
+
+def _details(g: GpuReading, cost: CostNow | None = None) -> list[str]:
     s = g.static
     state, price = cost.gpus.get(g.index, ("", None)) if cost else ("", None)
     if not g.up or s is None:
@@ -126,20 +277,19 @@ def _gpu_block(g: GpuReading, cost: CostNow | None = None) -> list[str]:
     temp_s = "n/a" if temp is None else f"{temp:.0f} C"
     if "memory" in g.temperature_celsius:
         temp_s += f" (memory {g.temperature_celsius['memory']:.0f} C)"
+    if g.fan_speed_ratio:  # passively cooled cards have none
+        temp_s += "   fan " + " ".join(_pct(g.fan_speed_ratio[k]) for k in sorted(g.fan_speed_ratio, key=int))
     power = "n/a" if g.power_usage_watts is None else f"{g.power_usage_watts:.0f} W"
     if g.power_usage_watts is not None and g.power_limit_watts is not None:
         power += f" / {g.power_limit_watts:.0f} W"
     lines.append(f"  temperature  {temp_s}   power {power}")
-    if g.clock_hertz:
-        clocks = "  ".join(f"{k} {v / 1e6:.0f} MHz" for k, v in g.clock_hertz.items())
+    clocks = "  ".join(f"{k} {v / 1e6:.0f} MHz" for k, v in g.clock_hertz.items())
+    if g.performance_state is not None:
+        clocks = f"P{g.performance_state}  {clocks}".rstrip()
+    if clocks:
         lines.append(f"  clocks       {clocks}")
-    link = "n/a"
-    if g.pcie_link_generation is not None and g.pcie_link_width is not None:
-        link = f"Gen{g.pcie_link_generation} x{g.pcie_link_width}"
-        if s.pcie_max_generation is not None and s.pcie_max_width is not None:
-            link += f" (max Gen{s.pcie_max_generation} x{s.pcie_max_width})"
     lines.append(
-        f"  pcie         {link}   tx {_bytes_rate(g.pcie_tx_bytes_per_second)}"
+        f"  pcie         {_link(g)}   tx {_bytes_rate(g.pcie_tx_bytes_per_second)}"
         f"   rx {_bytes_rate(g.pcie_rx_bytes_per_second)}"
     )
     active = [r for r, on in g.clock_event_active.items() if on]
@@ -147,7 +297,7 @@ def _gpu_block(g: GpuReading, cost: CostNow | None = None) -> list[str]:
         lines.append(f"  clock events {', '.join(active)}")
     if g.processes:
         lines.append("  processes")
-        for p in g.processes:
+        for p in biggest_first(g.processes):
             used = "n/a" if p.used_memory_bytes is None else f"{p.used_memory_bytes / GIB:.2f} GiB"
             sm = "" if p.sm_utilization_ratio is None else f"  SM {_pct(p.sm_utilization_ratio):>4}"
             lines.append(f"    {p.pid:>8}  {p.name:<20} {used:>10}  {p.kind}{sm}")
@@ -161,17 +311,27 @@ def _gpu_block(g: GpuReading, cost: CostNow | None = None) -> list[str]:
     return lines
 
 
-def as_table(snapshot: NodeSnapshot, problems: list[str], cost: CostNow | None = None) -> str:
-    head = (
-        f"driver {snapshot.driver_version or 'n/a'}   CUDA {snapshot.cuda_version or 'n/a'}   {len(snapshot.gpus)} GPUs"
-    )
-    out = [head, ""]
+def status_line(snapshot: NodeSnapshot, found: Sequence[Finding], node: str) -> str:
+    """The first line, which a monitoring system shows as the check's output."""
+    status = exit_status(found)
+    lost = sum(not g.up for g in snapshot.gpus)
+    what = f"{len(snapshot.gpus)} GPUs" + (f", {lost} lost" if lost else "")
+    if found:
+        names = ", ".join(dict.fromkeys(f"{f.alertname} on GPU {f.gpu}" for f in found))
+        what += f", {len(found)} finding(s): {names}"
+    return f"GPU {STATUS_NAMES[status]} - {what}"
+
+
+def as_table(snapshot: NodeSnapshot, found: Sequence[Finding], cost: CostNow | None = None, node: str = "") -> str:
+    head = (f"node {node or 'n/a'}   {_timestamp(snapshot.taken_at)}   driver {snapshot.driver_version or 'n/a'}"
+            f"   CUDA {snapshot.cuda_version or 'n/a'}")  # fmt: skip
+    out = [status_line(snapshot, found, node), head, "", *_summary_table(snapshot, cost), ""]
     for g in snapshot.gpus:
-        out += [*_gpu_block(g, cost), ""]
+        out += [*_details(g, cost), ""]
     if cost is not None and cost.currency:
         wasted = [i for i, (state, _) in cost.gpus.items() if state in WASTE_STATES]
         out += [f"Waste now: {len(wasted)} GPU(s) idle or allocated but idle, {cost.waste_per_hour or 0:.2f} "
                 f"{cost.currency}/h", ""]  # fmt: skip
-    out.append("Findings:" if problems else "Findings: none")
-    out += [f"  - {p}" for p in problems]
+    out.append("Findings:" if found else "Findings: none")
+    out += [f"  - {f.line()}" for f in found]
     return "\n".join(out)

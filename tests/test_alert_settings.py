@@ -9,6 +9,7 @@ import yaml
 
 from gpu_exporter.alerting.settings import WebhookSettings, receiver_url
 from gpu_exporter.cli import main
+from gpu_exporter.once import UNKNOWN
 
 BAD_URLS = [
     ("http://a b/", "spaces or control characters"),
@@ -63,12 +64,12 @@ def test_urls_that_work_are_taken_as_they_are(url: str) -> None:
         ({"external_url": "gpu-node:9445"}, ["alerting.external_url", "http:// or https://"]),
     ],
 )  # fmt: skip
-def test_bad_alerting_settings_exit_2_naming_the_setting(
+def test_bad_alerting_settings_are_refused_naming_the_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], alerting: dict[str, object], needles: list[str]
 ) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"alerting": alerting}))
-    assert main(["--config", str(cfg), "--once", "--simulate"]) == 2
+    assert main(["--config", str(cfg), "--once", "--simulate"]) == UNKNOWN  # --once is a check
     err = capsys.readouterr().err
     assert err.startswith("gpu-exporter: invalid ")
     for needle in needles:
@@ -79,17 +80,17 @@ def test_bad_alerting_settings_exit_2_naming_the_setting(
     ({"GpuLost": {"for": "9600h"}}, "rules.GpuLost.for"),
     ({"GpuUnderutilized": {"window": 1e12}}, "rules.GpuUnderutilized.window"),
 ])  # fmt: skip
-def test_rule_durations_out_of_range_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_rule_durations_out_of_range_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             rules: dict[str, object], needle: str) -> None:  # fmt: skip
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"rules": rules}))
-    assert main(["--config", str(cfg), "--once", "--simulate"]) == 2
+    assert main(["--config", str(cfg), "--once", "--simulate"]) == UNKNOWN  # --once is a check
     err = capsys.readouterr().err
     assert needle in err and "less than or equal to 2592000" in err
 
 
-def test_a_bad_url_from_a_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--alerting.webhook-url", "http://a b/", "--once", "--simulate"]) == 2
+def test_a_bad_url_from_a_flag_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--alerting.webhook-url", "http://a b/", "--once", "--simulate"]) == UNKNOWN  # --once is a check
     assert "invalid alerting.webhooks.0.url" in capsys.readouterr().err
 
 

@@ -1,7 +1,7 @@
 """The Grafana dashboards under deploy/grafana/, checked without a Grafana server.
 
 - Every query (and every PromQL selector in a template variable) parses with promql-parser once
-  the dashboard variables are substituted, uses only metric names from README's metrics
+  the dashboard variables are substituted, uses only metric names from docs/metrics.md's
   reference, and filters every selector by the node/gpu/namespace/pod variables.
 - Every query returns data from a real Prometheus that scraped the real daemon running against
   the fake NVML on a scenario made to fill every panel.
@@ -120,8 +120,8 @@ def variable_selectors(dash: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 # -- the metrics reference -------------------------------------------------------------------------------
 def reference_labels() -> dict[str, set[str]]:
-    """README's metrics reference: metric name -> its labels."""
-    section = (ROOT / "README.md").read_text().split("## Metrics reference", 1)[1].split("\n## ", 1)[0]
+    """The metrics reference (docs/metrics.md): metric name -> its labels."""
+    section = (ROOT / "docs" / "metrics.md").read_text().split("# Metrics reference", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([a-z_0-9]+)` \| \w+ \| ([^|]*) \|", section, flags=re.MULTILINE)
     return {name: set(re.findall(r"`(\w+)`", labels)) for name, labels in rows}
 

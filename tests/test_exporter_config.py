@@ -8,6 +8,7 @@ import pytest
 
 from gpu_exporter.cli import main
 from gpu_exporter.config import ConfigError, load_settings
+from gpu_exporter.once import UNKNOWN
 
 
 def test_defaults() -> None:
@@ -62,7 +63,7 @@ def test_durations(text: str, seconds: float) -> None:
         ),
     ],
 )
-def test_bad_input_exits_2_naming_the_problem(
+def test_bad_input_is_refused_naming_the_problem(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     argv: list[str], env: dict[str, str], yaml_text: str | None, needles: list[str],
 ) -> None:  # fmt: skip
@@ -72,7 +73,7 @@ def test_bad_input_exits_2_naming_the_problem(
         cfg = tmp_path / "c.yaml"
         cfg.write_text(yaml_text)
         argv = [*argv, "--config", str(cfg)]
-    assert main([*argv, "--once"]) == 2
+    assert main([*argv, "--once"]) == UNKNOWN  # --once is a check
     err = capsys.readouterr().err
     assert err.startswith("gpu-exporter: ")
     for needle in needles:
@@ -80,7 +81,7 @@ def test_bad_input_exits_2_naming_the_problem(
 
 
 def test_unreadable_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", str(tmp_path / "missing.yaml"), "--once"]) == 2
+    assert main(["--config", str(tmp_path / "missing.yaml"), "--once"]) == UNKNOWN  # --once is a check
     assert f"cannot read config file {tmp_path / 'missing.yaml'}" in capsys.readouterr().err
 
 

@@ -497,7 +497,7 @@ def test_the_exporter_works_with_the_oldest_and_newest_nvidia_ml_py(tmp_path: Pa
     assert g0["gpu_sm_active_ratio"] == pytest.approx(0.62) and g0["gpu_tensor_active_ratio"] == pytest.approx(0.44)
     assert g0["gpu_process_sm_utilization_ratio"][0]["value"] == pytest.approx(0.70)
     migs = {m["gpu_instance_id"]: m["value"] for m in g1["gpu_mig_sm_active_ratio"]}
-    assert migs == {"1": pytest.approx(0.70), "5": pytest.approx(0.35), "13": pytest.approx(0.10)}
+    assert migs == {1: pytest.approx(0.70), 5: pytest.approx(0.35), 13: pytest.approx(0.10)}  # ids are numbers
     assert "fake NVML" not in out.stderr  # nothing leaked
 
 

@@ -72,7 +72,7 @@ def test_once_exits_right_after_printing_with_a_gpu_hung_in_the_driver(scenario:
                          env=subprocess_env(s.path), capture_output=True, text=True, timeout=120)  # fmt: skip
     took = time.monotonic() - t0
     assert "GPU 1" in out.stdout and "NOT ANSWERING" in out.stdout and "GPU 0  NVIDIA GeForce RTX 4090" in out.stdout
-    assert out.returncode == 1, out.stderr  # a GPU that does not answer is a finding
+    assert out.returncode == 2, out.stderr  # a GPU that does not answer is CRITICAL (GpuLost)
     assert took < 12, f"--once took {took:.1f} s with a 2 s GPU timeout"
 
 

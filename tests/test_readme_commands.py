@@ -156,6 +156,10 @@ RUNNERS: dict[str, Runner] = {
 }  # fmt: skip
 
 OUTSIDE = {
+    "python3 -m venv /opt/gpu-exporter/venv && /opt/gpu-exporter/venv/bin/pip install .  # needs root on the GPU host",
+    "useradd --system --no-create-home --shell /usr/sbin/nologin gpu-exporter  # needs root on the GPU host",
+    "install -m 0644 deploy/systemd/gpu-exporter.service /etc/systemd/system/  # needs root on the GPU host",
+    "systemctl daemon-reload && systemctl enable --now gpu-exporter  # needs root and systemd on the GPU host",
     "podman build -t registry.example.com/gpu-exporter:0.1.0 .  # needs a container engine and Docker Hub"
     " (python:3.11-slim)",
     "podman push registry.example.com/gpu-exporter:0.1.0  # needs your registry",

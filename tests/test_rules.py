@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, fingerprint, holding_now
+from gpu_exporter.alerting.rules import averaged
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.alerting.window import IncreaseTracker, SampleWindow
 from gpu_exporter.config import load_settings
@@ -381,3 +382,16 @@ def test_a_new_alert_replaces_the_resolution_of_the_same_labels() -> None:
     # would end the new alert at a receiver that merges by label set.
     for t in (45, 60, 75):
         assert [(a.state, a.starts_at) for a in engine.evaluate(snap(T0 + t, lost)).to_send] == [(FIRING, T0 + 45)]
+
+
+def test_a_windowed_description_says_what_its_samples_cover() -> None:
+    """A mean of one look (``--once``) or of a daemon's first minutes is not "over the last 30 min"."""
+    w = SampleWindow(3600)
+    w.add(1000.0, 0.05)
+    assert averaged(w, 1000.0, 1800) == ("was", "in a single look")
+    for t in range(1005, 1065, 5):
+        w.add(float(t), 0.05)
+    assert averaged(w, 1060.0, 1800) == ("averaged", "over the last 60 s")
+    for t in range(1065, 2805, 5):
+        w.add(float(t), 0.05)
+    assert averaged(w, 2800.0, 1800) == ("averaged", "over the last 30 min")

@@ -65,6 +65,22 @@ def _pct(v: float) -> str:
     return f"{v * 100:.0f}%"
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} min"
+
+
+def averaged(samples: SampleWindow, now: float, window: float) -> tuple[str, str]:
+    """The verb and the period that describe a window's mean honestly: ("averaged", "over the last
+    30 min") once the samples cover the window, else what they do cover (one look by ``--once``,
+    a daemon that started a minute ago)."""
+    count, span = samples.span(now, window)
+    if span >= 0.9 * window:  # samples come one poll interval apart: the oldest is up to one interval short
+        return "averaged", f"over the last {_minutes(window)}"
+    if count <= 1:
+        return "was", "in a single look"
+    return "averaged", f"over the last {span:.0f} s"
+
+
 def _holds_memory(g: GpuReading) -> bool:
     return holds_memory(g)
 
@@ -89,14 +105,14 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
     if mean is None:
         yield Check("GpuUnderutilized", "warning", False, True, "", "", for_seconds=r.for_)
         return
-    window = f"{r.window / 60:g} min"
+    verb, period = averaged(h.sm_active if signal == "SM activity" else h.utilization, now, r.window)
     yield Check(
         "GpuUnderutilized", "warning",
         fire=holds and mean < r.threshold,
         clear=not holds or mean > r.clear_threshold,
         summary=f"{_gpu(g)} is allocated but idle",
-        description=f"{len(g.processes)} process(es) hold GPU memory but {signal} averaged {_pct(mean)} over "
-                    f"the last {window} (threshold {_pct(r.threshold)}).",
+        description=f"{len(g.processes)} process(es) hold GPU memory but {signal} {verb} {_pct(mean)} "
+                    f"{period} (threshold {_pct(r.threshold)}).",
         value=mean, for_seconds=r.for_,
     )  # fmt: skip
 
@@ -108,13 +124,13 @@ def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings
     if util is None or sm is None:  # no GPM on this GPU: the rule has nothing to say
         yield Check("GpuLowSmActivity", "warning", False, True, "", "", for_seconds=r.for_)
         return
-    window = f"{r.window / 60:g} min"
+    verb, period = averaged(h.sm_active, now, r.window)
     yield Check(
         "GpuLowSmActivity", "warning",
         fire=util >= r.utilization_at_least and sm < r.sm_active_below,
         clear=util < r.clear_utilization_below or sm > r.clear_sm_active_above,
         summary=f"{_gpu(g)} looks busy but its SMs mostly idle",
-        description=f"GPU utilization averaged {_pct(util)} but SM activity only {_pct(sm)} over the last {window} "
+        description=f"GPU utilization {verb} {_pct(util)} but SM activity only {_pct(sm)} {period} "
                     f"(thresholds: utilization at least {_pct(r.utilization_at_least)}, SM activity below "
                     f"{_pct(r.sm_active_below)}): kernels too small or launch-bound, for example tiny batches "
                     f"or one stream.",
@@ -129,10 +145,11 @@ def idle(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterat
         yield Check("GpuIdle", "info", False, True, "", "", for_seconds=r.for_)
         return
     busy = bool(g.processes) or mean >= r.threshold
+    verb, period = averaged(h.utilization, now, r.window)
     yield Check(
         "GpuIdle", "info", fire=not busy, clear=busy,
         summary=f"{_gpu(g)} is unused",
-        description=f"No processes and utilization averaged {_pct(mean)} over the last {r.window / 60:g} min.",
+        description=f"No processes and utilization {verb} {_pct(mean)} {period}.",
         value=mean, for_seconds=r.for_,
     )  # fmt: skip
 

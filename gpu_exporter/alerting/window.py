@@ -32,6 +32,11 @@ class SampleWindow:
         values = [v for t, v in self._samples if now - window < t <= now]
         return math.fsum(values) / len(values) if values else None
 
+    def span(self, now: float, window: float) -> tuple[int, float]:
+        """How many samples (now - window, now] holds, and how far back the oldest of them lies."""
+        times = [t for t, _ in self._samples if now - window < t <= now]
+        return len(times), (now - times[0]) if times else 0.0
+
     def __len__(self) -> int:
         return len(self._samples)
 
