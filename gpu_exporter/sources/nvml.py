@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
@@ -184,6 +184,38 @@ class _Device:
             return None
 
 
+class _Baton:
+    """Lets one GPU reader at a time make its quick calls, without ever making one wait on a hung GPU.
+
+    A reader waits at most ``wait_s`` for the baton, then goes on without it; a holder stuck in
+    the driver for ``stuck_s`` loses it: the others get a fresh one.
+    """
+
+    def __init__(self, wait_s: float = 0.05, stuck_s: float = 0.5, monotonic: Callable[[], float] = time.monotonic):
+        self._wait_s = wait_s
+        self._stuck_s = stuck_s
+        self._mono = monotonic
+        self._baton = threading.Lock()
+        self._taken_at = 0.0
+        self._swap = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        baton = self._baton
+        held = baton.acquire(timeout=self._wait_s)
+        if held:
+            self._taken_at = self._mono()
+        elif self._mono() - self._taken_at >= self._stuck_s:
+            with self._swap:
+                if self._baton is baton:
+                    self._baton = threading.Lock()  # the stuck holder releases the old one, if ever
+        try:
+            yield
+        finally:
+            if held:
+                baton.release()
+
+
 class NvmlBackend:
     """Reads GPUs through the real NVML library (libnvidia-ml.so.1) via nvidia-ml-py."""
 
@@ -198,6 +230,7 @@ class NvmlBackend:
         self._mono = monotonic
         self._devices: dict[int, _Device] = {}
         self._lock = threading.Lock()
+        self._baton = _Baton()
         self._xid_counts: dict[int, Counter[int]] = {}
         # One XID thread for the backend's life, watching the NVML session of the moment: a
         # registration stuck in a hung driver holds that one thread, however often NVML restarts.
@@ -333,6 +366,23 @@ class NvmlBackend:
             dev = self._devices.get(static.index)
         if dev is None:
             raise GpuLost(f"GPU {static.index} has not been discovered")
+        # The quick calls one GPU at a time: each ctypes call lets go of the GIL, and eight readers
+        # doing them at once hand it to each other on every call (a thread switch each, which
+        # cost more than the calls).  Only the blocking PCIe reads below run side by side.
+        with self._baton.hold():
+            reading = self._read_quick(dev, static)
+        N = pynvml
+        c = dev.call
+        # Each of these blocks ~20 ms in the driver while it samples the link.
+        tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
+        rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
+        if tx is None and rx is None:
+            return reading
+        return replace(reading, pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
+                       pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None)  # fmt: skip
+
+    def _read_quick(self, dev: _Device, static: GpuStatic) -> GpuReading:
+        """Everything but the PCIe throughput, which blocks."""
         N = pynvml
         c = dev.call
         util = c("nvmlDeviceGetUtilizationRates", N.nvmlDeviceGetUtilizationRates)
@@ -366,9 +416,6 @@ class NvmlBackend:
         }
         pstate = c("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState)
         reasons = c("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
-        # Each of these blocks ~20 ms in the driver while it samples the link.
-        tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
-        rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
         gen = c("nvmlDeviceGetCurrPcieLinkGeneration", N.nvmlDeviceGetCurrPcieLinkGeneration)
         width = c("nvmlDeviceGetCurrPcieLinkWidth", N.nvmlDeviceGetCurrPcieLinkWidth)
         replay = c("nvmlDeviceGetPcieReplayCounter", N.nvmlDeviceGetPcieReplayCounter)
@@ -424,8 +471,6 @@ class NvmlBackend:
             clock_event_active=MappingProxyType(
                 {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
             ),
-            pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
-            pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None,
             pcie_tx_bytes_total=_int(fields.get((_FI_PCIE_TX, 0))),
             pcie_rx_bytes_total=_int(fields.get((_FI_PCIE_RX, 0))),
             pcie_link_generation=gen,
