@@ -220,9 +220,18 @@ class NvmlBackend:
     """Reads GPUs through the real NVML library (libnvidia-ml.so.1) via nvidia-ml-py."""
 
     def __init__(
-        self, errors: ErrorSink, *, profiling_interval: float = 10.0, monotonic: Callable[[], float] = time.monotonic
+        self,
+        errors: ErrorSink,
+        *,
+        profiling_interval: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        disabled: frozenset[str] = frozenset(),
     ) -> None:
         self._errors = errors
+        # Collectors switched off: their queries are never made (and their series are absent).
+        self._nvlink, self._clocks, self._ecc, self._processes_on, self._profiling = (
+            name not in disabled for name in ("nvlink", "clocks", "ecc", "processes", "profiling")
+        )
         # GPM and per-process utilization are re-read this often: the driver's own CPU cost of
         # them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200) dwarfs everything
         # else a poll does, so they get their own, slower cadence.
@@ -317,7 +326,8 @@ class NvmlBackend:
                 {
                     name: mhz * 1e6
                     for name, kind in CLOCKS.items()
-                    if (mhz := dev.call(f"nvmlDeviceGetMaxClockInfo({name})", pynvml.nvmlDeviceGetMaxClockInfo, kind))
+                    if self._clocks
+                    and (mhz := dev.call(f"nvmlDeviceGetMaxClockInfo({name})", pynvml.nvmlDeviceGetMaxClockInfo, kind))
                     is not None
                 }
             ),
@@ -338,8 +348,8 @@ class NvmlBackend:
                 }
             ),
             fan_count=fans or 0,
-            nvlink_count=self._count_nvlinks(dev),
-            gpm_supported=self._gpm_supported(dev),
+            nvlink_count=self._count_nvlinks(dev) if self._nvlink else 0,
+            gpm_supported=self._gpm_supported(dev) if self._profiling else False,
         )
         with self._lock:
             old = self._devices.get(index)
@@ -412,10 +422,15 @@ class NvmlBackend:
         clocks = {
             name: mhz * 1e6
             for name, kind in CLOCKS.items()
-            if (mhz := c(f"nvmlDeviceGetClockInfo({name})", N.nvmlDeviceGetClockInfo, kind)) is not None
+            if self._clocks
+            and (mhz := c(f"nvmlDeviceGetClockInfo({name})", N.nvmlDeviceGetClockInfo, kind)) is not None
         }
-        pstate = c("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState)
-        reasons = c("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
+        pstate = c("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState) if self._clocks else None
+        reasons = (
+            c("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
+            if self._clocks
+            else None
+        )
         gen = c("nvmlDeviceGetCurrPcieLinkGeneration", N.nvmlDeviceGetCurrPcieLinkGeneration)
         width = c("nvmlDeviceGetCurrPcieLinkWidth", N.nvmlDeviceGetCurrPcieLinkWidth)
         replay = c("nvmlDeviceGetPcieReplayCounter", N.nvmlDeviceGetPcieReplayCounter)
@@ -423,10 +438,10 @@ class NvmlBackend:
             kind: n
             for kind, etype in (("corrected", N.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                                 ("uncorrected", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
-            if (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
+            if self._ecc and (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
                        N.NVML_AGGREGATE_ECC)) is not None
         }  # fmt: skip
-        rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows)
+        rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows) if self._ecc else None
         nvlinks = tuple(
             NvLinkReading(
                 link=link,
@@ -440,7 +455,8 @@ class NvmlBackend:
         with self._lock:
             xids = MappingProxyType(dict(self._xid_counts.get(static.index, {})))
         processes = self._processes(dev, dev.process_names, dev.process_users,
-                                    dev.process_util if static.mig_mode != "enabled" else None)  # fmt: skip
+                                    dev.process_util if static.mig_mode != "enabled" else None) \
+            if self._processes_on else ()  # fmt: skip
         # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
         dev.process_names = {p.pid: p.name for p in processes}
         dev.process_users = {p.pid: p.user for p in processes}
@@ -574,7 +590,9 @@ class NvmlBackend:
                     memory_total_bytes=mem.total if mem is not None else None,
                     memory_used_bytes=mem.used if mem is not None else None,
                     memory_free_bytes=mem.free if mem is not None else None,
-                    processes=self._processes(mig, dev.mig_process_names, dev.process_users),
+                    processes=self._processes(mig, dev.mig_process_names, dev.process_users)
+                    if self._processes_on
+                    else (),
                     activity=self._mig_activity(dev, gi, uuid, profile) if static.gpm_supported else None,
                 )
             )
