@@ -176,3 +176,111 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- the benchmarks/run stage: the targets of issue 17, and the scale curve -------------------------
+
+CURVE = ((1, 8, 0), (8, 64, 0), (16, 128, 0), (64, 512, 0), (128, 1024, 0), (8, 56, 7))  # GPUs, processes, MIG
+CPU_PER_POLL_MS = 3.0  # 8 GPUs, 64 processes
+
+
+def stage(*, against: str, polls: int, rounds: int, out_svg: Path) -> dict[str, Any]:
+    """Side by side with ``against`` at 8 GPUs and 64 processes, then the curve for this tree alone."""
+    res: dict[str, Any] = {"against": against}
+    with tempfile.TemporaryDirectory(prefix="poll-cost-rev-") as revdir:
+        trees = {"this tree": ROOT, against: checkout(against, Path(revdir))}
+        res["side_by_side"] = compare(trees, gpus=8, processes=64, mig=0, polls=polls, rounds=rounds, extra={},
+                                      profile=None)  # fmt: skip
+    curve = []
+    for gpus, processes, mig in CURVE:
+        r = compare({"this tree": ROOT}, gpus=gpus, processes=processes, mig=mig, polls=polls, rounds=1,
+                    extra={}, profile=None)  # fmt: skip
+        curve.append({"gpus": gpus, "processes": processes, "mig": mig, **r["this tree"]})
+    res["curve"] = curve
+    plain = [c for c in curve if not c["mig"]]
+    per_gpu = [c["cpu_ms"] / c["gpus"] for c in plain if c["gpus"] >= 8]
+    res["per_gpu_spread"] = max(per_gpu) / min(per_gpu)
+    write_svg(curve, out_svg)
+    ours = res["side_by_side"]["this tree"]["cpu_ms"]
+    res["targets"] = {
+        "cpu_per_poll": {"met": ours <= CPU_PER_POLL_MS, "target": f"<= {CPU_PER_POLL_MS:g} ms CPU per poll, 8 GPUs, "
+                         "64 processes (poll + rules + books; no scrape)",
+                         "figure": f"{ours:.2f} ms (before, {against}: "
+                                   f"{res['side_by_side'][against]['cpu_ms']:.2f} ms; ratio "
+                                   f"{res['side_by_side']['cpu_ratio']:.2f}x)"},
+        "scale_linear": {"met": res["per_gpu_spread"] <= 1.5, "target": "CPU per poll linear in GPUs (8 to 128), "
+                         "no step: CPU per GPU within 1.5x across sizes",
+                         "figure": ", ".join(f"{c['gpus']}: {c['cpu_ms'] / c['gpus']:.2f} ms/GPU" for c in plain)
+                                   + f" (spread {res['per_gpu_spread']:.2f}x)"},
+    }  # fmt: skip
+    return res
+
+
+def write_svg(curve: list[dict[str, Any]], out: Path) -> None:
+    """CPU per poll against GPUs, as a plain SVG (no plotting library needed)."""
+    plain = [c for c in curve if not c["mig"]]
+    w, h, m = 560, 360, 50
+    xmax = max(c["gpus"] for c in plain)
+    ymax = max(c["cpu_ms"] for c in curve) * 1.1
+
+    def xy(g: float, ms: float) -> tuple[float, float]:
+        return m + (w - 2 * m) * g / xmax, h - m - (h - 2 * m) * ms / ymax
+
+    pts = " ".join("{:.1f},{:.1f}".format(*xy(c["gpus"], c["cpu_ms"])) for c in plain)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+             'font-size="11">', f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
+             f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="2"/>',
+             f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">GPUs (H100, 8 processes each)</text>',
+             f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">'
+             'CPU per poll, ms (median)</text>',
+             f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="13">gpu-exporter: CPU per poll vs GPUs '
+             '(fake NVML)</text>']  # fmt: skip
+    for c in curve:
+        x, y = xy(c["gpus"], c["cpu_ms"])
+        colour = "#d62728" if c["mig"] else "#1f77b4"
+        label = f"{c['gpus']}x{c['mig']} MIG" if c["mig"] else str(c["gpus"])
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}"/>')
+        parts.append(f'<text x="{x + 6:.1f}" y="{y - 6:.1f}" fill="{colour}">{label}: {c["cpu_ms"]:.1f} ms</text>')
+    for i in range(5):
+        ms = ymax * i / 4
+        parts.append(f'<text x="{m - 6}" y="{xy(0, ms)[1] + 4:.1f}" text-anchor="end">{ms:.0f}</text>')
+    parts.append("</svg>")
+    out.write_text("\n".join(parts) + "\n")
+
+
+def markdown(res: dict[str, Any], svg: str | None) -> list[str]:
+    sbs = res["side_by_side"]
+    a = res["against"]
+    lines = [
+        "## CPU per poll (issue 17)",
+        "",
+        f"Fresh daemons against the same fake NVML (8 H100s, 20 ms PCIe sampling, 64 real processes), this tree "
+        f"and {a} alternately, {sbs['rounds']} rounds of {sbs['polls']} polls each; process CPU (all threads) of "
+        "one poll plus its publication (rules, books, self-metrics). /metrics is rendered only when scraped, so "
+        "not here. Medians.",
+        "",
+        "| tree | CPU per poll (p90) | poll wall | RSS after the polls |",
+        "|---|---|---|---|",
+    ]
+    for name in ("this tree", a):
+        t = sbs[name]
+        lines.append(f"| {name} | {t['cpu_ms']:.2f} ms ({t['cpu_p90_ms']:.2f}) | {t['wall_ms']:.1f} ms | "
+                     f"{t['rss_mib']:.1f} MiB |")  # fmt: skip
+    lines += [
+        "",
+        f"Ratio this tree / {a}: {sbs['cpu_ratio']:.2f}x.",
+        "",
+        "| GPUs | processes | MIG per GPU | CPU per poll | per GPU | poll wall |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in res["curve"]:
+        lines.append(f"| {c['gpus']} | {c['processes']} | {c['mig']} | {c['cpu_ms']:.2f} ms | "
+                     f"{c['cpu_ms'] / c['gpus']:.3f} ms | {c['wall_ms']:.1f} ms |")  # fmt: skip
+    if svg:
+        lines += ["", f"![CPU per poll vs GPUs]({svg})"]
+    lines += ["", "| target | figure | met |", "|---|---|---|"]
+    for name, t in res["targets"].items():
+        lines.append(f"| {name}: {t['target']} | {t['figure']} | {'yes' if t['met'] else '**no**'} |")
+    return lines

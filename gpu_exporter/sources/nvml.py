@@ -187,11 +187,11 @@ class _Device:
 class _Baton:
     """Lets one GPU reader at a time make its quick calls, without ever making one wait on a hung GPU.
 
-    A reader waits at most ``wait_s`` for the baton, then goes on without it; a holder stuck in
-    the driver for ``stuck_s`` loses it: the others get a fresh one.
+    A reader waits while the baton moves on; a holder stuck in the driver for ``stuck_s`` loses it
+    (the others get a fresh one), so a hung GPU delays the others by ``stuck_s`` once, then not at all.
     """
 
-    def __init__(self, wait_s: float = 0.05, stuck_s: float = 0.5, monotonic: Callable[[], float] = time.monotonic):
+    def __init__(self, wait_s: float = 0.02, stuck_s: float = 0.1, monotonic: Callable[[], float] = time.monotonic):
         self._wait_s = wait_s
         self._stuck_s = stuck_s
         self._mono = monotonic
@@ -201,19 +201,20 @@ class _Baton:
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
-        baton = self._baton
-        held = baton.acquire(timeout=self._wait_s)
-        if held:
-            self._taken_at = self._mono()
-        elif self._mono() - self._taken_at >= self._stuck_s:
-            with self._swap:
-                if self._baton is baton:
-                    self._baton = threading.Lock()  # the stuck holder releases the old one, if ever
-        try:
-            yield
-        finally:
-            if held:
-                baton.release()
+        while True:
+            baton = self._baton
+            if baton.acquire(timeout=self._wait_s):
+                self._taken_at = self._mono()
+                try:
+                    yield
+                finally:
+                    baton.release()
+                return
+            if self._mono() - self._taken_at >= self._stuck_s:
+                with self._swap:
+                    if self._baton is baton:
+                        self._baton = threading.Lock()  # the stuck holder releases the old one, if ever
+                        self._taken_at = self._mono()
 
 
 class NvmlBackend:
