@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import fleet
+import poll_cost
 import scale
 import vs_nvitop
 from benchlib import RESULTS, ROOT, exit_on_sigterm, log, machine, machine_line, tempdir, which
@@ -25,7 +26,8 @@ from benchlib import RESULTS, ROOT, exit_on_sigterm, log, machine, machine_line,
 sys.path.insert(0, str(ROOT))
 from tests.fakenvml import build_library
 
-STAGES = ("vs-nvitop", "scale", "fleet")
+STAGES = ("vs-nvitop", "poll-cost", "scale", "fleet")
+AGAINST = "16c1b37"  # before issue 17
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ def report(res: dict[str, Any]) -> str:
             lines += vs_nvitop.markdown(r["result"])
         elif stage == "scale":
             lines += scale.markdown(r["result"], r.get("plot"))
+        elif stage == "poll-cost":
+            lines += poll_cost.markdown(r["result"], r.get("plot"))
         else:
             lines += fleet.markdown(r["result"], fleet_note(r["plan"]))
         lines.append("")
@@ -102,6 +106,11 @@ def main() -> int:
             if stage == "vs-nvitop":
                 entry["result"] = vs_nvitop.run(tmp, window_s=plan.window_s, wrk_s=plan.wrk_s,
                                                 bench_python=args.bench_python, py_spy=args.py_spy)  # fmt: skip
+            elif stage == "poll-cost":
+                svg = RESULTS / f"poll-cost{'-full' if args.full else ''}.svg"
+                entry["result"] = poll_cost.stage(against=AGAINST, polls=plan.scale_polls,
+                                                  rounds=4 if args.full else 2, out_svg=svg)  # fmt: skip
+                entry["plot"] = svg.name
             elif stage == "scale":
                 entry["result"] = scale.run(tmp, polls=plan.scale_polls, wrk_s=plan.scale_wrk_s)
                 png = RESULTS / f"scale{'-full' if args.full else ''}.png"

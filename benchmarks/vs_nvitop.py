@@ -280,7 +280,7 @@ def run(tmp: Path, *, window_s: float, wrk_s: float, bench_python: Path, py_spy:
         missed = {k for k, t in res["targets"].items() if not t["met"]}
         res["profiles"] = {}
         spy_s = max(10.0, min(30.0, window_s / 6))
-        if missed & {"poll", "cpu"}:
+        if missed & {"poll", "cpu", "cpu_per_second"}:
             log(f"vs-nvitop: py-spy on gpu-exporter, steady state, {spy_s:g} s")
             res["profiles"]["gpu-exporter steady state"] = pyspy_top(py_spy, ours.proc.pid, spy_s)
             log(f"vs-nvitop: py-spy on nvitop-exporter, steady state, {spy_s:g} s")
@@ -314,9 +314,13 @@ def targets(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "poll": {"met": poll is not None and poll <= 60, "figure": f"{poll:.1f} ms mean poll of 8 GPUs",
                  "target": "<= 60 ms"},
-        "cpu": {"met": cpu_o <= cpu_n / 3,
+        "cpu": {"met": cpu_o <= cpu_n / 10,
                 "figure": f"{cpu_o:.2f} vs {cpu_n:.2f} CPU s/min: {cpu_o / cpu_n:.2f}x of nvitop-exporter's",
-                "target": "<= 1/3 of nvitop-exporter's"},
+                "target": "<= 1/10 of nvitop-exporter's (issue 17)"},
+        "cpu_per_second": {"met": cpu_o <= 0.18,
+                           "figure": f"{cpu_o:.2f} CPU s/min = {cpu_o / 60 * 1000:.1f} ms per 1 s poll, all "
+                                     "included (scrapes, scheduler, XID watcher)",
+                           "target": "<= 0.18 CPU s/min (3 ms per 1 s poll)"},
         "requests": {"met": min(ratios.values()) >= 10,
                      "figure": "; ".join(f"{k}: {v:.0f}x" for k, v in ratios.items()),
                      "target": ">= 10x nvitop-exporter's requests/s"},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from . import __version__
-from .config import DEFAULT_PORT, ConfigError, Settings, load_settings
+from .config import COLLECTORS, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
 from .logs import configure_logging
 from .serving.web_config import WebConfigError
 from .snapshot import NodeSnapshot
@@ -127,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="send alerts to this webhook in Alertmanager's payload format (repeatable)",
     )
+    for name in COLLECTORS:
+        p.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action="store_const",
+            const=True,
+            default=None,
+            help=f"collect {CollectorSettings.model_fields[name].description} (default on)",
+        )
+        p.add_argument(
+            f"--no-collector.{name}",
+            dest=f"collector_{name}",
+            action="store_const",
+            const=False,
+            help="leave them out: no series, no NVML queries for them",
+        )
     p.add_argument(
         "--once",
         action="store_true",
@@ -144,7 +161,8 @@ def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: floa
         return SimulatedBackend(settings.simulate_gpus)
     from .sources.nvml import NvmlBackend
 
-    return NvmlBackend(errors, profiling_interval=profiling_interval or settings.profiling_interval)
+    return NvmlBackend(errors, profiling_interval=profiling_interval or settings.profiling_interval,
+                       disabled=settings.collectors.disabled())  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,14 +172,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return report(argv[1:])
     once = "--once" in argv
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        for arg in argv:
+            m = re.fullmatch(r"--(?:no-)?collector\.([^=]*)(=.*)?", arg)
+            if m and m.group(1) not in COLLECTORS:
+                parser.error(f"unknown collector {m.group(1)!r} in {arg}; known: {', '.join(COLLECTORS)}")
+            if m and m.group(2):
+                parser.error(f"{arg}: collector flags take no value; use --collector.{m.group(1)} or "
+                             f"--no-collector.{m.group(1)}")  # fmt: skip
+        args = parser.parse_args(argv)
     except SystemExit as e:
         # argparse says what is wrong on stderr and exits 2; for a check, "cannot check" is UNKNOWN.
         if once and e.code == 2:
             return UNKNOWN_EXIT
         raise
     cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
+    collectors = {n: v for n in COLLECTORS if (v := getattr(args, f"collector_{n}")) is not None}
+    if collectors:
+        cli["collectors"] = collectors
     receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
     alerting = {k: [{"url": u} for u in urls] for k, urls in receivers.items() if urls}
     if alerting:
@@ -241,7 +270,7 @@ def run_once(settings: Settings, fmt: str) -> int:
                             "is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
                             "gpu-exporter --once --simulate")  # fmt: skip
     found = findings(snapshot, settings.rules)
-    opts = RenderOptions(process_top_n=settings.process_top_n)
+    opts = RenderOptions(process_top_n=settings.process_top_n, disabled=settings.collectors.disabled())
     cost = cost_now(snapshot, settings.rules, PriceBook(settings.pricing) if settings.pricing else None)
     node = node_name(settings.node_name)
     _print(as_json(snapshot, found, opts, cost, node) if fmt == "json" else as_table(snapshot, found, cost, node))

@@ -88,6 +88,30 @@ class KubernetesSettings(BaseModel):
         return os.path.exists(self.pod_resources_socket) or "KUBERNETES_SERVICE_HOST" in os.environ
 
 
+class CollectorSettings(BaseModel):
+    """Which groups of series are collected (the ``collectors:`` key; ``--[no-]collector.<name>``).
+
+    A collector that is off costs nothing: its series are absent and its NVML queries are not made.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    nvlink: bool = Field(True, description="per-link NVLink state and traffic (54 series on an H100)")
+    processes: bool = Field(True, description="per-process memory and utilization, and process counts")
+    clocks: bool = Field(True, description="clocks, their maxima, clock event reasons and the P-state")
+    ecc: bool = Field(True, description="ECC error counters and remapped rows")
+    profiling: bool = Field(True, description="GPM activity: SM, tensor, DRAM and pipe activity (Hopper+)")
+
+    def disabled(self) -> frozenset[str]:
+        return frozenset(name for name in type(self).model_fields if not getattr(self, name))
+
+
+COLLECTORS = tuple(CollectorSettings.model_fields)
+# Rules that would misjudge without a collector's data: switched off with it.  GpuIdle means "no
+# processes and low utilization", GpuUnderutilized "processes hold memory, activity low"; without
+# the process list neither can tell.  The others just have nothing to say (no data, no alert).
+RULES_NEEDING = {"GpuIdle": "processes", "GpuUnderutilized": "processes"}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
@@ -117,6 +141,7 @@ class Settings(BaseSettings):
     alerting: AlertingSettings = AlertingSettings()
     pricing: PricingSettings | None = None
     accounting: AccountingSettings = AccountingSettings()
+    collectors: CollectorSettings = CollectorSettings()
 
     @field_validator("listen_address")
     @classmethod
@@ -156,7 +181,18 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
     except SettingsError as e:  # a value in the environment that should be JSON and is not
         raise ConfigError(_describe_env(e)) from e
     _check_named_files(settings)
-    return settings
+    return _rules_for_collectors(settings)
+
+
+def _rules_for_collectors(settings: Settings) -> Settings:
+    off = settings.collectors.disabled()
+    blind = [name for name, collector in RULES_NEEDING.items() if collector in off]
+    if not blind:
+        return settings
+    rules = settings.rules.model_copy(
+        update={name: getattr(settings.rules, name).model_copy(update={"enabled": False}) for name in blind}
+    )
+    return settings.model_copy(update={"rules": rules})
 
 
 def _describe_env(e: SettingsError) -> str:

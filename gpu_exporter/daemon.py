@@ -58,7 +58,9 @@ class Daemon:
                 keep_last_good_for=k8s.keep_last_good_for, expired=self.metrics.count_attribution_expired,
             )  # fmt: skip
             attach = Attributor(self.watcher.devices).attach
-        self.collector = SnapshotCollector(RenderOptions(settings.process_top_n, pod_labels))
+        self.collector = SnapshotCollector(
+            RenderOptions(settings.process_top_n, pod_labels, settings.collectors.disabled())
+        )
         registry.register(self.collector)
         idle = settings.rules.GpuUnderutilized  # one idea of "idle" for the alert and the books
         acc = settings.accounting

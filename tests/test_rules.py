@@ -5,6 +5,9 @@ Time is the snapshots' own ``taken_at``; nothing sleeps.
 
 from __future__ import annotations
 
+import math
+import random
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from types import MappingProxyType
@@ -280,6 +283,42 @@ def test_sample_window_mean_and_trim() -> None:
     assert w.mean(70, 61) == pytest.approx((0.0 + 0.5 + 0.0) / 3)
     assert w.mean(70, 60) == pytest.approx(0.25)  # (now - window, now], as Prometheus 3 ranges
     assert w.mean(200, 60) is None
+
+
+def test_sample_window_means_are_those_of_a_plain_scan() -> None:
+    """The running exact sums give what scanning every sample with math.fsum gave, also when the
+    wall clock steps back, for NaN and for values too small for the integer form."""
+
+    class Scan:
+        def __init__(self, horizon: float) -> None:
+            self.horizon, self.samples = horizon, deque[tuple[float, float]]()
+
+        def add(self, t: float, v: float) -> None:
+            self.samples.append((t, v))
+            while self.samples and self.samples[0][0] < t - self.horizon:
+                self.samples.popleft()
+
+        def mean(self, now: float, window: float) -> float | None:
+            vals = [v for t, v in self.samples if now - window < t <= now]
+            return math.fsum(vals) / len(vals) if vals else None
+
+    rng = random.Random(17)
+    for _ in range(60):
+        horizon = rng.choice([5, 60, 600])
+        w, ref, t = SampleWindow(horizon), Scan(horizon), 0.0
+        for _ in range(rng.randint(1, 1500)):
+            r = rng.random()
+            t += 1 if r < 0.7 else 0.5 if r < 0.85 else 0 if r < 0.97 else -3
+            v = rng.choice([0.1, 0.94, rng.random(), 1e-40, 0.0, 1.0, rng.randint(0, 100) / 100,
+                            math.nan if rng.random() < 0.01 else 0.3])  # fmt: skip
+            w.add(t, v)
+            ref.add(t, v)
+            assert len(w) == len(ref.samples)
+            if rng.random() < 0.1:
+                for window in (1, 5, 30, 600, 1e9):
+                    now = t + rng.choice([0, 0, 2, -1])
+                    got, want = w.mean(now, window), ref.mean(now, window)
+                    assert got == want or (got != got and want != want), (now, window, got, want)
 
 
 def test_increase_tracker() -> None:

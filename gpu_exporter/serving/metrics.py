@@ -113,6 +113,17 @@ _DEFS = [
 ]  # fmt: skip
 METRICS: dict[str, MetricDef] = {d.name: d for d in _DEFS}
 
+# The series each collector (``--[no-]collector.<name>``) contributes; every other one is always on.
+COLLECTOR_METRICS: dict[str, frozenset[str]] = {
+    "nvlink": frozenset({"gpu_nvlink_up", "gpu_nvlink_tx_bytes_total", "gpu_nvlink_rx_bytes_total"}),
+    "processes": frozenset({"gpu_processes", "gpu_process_memory_used_bytes", "gpu_process_sm_utilization_ratio",
+                            "gpu_process_memory_utilization_ratio", "gpu_mig_process_memory_used_bytes"}),
+    "clocks": frozenset({"gpu_clock_hertz", "gpu_clock_max_hertz", "gpu_clock_event_active", "gpu_performance_state"}),
+    "ecc": frozenset({"gpu_ecc_errors_total", "gpu_remapped_rows_total", "gpu_row_remap_pending",
+                      "gpu_row_remap_failure"}),
+    "profiling": frozenset({f"gpu_{p}{name}_ratio" for name, _ in ACTIVITY_METRICS for p in ("", "mig_")}),
+}  # fmt: skip
+
 
 # Metrics with one value per GPU: name -> how to read it from a reading.
 _SCALARS: list[tuple[str, Callable[[GpuReading], float | int | bool | None]]] = [
@@ -170,6 +181,12 @@ class RenderOptions:
 
     process_top_n: int = 0  # 0: every process
     pod_labels: tuple[str, str, str] | None = None  # names for namespace, pod and container
+    disabled: frozenset[str] = frozenset()  # collectors switched off
+
+    @property
+    def left_out(self) -> frozenset[str]:
+        """The metric names of the collectors switched off."""
+        return frozenset().union(*(COLLECTOR_METRICS[c] for c in self.disabled))
 
 
 def top_processes(processes: Iterable[ProcessReading], n: int) -> list[ProcessReading]:
@@ -199,8 +216,20 @@ class _Families:
 
 
 def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Metric]:
-    """The per-GPU metric families of one snapshot.  A lost GPU only gets ``gpu_up 0``."""
-    f = _Families(opts or RenderOptions())
+    """The per-GPU metric families of one snapshot, but those of collectors switched off.  A lost
+    GPU only gets ``gpu_up 0``."""
+    opts = opts or RenderOptions()
+    if not opts.disabled:
+        yield from _gpu_families(snapshot, opts)
+        return
+    left_out = opts.left_out
+    for fam in _gpu_families(snapshot, opts):
+        if (fam.name + "_total" if fam.type == "counter" else fam.name) not in left_out:
+            yield fam
+
+
+def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metric]:
+    f = _Families(opts)
     gpus = snapshot.gpus
     up = f.family("gpu_up")
     for g in gpus:

@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
@@ -73,6 +73,8 @@ _FI_PCIE_RX = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
 _FI_NVLINK_TX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)  # KiB
 _FI_NVLINK_RX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)  # KiB
 _XID_WAIT_MS = 500
+# The names under which each link's state query is remembered: built once, not per link and poll.
+_NVLINK_STATE = tuple(f"nvmlDeviceGetNvLinkState({link})" for link in range(pynvml.NVML_NVLINK_MAX_LINKS))
 _GPM_IDS = tuple(METRIC_FIELDS)
 # nvmlGpmMetricsGet_t's metrics[] is NVML_GPM_METRIC_MAX long: 98, 210 and 477 in different
 # releases, under the same struct version 1.  A driver built with a larger maximum than the
@@ -90,19 +92,39 @@ def _cuda_version(v: int | None) -> str | None:
     return None if v is None else f"{v // 1000}.{v % 1000 // 10}"
 
 
+class _FieldValue(ctypes.Structure):
+    """nvmlFieldValue_t (nvml.h) in plain ctypes; the union read by ``valueType``."""
+
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", pynvml.c_nvmlValue_t)]  # fmt: skip
+
+
+def _field_array(fields: tuple[tuple[int, int], ...]) -> Any:
+    array = (_FieldValue * len(fields))()
+    for entry, (field_id, scope) in zip(array, fields, strict=True):
+        entry.fieldId, entry.scopeId = field_id, scope
+    return array
+
+
+def _get_field_values(handle: Any, array: Any) -> Any:
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(array)), array))
+    return array
+
+
+_VALUE_READERS: dict[int, Callable[[Any], int | float]] = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: lambda v: float(v.dVal),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda v: int(v.uiVal),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda v: int(v.ulVal),
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda v: int(v.sllVal),
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda v: int(v.siVal),
+}
+
+
 def _field_value(fv: Any) -> int | float:
-    vt = fv.valueType
-    if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
-        return float(fv.value.dVal)
-    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-        return int(fv.value.uiVal)
-    if vt == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
-        return int(fv.value.ulVal)
-    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
-        return int(fv.value.sllVal)
-    if vt == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
-        return int(fv.value.siVal)
-    return int(fv.value.ullVal)
+    read = _VALUE_READERS.get(fv.valueType)
+    return read(fv.value) if read is not None else int(fv.value.ullVal)
 
 
 class _Device:
@@ -114,6 +136,7 @@ class _Device:
         self.unsupported: set[str] = set()
         self.missing: set[str] = set()  # functions this driver does not have at all
         self.unsupported_fields: set[tuple[int, int]] = set()
+        self.field_array: tuple[tuple[tuple[int, int], ...], Any] | None = None  # (fields, ctypes array)
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
         self.process_users: dict[int, str | None] = {}  # pid -> user, looked up once per process
@@ -161,13 +184,55 @@ class _Device:
             return None
 
 
+class _Baton:
+    """Lets one GPU reader at a time make its quick calls, without ever making one wait on a hung GPU.
+
+    A reader waits while the baton moves on; a holder stuck in the driver for ``stuck_s`` loses it
+    (the others get a fresh one), so a hung GPU delays the others by ``stuck_s`` once, then not at all.
+    """
+
+    def __init__(self, wait_s: float = 0.02, stuck_s: float = 0.1, monotonic: Callable[[], float] = time.monotonic):
+        self._wait_s = wait_s
+        self._stuck_s = stuck_s
+        self._mono = monotonic
+        self._baton = threading.Lock()
+        self._taken_at = 0.0
+        self._swap = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        while True:
+            baton = self._baton
+            if baton.acquire(timeout=self._wait_s):
+                self._taken_at = self._mono()
+                try:
+                    yield
+                finally:
+                    baton.release()
+                return
+            if self._mono() - self._taken_at >= self._stuck_s:
+                with self._swap:
+                    if self._baton is baton:
+                        self._baton = threading.Lock()  # the stuck holder releases the old one, if ever
+                        self._taken_at = self._mono()
+
+
 class NvmlBackend:
     """Reads GPUs through the real NVML library (libnvidia-ml.so.1) via nvidia-ml-py."""
 
     def __init__(
-        self, errors: ErrorSink, *, profiling_interval: float = 10.0, monotonic: Callable[[], float] = time.monotonic
+        self,
+        errors: ErrorSink,
+        *,
+        profiling_interval: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        disabled: frozenset[str] = frozenset(),
     ) -> None:
         self._errors = errors
+        # Collectors switched off: their queries are never made (and their series are absent).
+        self._nvlink, self._clocks, self._ecc, self._processes_on, self._profiling = (
+            name not in disabled for name in ("nvlink", "clocks", "ecc", "processes", "profiling")
+        )
         # GPM and per-process utilization are re-read this often: the driver's own CPU cost of
         # them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200) dwarfs everything
         # else a poll does, so they get their own, slower cadence.
@@ -175,6 +240,7 @@ class NvmlBackend:
         self._mono = monotonic
         self._devices: dict[int, _Device] = {}
         self._lock = threading.Lock()
+        self._baton = _Baton()
         self._xid_counts: dict[int, Counter[int]] = {}
         # One XID thread for the backend's life, watching the NVML session of the moment: a
         # registration stuck in a hung driver holds that one thread, however often NVML restarts.
@@ -261,7 +327,8 @@ class NvmlBackend:
                 {
                     name: mhz * 1e6
                     for name, kind in CLOCKS.items()
-                    if (mhz := dev.call(f"nvmlDeviceGetMaxClockInfo({name})", pynvml.nvmlDeviceGetMaxClockInfo, kind))
+                    if self._clocks
+                    and (mhz := dev.call(f"nvmlDeviceGetMaxClockInfo({name})", pynvml.nvmlDeviceGetMaxClockInfo, kind))
                     is not None
                 }
             ),
@@ -282,8 +349,8 @@ class NvmlBackend:
                 }
             ),
             fan_count=fans or 0,
-            nvlink_count=self._count_nvlinks(dev),
-            gpm_supported=self._gpm_supported(dev),
+            nvlink_count=self._count_nvlinks(dev) if self._nvlink else 0,
+            gpm_supported=self._gpm_supported(dev) if self._profiling else False,
         )
         with self._lock:
             old = self._devices.get(index)
@@ -310,6 +377,23 @@ class NvmlBackend:
             dev = self._devices.get(static.index)
         if dev is None:
             raise GpuLost(f"GPU {static.index} has not been discovered")
+        # The quick calls one GPU at a time: each ctypes call lets go of the GIL, and eight readers
+        # doing them at once hand it to each other on every call (a thread switch each, which
+        # cost more than the calls).  Only the blocking PCIe reads below run side by side.
+        with self._baton.hold():
+            reading = self._read_quick(dev, static)
+        N = pynvml
+        c = dev.call
+        # Each of these blocks ~20 ms in the driver while it samples the link.
+        tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
+        rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
+        if tx is None and rx is None:
+            return reading
+        return replace(reading, pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
+                       pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None)  # fmt: skip
+
+    def _read_quick(self, dev: _Device, static: GpuStatic) -> GpuReading:
+        """Everything but the PCIe throughput, which blocks."""
         N = pynvml
         c = dev.call
         util = c("nvmlDeviceGetUtilizationRates", N.nvmlDeviceGetUtilizationRates)
@@ -339,13 +423,15 @@ class NvmlBackend:
         clocks = {
             name: mhz * 1e6
             for name, kind in CLOCKS.items()
-            if (mhz := c(f"nvmlDeviceGetClockInfo({name})", N.nvmlDeviceGetClockInfo, kind)) is not None
+            if self._clocks
+            and (mhz := c(f"nvmlDeviceGetClockInfo({name})", N.nvmlDeviceGetClockInfo, kind)) is not None
         }
-        pstate = c("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState)
-        reasons = c("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
-        # Each of these blocks ~20 ms in the driver while it samples the link.
-        tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
-        rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
+        pstate = c("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState) if self._clocks else None
+        reasons = (
+            c("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
+            if self._clocks
+            else None
+        )
         gen = c("nvmlDeviceGetCurrPcieLinkGeneration", N.nvmlDeviceGetCurrPcieLinkGeneration)
         width = c("nvmlDeviceGetCurrPcieLinkWidth", N.nvmlDeviceGetCurrPcieLinkWidth)
         replay = c("nvmlDeviceGetPcieReplayCounter", N.nvmlDeviceGetPcieReplayCounter)
@@ -353,14 +439,14 @@ class NvmlBackend:
             kind: n
             for kind, etype in (("corrected", N.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                                 ("uncorrected", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
-            if (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
+            if self._ecc and (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
                        N.NVML_AGGREGATE_ECC)) is not None
         }  # fmt: skip
-        rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows)
+        rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows) if self._ecc else None
         nvlinks = tuple(
             NvLinkReading(
                 link=link,
-                up=None if (st := c(f"nvmlDeviceGetNvLinkState({link})", N.nvmlDeviceGetNvLinkState, link)) is None
+                up=None if (st := c(_NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
                 else st == N.NVML_FEATURE_ENABLED,
                 tx_bytes_total=_kib(fields.get((_FI_NVLINK_TX, link))),
                 rx_bytes_total=_kib(fields.get((_FI_NVLINK_RX, link))),
@@ -369,7 +455,9 @@ class NvmlBackend:
         )  # fmt: skip
         with self._lock:
             xids = MappingProxyType(dict(self._xid_counts.get(static.index, {})))
-        processes = self._processes(dev, dev.process_names, dev.process_users)
+        processes = self._processes(dev, dev.process_names, dev.process_users,
+                                    dev.process_util if static.mig_mode != "enabled" else None) \
+            if self._processes_on else ()  # fmt: skip
         # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
         dev.process_names = {p.pid: p.name for p in processes}
         dev.process_users = {p.pid: p.user for p in processes}
@@ -400,8 +488,6 @@ class NvmlBackend:
             clock_event_active=MappingProxyType(
                 {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
             ),
-            pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
-            pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None,
             pcie_tx_bytes_total=_int(fields.get((_FI_PCIE_TX, 0))),
             pcie_rx_bytes_total=_int(fields.get((_FI_PCIE_RX, 0))),
             pcie_link_generation=gen,
@@ -446,21 +532,28 @@ class NvmlBackend:
         wanted = [(_FI_MEMORY_TEMP, 0), (_FI_PCIE_TX, 0), (_FI_PCIE_RX, 0)]
         for link in range(static.nvlink_count):
             wanted += [(_FI_NVLINK_TX, link), (_FI_NVLINK_RX, link)]
-        wanted = [w for w in wanted if w not in dev.unsupported_fields]
-        if not wanted:
+        key = tuple(w for w in wanted if w not in dev.unsupported_fields)
+        if not key:
             return {}
-        values = dev.call("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, wanted)
+        # One array per GPU, kept while the wanted fields stay the same: no per-poll allocation,
+        # and plain ctypes, as nvidia-ml-py's hooked structs cost a Python call per field read.
+        if dev.field_array is None or dev.field_array[0] != key:
+            dev.field_array = (key, _field_array(key))
+        array = dev.field_array[1]
+        if dev.call("nvmlDeviceGetFieldValues", _get_field_values, array) is None:
+            return {}
         out: dict[tuple[int, int], int | float] = {}
-        for key, fv in zip(wanted, values or (), strict=False):
-            if fv.nvmlReturn == pynvml.NVML_SUCCESS:
-                out[key] = _field_value(fv)
-            elif fv.nvmlReturn in _UNSUPPORTED:
-                dev.unsupported_fields.add(key)
+        for k, fv in zip(key, array, strict=True):
+            ret = fv.nvmlReturn
+            if ret == pynvml.NVML_SUCCESS:
+                out[k] = _field_value(fv)
+            elif ret in _UNSUPPORTED:
+                dev.unsupported_fields.add(k)
                 self._errors("nvmlDeviceGetFieldValues", "not_supported")
-            elif fv.nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST:
+            elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost(f"GPU {dev.index}: nvmlDeviceGetFieldValues: GPU is lost")
             else:
-                self._errors("nvmlDeviceGetFieldValues", error_name(fv.nvmlReturn))
+                self._errors("nvmlDeviceGetFieldValues", error_name(ret))
         return out
 
     def _migs(self, dev: _Device, static: GpuStatic) -> tuple[MigReading, ...]:
@@ -498,7 +591,9 @@ class NvmlBackend:
                     memory_total_bytes=mem.total if mem is not None else None,
                     memory_used_bytes=mem.used if mem is not None else None,
                     memory_free_bytes=mem.free if mem is not None else None,
-                    processes=self._processes(mig, dev.mig_process_names, dev.process_users),
+                    processes=self._processes(mig, dev.mig_process_names, dev.process_users)
+                    if self._processes_on
+                    else (),
                     activity=self._mig_activity(dev, gi, uuid, profile) if static.gpm_supported else None,
                 )
             )
@@ -624,13 +719,11 @@ class NvmlBackend:
         """
         what = "nvmlDeviceGetProcessUtilization"
         if what in dev.unsupported:
-            return processes
+            return _without_util(processes) if dev.process_util else processes
         now = self._mono()
         if dev.process_util_at is not None and now - dev.process_util_at < self._profiling_interval:
-            # Not due: the values read last time, for the processes still there (a new one waits).
-            return tuple(replace(p, sm_utilization_ratio=dev.process_util[p.pid][0],
-                                 memory_utilization_ratio=dev.process_util[p.pid][1])
-                         if p.pid in dev.process_util else p for p in processes)  # fmt: skip
+            # Not due: ``_processes`` filled in the values read last time (a new process waits).
+            return processes
         dev.process_util_at = now
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
@@ -639,7 +732,7 @@ class NvmlBackend:
             # SUCCESS when the driver had nothing to report.
             if e.value not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
                 dev.call(what, _raise, e)  # counts it, and remembers NOT_SUPPORTED, as every query does
-                return processes
+                return _without_util(processes)
             samples = []
         latest: dict[int, Any] = {}
         for sample in samples:
@@ -658,10 +751,16 @@ class NvmlBackend:
         return tuple(out)
 
     def _processes(
-        self, dev: _Device, names: dict[int, str], users: dict[int, str | None]
+        self,
+        dev: _Device,
+        names: dict[int, str],
+        users: dict[int, str | None],
+        util: dict[int, tuple[float | None, float | None]] | None = None,
     ) -> tuple[ProcessReading, ...]:
-        """Compute and graphics processes; ``names`` and ``users`` are those already looked up, by pid."""
+        """Compute and graphics processes; ``names`` and ``users`` are those already looked up, by pid,
+        ``util`` the per-process utilization last read."""
         found: dict[int, ProcessReading] = {}
+        no_util = (None, None)
         for kind, fn in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
                          ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):  # fmt: skip
             for p in dev.call(f"nvmlDeviceGet{kind.title()}RunningProcesses", fn) or ():
@@ -669,8 +768,10 @@ class NvmlBackend:
                     continue
                 name = names.get(p.pid) or _process_name(p.pid)
                 user = users[p.pid] if p.pid in users else process_user(p.pid)
+                sm, mem = util.get(p.pid, no_util) if util else no_util
                 found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind,
-                                              user=user)  # fmt: skip
+                                              user=user, sm_utilization_ratio=sm,
+                                              memory_utilization_ratio=mem)  # fmt: skip
         return tuple(found.values())
 
     def _count_nvlinks(self, dev: _Device) -> int:
@@ -748,6 +849,10 @@ class NvmlBackend:
 
 def _memory_v2(handle: Any) -> Any:
     return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+
+
+def _without_util(processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:
+    return tuple(replace(p, sm_utilization_ratio=None, memory_utilization_ratio=None) for p in processes)
 
 
 def _raise(handle: Any, e: pynvml.NVMLError) -> None:

@@ -27,7 +27,7 @@
 
 #include "nvml.h"
 
-#define MAX_GPUS 64
+#define MAX_GPUS 128
 #define MAX_MIG 8
 #define MAX_FANS 8
 #define MAX_LINKS NVML_NVLINK_MAX_LINKS
@@ -930,11 +930,50 @@ static nvmlReturn_t driver_error(void)
     return s->set ? s->err : NVML_SUCCESS;
 }
 
-/* Lock, reload if the file changed, and check that the library is initialised. */
-static nvmlReturn_t enter(void)
+/* Calls made, by entry point: what a test reads to prove a query was (or was not) made.  Names
+ * are the functions' __func__, so pointers compare; a name is counted under the lock. */
+#define MAX_COUNTED 256
+static struct {
+    const char *fn;
+    unsigned long long n;
+} counted[MAX_COUNTED];
+static int ncounted;
+
+static void count_call(const char *fn)
+{
+    for (int i = 0; i < ncounted; i++)
+        if (counted[i].fn == fn) {
+            counted[i].n++;
+            return;
+        }
+    if (ncounted < MAX_COUNTED) {
+        counted[ncounted].fn = fn;
+        counted[ncounted++].n = 1;
+    }
+}
+
+/* Not part of NVML: how many calls were made to entry points whose name starts with `prefix`
+ * ("nvmlDeviceGetNvLinkState", or "nvmlDeviceGetComputeRunningProcesses" for every version). */
+unsigned long long DECLDIR fakeNvmlCallCount(const char *prefix)
+{
+    unsigned long long n = 0;
+    size_t len = prefix ? strlen(prefix) : 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < ncounted; i++)
+        if (strncmp(counted[i].fn, prefix ? prefix : "", len) == 0)
+            n += counted[i].n;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Lock, count the call (fn NULL: a re-entry, not counted), reload if the file changed, and check
+ * that the library is initialised. */
+static nvmlReturn_t enter_counted(const char *fn)
 {
     char msg[512];
     pthread_mutex_lock(&lock);
+    if (fn)
+        count_call(fn);
     if (init_refcount == 0) {
         pthread_mutex_unlock(&lock);
         return NVML_ERROR_UNINITIALIZED;
@@ -947,6 +986,7 @@ static nvmlReturn_t enter(void)
     }
     return NVML_SUCCESS;
 }
+#define enter() enter_counted(__func__)
 
 static nvmlReturn_t leave(nvmlReturn_t r)
 {
@@ -998,9 +1038,9 @@ static nvmlReturn_t resolve(nvmlDevice_t h, struct dev **out, struct dev **gpu_o
 }
 
 /* enter() plus handle resolution and the device's injected latency.  On success the lock is held. */
-static nvmlReturn_t enter_dev(nvmlDevice_t h, struct dev **out)
+static nvmlReturn_t enter_dev_counted(nvmlDevice_t h, struct dev **out, const char *fn)
 {
-    nvmlReturn_t r = enter();
+    nvmlReturn_t r = enter_counted(fn);
     if (r)
         return r;
     r = resolve(h, out, NULL);
@@ -1011,13 +1051,15 @@ static nvmlReturn_t enter_dev(nvmlDevice_t h, struct dev **out)
         double ms = (double)delay->base;
         pthread_mutex_unlock(&lock);
         sleep_ms(ms);
-        if ((r = enter()))
+        if ((r = enter_counted(NULL)))
             return r;
         if ((r = resolve(h, out, NULL)))
             return leave(r);
     }
     return NVML_SUCCESS;
 }
+#define enter_dev(h, out) enter_dev_counted((h), (out), __func__)
+
 
 static nvmlReturn_t get_num(const struct dev *d, int k, long double *v)
 {
@@ -2093,8 +2135,10 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
         pthread_mutex_unlock(&lock);
         if (now >= deadline)
             return NVML_ERROR_TIMEOUT;
+        /* The driver blocks until an event; the fake looks again every 50 ms (a scenario file may
+         * have changed), so that an idle waiter costs next to nothing, as with the driver. */
         double left_ms = (deadline - now) * 1000;
-        sleep_ms(left_ms < 10 ? left_ms : 10);
+        sleep_ms(left_ms < 50 ? left_ms : 50);
     }
 }
 
