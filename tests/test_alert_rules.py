@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpu_exporter.alerting.settings import RulesSettings
@@ -42,8 +43,10 @@ def test_promtool_check_rules() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_promtool_unit_tests() -> None:
-    out = promtool("test", "rules", str(UNIT_TESTS))
+@pytest.mark.parametrize("unit_tests", sorted((ROOT / "alerts" / "tests").glob("*.test.yml")), ids=lambda p: p.name)
+def test_promtool_unit_tests(unit_tests: Path) -> None:
+    """Every unit-test file under alerts/tests runs, the cost recording rules' included."""
+    out = promtool("test", "rules", str(unit_tests))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
 
