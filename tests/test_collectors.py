@@ -153,13 +153,15 @@ def test_rules_that_need_processes_are_off_with_them() -> None:
         ("--no-collector.nvlink=1", "take no value"),
     ],
 )
-def test_a_bad_collector_flag_exits_2_and_says_why(flag: str, message: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mode", "status"), [("--once", 3), ("--version", 2)])
+def test_a_bad_collector_flag_exits_and_says_why(flag: str, message: str, mode: str, status: int, tmp_path: Path) -> None:
+    """Exit 2 like any bad flag; under --once 3, a monitoring plugin's UNKNOWN ("cannot check")."""
     s = Scenario(tmp_path / "n.scn")
     s.add_gpu()
     s.write()
-    out = subprocess.run([sys.executable, "-m", "gpu_exporter", flag, "--once"], env=subprocess_env(s.path),
+    out = subprocess.run([sys.executable, "-m", "gpu_exporter", flag, mode], env=subprocess_env(s.path),
                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert out.returncode == 2, out
+    assert out.returncode == status, out
     assert message in out.stderr and "nvlink" in out.stderr, out.stderr
 
 
