@@ -154,7 +154,9 @@ def test_rules_that_need_processes_are_off_with_them() -> None:
     ],
 )
 @pytest.mark.parametrize(("mode", "status"), [("--once", 3), ("--version", 2)])
-def test_a_bad_collector_flag_exits_and_says_why(flag: str, message: str, mode: str, status: int, tmp_path: Path) -> None:
+def test_a_bad_collector_flag_exits_and_says_why(
+    flag: str, message: str, mode: str, status: int, tmp_path: Path
+) -> None:
     """Exit 2 like any bad flag; under --once 3, a monitoring plugin's UNKNOWN ("cannot check")."""
     s = Scenario(tmp_path / "n.scn")
     s.add_gpu()
