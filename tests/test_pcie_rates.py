@@ -95,14 +95,20 @@ def test_without_counters_every_poll_takes_the_drivers_sample(scenario: Scenario
         assert snap.duration_seconds >= SLOW_SAMPLE_MS / 1000
 
 
-def test_polls_closer_than_the_shortest_span_keep_the_older_reading(scenario: Scenario, nvml: Any) -> None:
+def test_polls_closer_than_the_shortest_span_keep_the_last_rate_and_the_older_reading(
+    scenario: Scenario, nvml: Any
+) -> None:
     one_gpu(scenario, tx_kbps=1, rx_kbps=1, tx_bytes=Counter(0, 2e9), rx_bytes=Counter(0, 2e9))
     poller, _ = make_poller()
     poller.poll()  # a driver sample: 1 KB/s
-    poll_apart(poller)
-    # Two polls in quick succession: the second is too close to divide by, so it is the sample...
+    assert poll_apart(poller).gpus[0].pcie_tx_bytes_per_second == pytest.approx(2e9, rel=0.01)
+    scenario.gpu(0).pcie(tx_bytes=Counter(0, 6e9))  # counting on from where 2e9/s brought it
+    scenario.write()
+    # A poll right after: too close to divide by, so the last rate stands, without a driver sample...
     quick = poller.poll()
-    assert quick.gpus[0].pcie_tx_bytes_per_second == 1024
-    # ...and the next rate spans from the older reading, not from the quick one.
-    g = poll_apart(poller).gpus[0]
-    assert g.pcie_tx_bytes_per_second == pytest.approx(2e9, rel=0.01)
+    assert quick.gpus[0].pcie_tx_bytes_per_second == pytest.approx(2e9, rel=0.01)
+    assert quick.duration_seconds < SLOW_SAMPLE_MS / 1000 / 2
+    # ...and the next rate spans from the older reading, the quick poll's interval included.
+    time.sleep(0.3)
+    g = poller.poll().gpus[0]
+    assert g.pcie_tx_bytes_per_second == pytest.approx(6e9, rel=0.1)

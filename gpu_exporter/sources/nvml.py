@@ -146,6 +146,7 @@ class _Device:
         # rate was last taken from; None where they are missing or too narrow to trust.
         self.pcie_counts: tuple[int, int, int] | None = None
         self.pcie_counted: tuple[int, int, int] | None = None
+        self.pcie_rates: tuple[float, float] | None = None  # the last rate taken from them
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
         self.process_users: dict[int, str | None] = {}  # pid -> user, looked up once per process
@@ -369,7 +370,7 @@ class NvmlBackend:
                 # A static refresh of the same GPU: keep its GPM samples and PCIe counts, so
                 # activity and throughput have no gap.
                 dev.gpm, dev.mig_gpm = old.gpm, old.mig_gpm
-                dev.pcie_counted = old.pcie_counted
+                dev.pcie_counted, dev.pcie_rates = old.pcie_counted, old.pcie_rates
                 old.gpm, old.mig_gpm = None, {}
                 for pair in [dev.gpm, *dev.mig_gpm.values()]:
                     if pair is not None:
@@ -876,17 +877,17 @@ def _pcie_rates(dev: _Device) -> tuple[float, float] | None:
     20 ms of it: a rate Prometheus would get from the counters, and no blocking call.
     """
     now, then = dev.pcie_counts, dev.pcie_counted
-    if now is None:
-        dev.pcie_counted = None
-        return None
-    if then is None or now[0] < then[0] or now[1] < then[1]:  # a first reading, or a counter wrapped
-        dev.pcie_counted = now
+    if now is None or then is None or now[0] < then[0] or now[1] < then[1]:
+        # No counters, a first reading, or a counter that wrapped or was reset: start over.
+        dev.pcie_counted, dev.pcie_rates = now, None
         return None
     span = (now[2] - then[2]) / 1e6
     if span < _PCIE_MIN_SPAN_S:
-        return None  # too short to say much: keep the older reading, so the next span is longer
+        # Too short to divide by: the last rate stands, and the next span starts at the older reading.
+        return dev.pcie_rates
     dev.pcie_counted = now
-    return (now[0] - then[0]) / span, (now[1] - then[1]) / span
+    dev.pcie_rates = (now[0] - then[0]) / span, (now[1] - then[1]) / span
+    return dev.pcie_rates
 
 
 def _memory_v2(handle: Any) -> Any:
