@@ -41,6 +41,7 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
         graphics=1980, sm=1980, memory=2619, video=1755, max_graphics=1980, max_sm=1980, max_memory=2619, max_video=1755
     )
     g.pstate(0).clocks_event_reasons()
+    # The byte counters (NVML_FI_DEV_PCIE_COUNT_*) count at tx_kbps / rx_kbps: the fake derives them.
     g.pcie(
         gen=5,
         max_gen=5,
@@ -49,8 +50,6 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
         tx_kbps=1_800_000,
         rx_kbps=3_200_000,
         replay=0,
-        tx_bytes=Counter(0, 1_800_000 * 1024),
-        rx_bytes=Counter(0, 3_200_000 * 1024),
     )
     for link in range(nvlinks):
         g.nvlink(link, True, tx_kib=Counter(0, 1_100_000), rx_kib=Counter(0, 1_050_000))
@@ -149,8 +148,6 @@ def pcie_degraded() -> Scenario:
         tx_kbps=310_000,
         rx_kbps=1_860_000,
         replay=Counter(40, 0.5),
-        tx_bytes=Counter(0, 310_000 * 1024),
-        rx_bytes=Counter(0, 1_860_000 * 1024),
     )
     g.ecc(corrected=2, uncorrected=0).remapped_rows(correctable=1)
     g.mig_mode(False)
