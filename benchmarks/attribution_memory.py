@@ -20,7 +20,8 @@ worked the whole time. The target compares the medians.
     .venv/bin/python benchmarks/attribution_memory.py                 # ~3.5 minutes
     .venv/bin/python benchmarks/attribution_memory.py --seconds 1800  # the 30-minute soak
 
-Writes benchmarks/results/attribution-memory.md and attribution-memory.json.
+Writes benchmarks/results/attribution-memory.md and attribution-memory.json (``--tag T``:
+attribution-memory-T.*).
 """
 
 from __future__ import annotations
@@ -269,6 +270,7 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=200, help="pods, and processes (default 200)")
     ap.add_argument("--no-h100", dest="h100", action="store_false", help="leave out the 8x H100 context daemon")
     ap.add_argument("--flat-limit", type=float, default=0.1, help="MiB/min within which a trend counts as flat")
+    ap.add_argument("--tag", default="", help="write attribution-memory-TAG.* instead (a longer run beside the short)")
     args = ap.parse_args()
     if args.h100 and args.pods < N_GPUS * PROCS_PER_GPU:
         raise SystemExit(f"--pods must be at least {N_GPUS * PROCS_PER_GPU} for the H100 daemon (or --no-h100)")
@@ -277,8 +279,9 @@ def main() -> int:
         res = run(args, tmp)
     text = markdown(res)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "attribution-memory.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / "attribution-memory.md").write_text(text)
+    name = f"attribution-memory-{args.tag}" if args.tag else "attribution-memory"
+    (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(text)
     print(text)
     return 0
 
