@@ -125,8 +125,7 @@ def main() -> int:
         "",
         f"{res['date']}; this tree is {describe}. 8 simulated GPUs, TLS on; 1,000 connections complete the "
         "handshake and send nothing; RSS measured before, at its highest while they open, and 15 s after they "
-        "close (the server keeps at most 512 open and closes the oldest to make room). The DaemonSet's memory "
-        "limit is 128 Mi.",
+        "close (the server keeps at most 512 open and closes the oldest to make room).",
         "",
         "| case | before | highest | 15 s after closing | (highest - before) / 1,000, KiB | s to open |",
         "|---|---|---|---|---|---|",

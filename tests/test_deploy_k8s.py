@@ -437,15 +437,24 @@ def test_daemonset_memory_follows_the_measured_peaks(container: Doc) -> None:
     request, limit = memory_mib(res["requests"]["memory"]), memory_mib(res["limits"]["memory"])
     assert MEMORY["pods"] >= 200 and MEMORY["connections"] >= 1024 and MEMORY["survived"]
     steady = max(MEMORY["start_rss_peak_mib"], MEMORY["steady_rss_peak_mib"])
-    assert request >= 1.25 * steady, (request, steady)
-    assert limit >= 1.2 * MEMORY["vm_hwm_mib"] and limit >= 1.2 * MEMORY["cgroup_peak_mib"], (limit, MEMORY)
-    # ... and the same run under exactly this limit kept the daemon alive.
+    burst = max(MEMORY["vm_hwm_mib"], MEMORY["cgroup_peak_mib"])
+    # Headroom, but not so much that the figures are stale: a limit left at an old peak (448Mi
+    # when RSS stayed at 356 MiB after a burst) or a request far above the steady peak fails.
+    assert 1.25 * steady <= request <= 2 * steady, (request, steady)
+    assert 1.2 * burst <= limit <= 2 * burst, (limit, burst)
+    # Memory came back after the burst, which is what lets the limit sit this close to the peak.
+    assert MEMORY["end_rss_mib"] <= steady + 0.5 * (MEMORY["vm_hwm_mib"] - steady), MEMORY
+    # ... and the same run under exactly this limit kept the daemon alive, its own peaks within it.
     assert MEMORY_UNDER_LIMIT["limit_mib"] == limit
     assert MEMORY_UNDER_LIMIT["survived"] is True and MEMORY_UNDER_LIMIT["oom_kills"] == 0
-    assert MEMORY_UNDER_LIMIT["connections"] >= MEMORY["connections"]
+    assert MEMORY_UNDER_LIMIT["connections"] >= MEMORY["connections"] and MEMORY_UNDER_LIMIT["pods"] >= 200
+    assert 1.2 * max(MEMORY_UNDER_LIMIT["vm_hwm_mib"], MEMORY_UNDER_LIMIT["cgroup_peak_mib"]) <= limit
     # The manifest says where its numbers come from.
     text = (BASE / "daemonset.yaml").read_text()
     assert "benchmarks/results/k8s-memory.md" in text and "k8s-memory-limit.md" in text
+    # The systemd unit is bounded like the DaemonSet.
+    unit = (ROOT / "deploy" / "systemd" / "gpu-exporter.service").read_text()
+    assert f"\nMemoryMax={limit:g}M\n" in unit
     assert res["requests"]["cpu"] == "50m" and res["limits"]["cpu"] == "500m"
 
 
@@ -842,7 +851,7 @@ def test_readme_says_why_for_every_privilege_mount_and_overlay(builds: dict[str,
         "read-only root filesystem",
         "enforce: privileged",
         "system-node-critical",
-        "request 96Mi, limit 448Mi",
+        "request 112Mi, limit 192Mi",
         "nvidia.com/gpu:NoSchedule",
     ):
         assert needle in section, needle
