@@ -284,6 +284,8 @@ class HttpServer:
 
     async def _discard_body(self, conn: Connection, headers: dict[str, str]) -> None:
         if "transfer-encoding" in headers:
+            if "content-length" in headers:  # two framings: the classic smuggling (RFC 9112, 6.3)
+                raise _BadRequest(400, "both transfer-encoding and content-length")
             raise _BadRequest(501, "transfer-encoding is not supported")
         length = headers.get("content-length")
         if length is None:
