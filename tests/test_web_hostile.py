@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import http.client
 import resource
+import secrets
 import select
 import socket
 import statistics
 import subprocess
 import sys
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -309,14 +309,11 @@ class CountingWatcher(WebConfigWatcher):
     """The real watcher, checking with real bcrypt, that counts the checks running at once.  While
     ``gate`` is clear each check waits before bcrypt, so that the places fill up deterministically."""
 
-    made: list[CountingWatcher] = []
-
     def __init__(self, path: Path | None, gate: threading.Event | None = None) -> None:
         super().__init__(path)
         self.gate = gate
         self.running = self.most = self.checks = 0
         self._count = threading.Lock()
-        CountingWatcher.made.append(self)
 
     def check_basic_auth(self, config: WebConfig, header: str | None) -> bool:
         with self._count:
@@ -335,8 +332,14 @@ class CountingWatcher(WebConfigWatcher):
 @contextmanager
 def counted_server(tmp_path: Path, web: dict[str, Any], gate: threading.Event | None = None,
                    **kw: Any) -> Iterator[tuple[HttpServer, CountingWatcher]]:  # fmt: skip
-    with server(tmp_path, web, watcher=lambda p: CountingWatcher(p, gate), **kw) as srv:
-        yield srv, CountingWatcher.made[-1]
+    made: list[CountingWatcher] = []
+
+    def watcher(path: Path | None) -> CountingWatcher:
+        made.append(CountingWatcher(path, gate))
+        return made[-1]
+
+    with server(tmp_path, web, watcher=watcher, **kw) as srv:
+        yield srv, made[0]
 
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -468,8 +471,11 @@ def test_a_scraper_not_yet_remembered_gets_in_during_a_flood(tmp_path: Path) -> 
         for _ in range(3):
             served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"), limit_s=5.0)
         # A reload that leaves the user's entry as it was keeps what was learnt: no bcrypt at all.
-        (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prom": rehashed},
-                                                          "http_server_config": {"headers": {"X-Frame-Options": "deny"}}}))  # fmt: skip
+        same_entry = {
+            "basic_auth_users": {"prom": rehashed},
+            "http_server_config": {"headers": {"X-Frame-Options": "deny"}},
+        }
+        (tmp_path / "web.yml").write_text(yaml.safe_dump(same_entry))
         wait_for(lambda: bool(watcher.current().headers), timeout=10, what="the second reload")
         assert watcher.remembered(watcher.current(), scraper["Authorization"]) is True
         served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"))

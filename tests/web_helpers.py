@@ -32,7 +32,8 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 @contextmanager
 def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int = 1,
-           watcher: Callable[[Path | None], WebConfigWatcher] = WebConfigWatcher, **kw: Any) -> Iterator[HttpServer]:  # fmt: skip
+           watcher: Callable[[Path | None], WebConfigWatcher] = WebConfigWatcher,
+           **kw: Any) -> Iterator[HttpServer]:  # fmt: skip
     """The real HTTP server in this process, serving a registry of ``series`` samples."""
     registry = CollectorRegistry()
     g = Gauge("gpu_up", "help", ["gpu", "uuid"], registry=registry)
