@@ -160,14 +160,15 @@ def test_malformed_requests_get_4xx_and_the_connection_closed(tmp_path: Path) ->
 
 
 def test_request_bound_answers_503_beyond_it(tmp_path: Path) -> None:
-    # Slow bcrypt checks (cost 12) keep requests in flight long enough to overlap.
+    # Slow bcrypt checks (cost 12) keep requests in flight long enough to overlap; eight hosts, since
+    # one host gets a single place in the password queue (429 beyond it).
     with server(tmp_path, {"basic_auth_users": {"prom": hashed("pw", rounds=12)}}, max_requests=2) as srv:
         results: list[int] = []
 
-        def one() -> None:
-            results.append(get(srv.port, headers=basic("prom", "wrong"))[0])
+        def one(host: int) -> None:
+            results.append(get(srv.port, headers=basic("prom", "wrong"), source=f"127.0.0.{10 + host}")[0])
 
-        threads = [threading.Thread(target=one) for _ in range(8)]
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
