@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import resource
+import secrets
 import select
 import socket
 import statistics
@@ -19,12 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
 import yaml
 
-from gpu_exporter.serving.web_config import WebConfigWatcher, load_web_config
+from gpu_exporter.serving.http_server import HttpServer, host_key
+from gpu_exporter.serving.web_config import WebConfig, WebConfigWatcher, load_web_config
 from tests.exporter_helpers import wait_for
 from tests.web_helpers import basic, client_context, get, hashed, open_fds, proc_status, server, tls_files
 
@@ -302,30 +305,187 @@ def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path: Path) -> No
     assert time.perf_counter() - t0 < 0.5 * known
 
 
-def test_a_password_flood_does_not_starve_an_authenticated_scraper(tmp_path: Path) -> None:
-    with server(tmp_path, {"basic_auth_users": {"prom": hashed("pw", rounds=10)}}) as srv:
-        assert get(srv.port, headers=basic("prom", "pw"))[0] == 200  # verified once, before the flood
-        stop = threading.Event()
-        flood_statuses: list[int] = []
+class CountingWatcher(WebConfigWatcher):
+    """The real watcher, checking with real bcrypt, that counts the checks running at once.  While
+    ``gate`` is clear each check waits before bcrypt, so that the places fill up deterministically."""
 
-        def flood(n: int) -> None:
-            while not stop.is_set():
-                with suppress(OSError, http.client.HTTPException):
-                    flood_statuses.append(get(srv.port, headers=basic("prom", f"guess{n}"), timeout=10)[0])
+    def __init__(self, path: Path | None, gate: threading.Event | None = None) -> None:
+        super().__init__(path)
+        self.gate = gate
+        self.running = self.most = self.checks = 0
+        self._count = threading.Lock()
 
-        threads = [threading.Thread(target=flood, args=(n,), daemon=True) for n in range(50)]
-        for t in threads:
-            t.start()
+    def check_basic_auth(self, config: WebConfig, header: str | None) -> bool:
+        with self._count:
+            self.running += 1
+            self.checks += 1
+            self.most = max(self.most, self.running)
         try:
-            time.sleep(1.0)
+            if self.gate is not None:
+                assert self.gate.wait(60)
+            return super().check_basic_auth(config, header)
+        finally:
+            with self._count:
+                self.running -= 1
+
+
+@contextmanager
+def counted_server(tmp_path: Path, web: dict[str, Any], gate: threading.Event | None = None,
+                   **kw: Any) -> Iterator[tuple[HttpServer, CountingWatcher]]:  # fmt: skip
+    made: list[CountingWatcher] = []
+
+    def watcher(path: Path | None) -> CountingWatcher:
+        made.append(CountingWatcher(path, gate))
+        return made[-1]
+
+    with server(tmp_path, web, watcher=watcher, **kw) as srv:
+        yield srv, made[0]
+
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def guess(port: int, source: str, answers: list[Answer]) -> threading.Thread:
+    """A client at ``source`` that tries one new random password: never remembered, always bcrypt."""
+
+    def run() -> None:
+        with suppress(OSError, http.client.HTTPException):
+            answers.append(get(port, headers=basic("prom", secrets.token_urlsafe(12)), timeout=60, source=source))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def too_many(answer: Answer) -> bool:
+    status, headers, body = answer
+    return status == 429 and headers.get("Retry-After") == "1" and b"too many password checks at once" in body
+
+
+def auth_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("basic-auth"))
+
+
+def test_beyond_one_check_and_four_waiting_a_password_gets_429_at_once(tmp_path: Path) -> None:
+    # Twenty hosts, one new password each, while the first check is held: one runs, four wait, and
+    # fifteen are told at once to come back, with Retry-After, before any check has finished.
+    gate = threading.Event()
+    with counted_server(tmp_path, {"basic_auth_users": {"prom": hashed("pw")}}, gate) as (srv, watcher):
+        answers: list[Answer] = []
+        clients = [guess(srv.port, f"127.0.0.{10 + i}", answers) for i in range(20)]
+        try:
+            wait_for(lambda: len(answers) >= 15, timeout=30, what="15 answers while the checks are held")
+            time.sleep(0.5)
+            assert len(answers) == 15 and all(too_many(a) for a in answers), [a[:2] for a in answers]
+            assert watcher.running == 1 and watcher.checks == 1 and auth_threads() <= 1
+        finally:
+            gate.set()
+            for c in clients:
+                c.join(60)
+        assert len(answers) == 20 and sorted(a[0] for a in answers[15:]) == [401] * 5
+        assert watcher.checks == 5 and watcher.most == 1
+
+
+def test_one_host_holds_one_place_in_the_password_queue(tmp_path: Path) -> None:
+    # Twenty new passwords from one host while its check is held: it keeps one place, the other
+    # nineteen get 429 at once, and a scraper on another host is let in and checked, not refused.
+    gate = threading.Event()
+    with counted_server(tmp_path, {"basic_auth_users": {"prom": hashed("pw")}}, gate) as (srv, watcher):
+        answers: list[Answer] = []
+        clients = [guess(srv.port, "127.0.0.1", answers) for _ in range(20)]
+        scraper: list[Answer] = []
+        t = threading.Thread(target=lambda: scraper.append(get(srv.port, headers=basic("prom", "pw"), timeout=60,
+                                                               source="127.0.0.2")), daemon=True)  # fmt: skip
+        try:
+            wait_for(lambda: len(answers) >= 19, timeout=30, what="19 answers while the check is held")
+            t.start()
+            time.sleep(0.5)
+            assert all(too_many(a) for a in answers) and len(answers) == 19, [a[:2] for a in answers]
+            assert scraper == [] and watcher.checks == 1  # the scraper waits for its turn
+        finally:
+            gate.set()
+            if t.is_alive():
+                t.join(60)
+            for c in clients:
+                c.join(60)
+        assert [a[0] for a in scraper] == [200] and watcher.checks == 2 and watcher.most == 1
+
+
+@contextmanager
+def password_flood(port: int, source: str = "127.0.0.1", clients: int = 50) -> Iterator[list[Answer]]:
+    """``clients`` connections from one host, each sending new random passwords as fast as it is
+    answered: every one costs a bcrypt check, none is remembered.  Yields their answers."""
+    stop = threading.Event()
+    answers: list[Answer] = []
+    seen_threads = [0]
+
+    def flood() -> None:
+        while not stop.is_set():
+            with suppress(OSError, http.client.HTTPException):
+                answers.append(get(port, headers=basic("prom", secrets.token_urlsafe(12)), timeout=10, source=source))
+            seen_threads[0] = max(seen_threads[0], auth_threads())
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: any(too_many(a) for a in answers), timeout=20, what="the flood to overflow the checks")
+        yield answers
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+    assert seen_threads[0] <= 1, f"{seen_threads[0]} bcrypt threads"
+
+
+def test_a_password_flood_does_not_starve_an_authenticated_scraper(tmp_path: Path) -> None:
+    with counted_server(tmp_path, {"basic_auth_users": {"prom": hashed("pw", rounds=8)}}) as (srv, watcher):
+        assert get(srv.port, headers=basic("prom", "pw"))[0] == 200  # verified once, before the flood
+        with password_flood(srv.port) as flood:
             latencies = []
             deadline = time.monotonic() + 6
             while time.monotonic() < deadline:
                 latencies.append(served_promptly(lambda: get(srv.port, headers=basic("prom", "pw"), timeout=5)))
                 time.sleep(0.2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(15)
-        assert flood_statuses and 200 not in flood_statuses
+        statuses = {a[0] for a in flood}
+        assert statuses == {401, 429}, statuses
+        assert all(too_many(a) for a in flood if a[0] == 429)
+        assert watcher.most == 1 and watcher.checks > 10, (watcher.most, watcher.checks)
         assert statistics.median(latencies) < 0.5, latencies
+
+
+def test_a_scraper_not_yet_remembered_gets_in_during_a_flood(tmp_path: Path) -> None:
+    # After a restart, or a new hash of the same password in the web config, the scraper's password
+    # must go through bcrypt again while another host floods the checks: it gets a place, not 429.
+    web = {"basic_auth_users": {"prom": hashed("pw", rounds=8)}}
+    with counted_server(tmp_path, web) as (srv, watcher), password_flood(srv.port):
+        scraper = basic("prom", "pw")
+        assert watcher.remembered(watcher.current(), scraper["Authorization"]) is None
+        for _ in range(3):
+            served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"), limit_s=5.0)
+        # Rotated: the same password, hashed again (a new salt), as htpasswd does.
+        rehashed = hashed("pw", rounds=8)
+        (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prom": rehashed}}))
+        wait_for(lambda: watcher.current().users["prom"] == rehashed.encode(), timeout=10, what="the reload")
+        assert watcher.remembered(watcher.current(), scraper["Authorization"]) is None
+        for _ in range(3):
+            served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"), limit_s=5.0)
+        # A reload that leaves the user's entry as it was keeps what was learnt: no bcrypt at all.
+        same_entry = {
+            "basic_auth_users": {"prom": rehashed},
+            "http_server_config": {"headers": {"X-Frame-Options": "deny"}},
+        }
+        (tmp_path / "web.yml").write_text(yaml.safe_dump(same_entry))
+        wait_for(lambda: bool(watcher.current().headers), timeout=10, what="the second reload")
+        assert watcher.remembered(watcher.current(), scraper["Authorization"]) is True
+        served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"))
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [("192.0.2.7", "192.0.2.7"), ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+     ("2001:db8:1:2:ffff:1:2:3", "2001:db8:1:2::/64"), ("::ffff:192.0.2.7", "192.0.2.7"),
+     ("fe80::1%eth0", "fe80::/64"), ("", "")],
+)  # fmt: skip
+def test_one_host_is_one_ipv4_address_or_one_ipv6_slash_64(address: str, key: str) -> None:
+    assert host_key(address) == key

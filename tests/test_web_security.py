@@ -160,14 +160,15 @@ def test_malformed_requests_get_4xx_and_the_connection_closed(tmp_path: Path) ->
 
 
 def test_request_bound_answers_503_beyond_it(tmp_path: Path) -> None:
-    # Slow bcrypt checks (cost 12) keep requests in flight long enough to overlap.
+    # Slow bcrypt checks (cost 12) keep requests in flight long enough to overlap; eight hosts, since
+    # one host gets a single place in the password queue (429 beyond it).
     with server(tmp_path, {"basic_auth_users": {"prom": hashed("pw", rounds=12)}}, max_requests=2) as srv:
         results: list[int] = []
 
-        def one() -> None:
-            results.append(get(srv.port, headers=basic("prom", "wrong"))[0])
+        def one(host: int) -> None:
+            results.append(get(srv.port, headers=basic("prom", "wrong"), source=f"127.0.0.{10 + host}")[0])
 
-        threads = [threading.Thread(target=one) for _ in range(8)]
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
@@ -298,3 +299,75 @@ def test_a_duplicate_content_length_is_refused(tmp_path: Path) -> None:
             answer = raw(srv.port, request)
             assert answer.startswith(b"HTTP/1.1 400"), answer[:80]
             assert b"Connection: close" in answer
+
+
+# -- duplicate and conflicting framing headers (request smuggling, auth confusion) ---------------------
+def refused(answer: bytes) -> None:
+    """A 400 that closes the connection, and nothing else: no 200, no second answer."""
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:120]
+    assert answer.count(b"HTTP/1.1 ") == 1, answer
+    assert b"Connection: close" in answer.split(b"\r\n\r\n", 1)[0]
+    assert b"gpu_up" not in answer
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [(b"Host: a", b"Host: a"), (b"Host: a", b"Host: b"), (b"Host: a", b"host: b"), (b"HOST: a", b"hOsT: a")],
+)
+def test_two_host_headers_are_refused(tmp_path: Path, hosts: tuple[bytes, bytes]) -> None:
+    with server(tmp_path) as srv:
+        assert raw(srv.port, b"GET /metrics HTTP/1.1\r\n" + hosts[0] + b"\r\nConnection: close\r\n\r\n").startswith(
+            b"HTTP/1.1 200 "
+        )  # one of them alone is served
+        refused(raw(srv.port, b"GET /metrics HTTP/1.1\r\n" + hosts[0] + b"\r\n" + hosts[1] + b"\r\n\r\n"))
+
+
+@pytest.mark.parametrize("names", [(b"Authorization", b"Authorization"), (b"authorization", b"AUTHORIZATION")])
+@pytest.mark.parametrize("valid_first", [True, False])
+def test_two_authorization_headers_are_refused_whichever_comes_first(
+    tmp_path: Path, names: tuple[bytes, bytes], valid_first: bool
+) -> None:
+    # The auth-confusion case: a proxy that checks one header and a server that reads the other.
+    good = basic("prom", "pw")["Authorization"].encode()
+    bad = basic("prom", "wrong")["Authorization"].encode()
+    values = (good, bad) if valid_first else (bad, good)
+    with server(tmp_path, {"basic_auth_users": {"prom": hashed("pw")}}) as srv:
+        assert raw(srv.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + names[0] + b": " + good
+                   + b"\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200 ")  # fmt: skip
+        for first, second in (values, (good, good)):
+            request = (b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + names[0] + b": " + first + b"\r\n" + names[1]
+                       + b": " + second + b"\r\n\r\n")  # fmt: skip
+            refused(raw(srv.port, request))
+
+
+@pytest.mark.parametrize(
+    "codings",
+    [(b"chunked", b"chunked"), (b"identity", b"chunked"), (b"chunked", b"identity")],
+)
+@pytest.mark.parametrize(
+    "names", [(b"Transfer-Encoding", b"Transfer-Encoding"), (b"Transfer-Encoding", b"transfer-ENCODING")]
+)
+def test_two_transfer_encoding_headers_are_refused(
+    tmp_path: Path, codings: tuple[bytes, bytes], names: tuple[bytes, bytes]
+) -> None:
+    # A smuggled request in the body must not be answered either.
+    smuggled = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = hex(len(smuggled))[2:].encode() + b"\r\n" + smuggled + b"\r\n0\r\n\r\n"
+    with server(tmp_path) as srv:
+        request = (b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + names[0] + b": " + codings[0] + b"\r\n" + names[1]
+                   + b": " + codings[1] + b"\r\n\r\n" + body)  # fmt: skip
+        refused(raw(srv.port, request))
+
+
+@pytest.mark.parametrize("te_first", [True, False])
+@pytest.mark.parametrize("length", [b"0", b"5", b"44"])
+def test_transfer_encoding_with_content_length_is_refused(tmp_path: Path, te_first: bool, length: bytes) -> None:
+    # CL.TE / TE.CL smuggling: one reader takes Content-Length, another the chunks, and the
+    # smuggled request after the zero chunk (or inside the declared length) is read as the next one.
+    te, cl = b"Transfer-Encoding: chunked\r\n", b"Content-Length: " + length + b"\r\n"
+    headers = te + cl if te_first else cl + te
+    request = (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n0\r\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    with server(tmp_path) as srv:
+        refused(raw(srv.port, request))

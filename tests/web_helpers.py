@@ -7,7 +7,7 @@ import http.client
 import os
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 
 @contextmanager
-def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int = 1, **kw: Any) -> Iterator[HttpServer]:
+def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int = 1,
+           watcher: Callable[[Path | None], WebConfigWatcher] = WebConfigWatcher,
+           **kw: Any) -> Iterator[HttpServer]:  # fmt: skip
     """The real HTTP server in this process, serving a registry of ``series`` samples."""
     registry = CollectorRegistry()
     g = Gauge("gpu_up", "help", ["gpu", "uuid"], registry=registry)
@@ -43,7 +45,7 @@ def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int 
     if web is not None:
         path = tmp_path / "web.yml"
         path.write_text(yaml.safe_dump(web))
-    srv = HttpServer("127.0.0.1:0", expo, lambda: (True, "ready"), web=WebConfigWatcher(path), **kw)
+    srv = HttpServer("127.0.0.1:0", expo, lambda: (True, "ready"), web=watcher(path), **kw)
     srv.start()
     try:
         yield srv
@@ -53,12 +55,15 @@ def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int 
 
 def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
         context: ssl.SSLContext | None = None, method: str = "GET",
-        timeout: float = 10) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+        timeout: float = 10, source: str | None = None) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
+    """One request; ``source``: the client's own address (any of 127.0.0.0/8 on Linux), to stand
+    for another host."""
     conn: http.client.HTTPConnection
+    bind = (source, 0) if source else None
     if context is not None:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=timeout)
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=timeout, source_address=bind)
     else:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=bind)
     try:
         conn.request(method, path, headers=headers or {})
         r = conn.getresponse()

@@ -127,6 +127,12 @@ class Connection(asyncio.BufferedProtocol):
         self._table.set_state(self, IDLE)
         self._table.opened(self)
 
+    @property
+    def peer(self) -> str:
+        """The client's IP address ("" if the socket has none, e.g. already gone)."""
+        name = self.raw.get_extra_info("peername") if self.raw is not None else None
+        return str(name[0]) if isinstance(name, tuple) and name else ""
+
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.transport is None:
             return self._table.scratch[:_FIRST_TLS_BYTES]

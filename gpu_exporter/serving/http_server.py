@@ -12,9 +12,12 @@ buffers); here, what a request can hold:
 - at most ``max_pipelined`` requests in a row are answered on a connection whose client sends the
   next before reading the last; then the connection is closed;
 - a password is checked by bcrypt in ``auth_workers`` threads with at most ``auth_queue`` checks
-  waiting; more get 429 at once.  After a failed check the worker rests as long as the check took,
-  so wrong passwords get at most half a core per worker.  Checks that succeeded are remembered, so
-  a scraper that got in once is not held up by a flood of wrong passwords;
+  waiting, and at most ``auth_per_host`` of them (running or waiting) from one client address (an
+  IPv6 /64); more get 429 at once.  After a failed check the worker rests as long as the check
+  took, so wrong passwords get at most half a core per worker.  Checks that succeeded are
+  remembered, so a scraper that got in once is not held up by a flood of wrong passwords; one whose
+  password is not remembered yet (after a restart, or a new hash in the web config) still finds a
+  place while the flood comes from fewer hosts than there are places;
 - only GET and HEAD are served;
 - anything malformed gets a short 4xx and the connection is closed, never a traceback.
 
@@ -28,6 +31,7 @@ import asyncio
 import contextlib
 import email.utils
 import html
+import ipaddress
 import socket
 import ssl
 import threading
@@ -108,6 +112,7 @@ class HttpServer:
         max_stalled_writers: int = 64,
         auth_workers: int = 1,
         auth_queue: int = 4,
+        auth_per_host: int = 1,
     ) -> None:
         host, port = parse_listen_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -128,6 +133,8 @@ class HttpServer:
         self._auth_pool = ThreadPoolExecutor(max_workers=auth_workers, thread_name_prefix="basic-auth")
         self._auth_pending = 0
         self._auth_limit = auth_workers + auth_queue
+        self._auth_per_host = auth_per_host
+        self._auth_by_host: dict[str, int] = {}
         self.connections = ConnectionTable(
             self._serve, max_connections=connection_cap(max_connections), limit=max_header_bytes,
             read_timeout=read_timeout, pressure_idle_timeout=pressure_idle_timeout, max_handshakes=max_handshakes,
@@ -238,7 +245,7 @@ class HttpServer:
         self._active_requests += 1
         try:
             if config.auth_required and path not in UNAUTHENTICATED_PATHS:
-                ok = await self._authenticate(config, headers.get("authorization"))
+                ok = await self._authenticate(config, headers.get("authorization"), host_key(conn.peer))
                 if ok is None:
                     answer = (429, b"too many password checks at once; retry later\n", "text/plain; charset=utf-8",
                               {"Retry-After": "1"})  # fmt: skip
@@ -259,19 +266,27 @@ class HttpServer:
                          body=method == "GET")  # fmt: skip
         return keep
 
-    async def _authenticate(self, config: WebConfig, header: str | None) -> bool | None:
-        """Whether the credentials are right; None when too many checks are already waiting."""
+    async def _authenticate(self, config: WebConfig, header: str | None, host: str) -> bool | None:
+        """Whether the credentials are right; None when too many checks are already waiting, or
+        this host already has its share of them."""
         known = self._web.remembered(config, header)
         if known is not None:
             return known
-        if self._auth_pending >= self._auth_limit:
+        held = self._auth_by_host.get(host, 0)
+        # Without the share per host, one host's flood would take every place, and a scraper whose
+        # password is not remembered yet would get nothing but 429 while it lasts.
+        if self._auth_pending >= self._auth_limit or held >= self._auth_per_host:
             return None
         self._auth_pending += 1
+        self._auth_by_host[host] = held + 1
         try:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._auth_pool, self._check_paced, config, header)
         finally:
             self._auth_pending -= 1
+            left = self._auth_by_host.pop(host) - 1
+            if left:
+                self._auth_by_host[host] = left
 
     def _check_paced(self, config: WebConfig, header: str | None) -> bool:
         """A bcrypt check; a failed one then rests as long as it took, so that a flood of wrong
@@ -284,6 +299,8 @@ class HttpServer:
 
     async def _discard_body(self, conn: Connection, headers: dict[str, str]) -> None:
         if "transfer-encoding" in headers:
+            if "content-length" in headers:  # two framings: the classic smuggling (RFC 9112, 6.3)
+                raise _BadRequest(400, "both transfer-encoding and content-length")
             raise _BadRequest(501, "transfer-encoding is not supported")
         length = headers.get("content-length")
         if length is None:
@@ -329,6 +346,20 @@ class HttpServer:
             lines.append(f"{k}: {v}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         await conn.send(head, payload if body else b"", self._write_timeout)
+
+
+def host_key(address: str) -> str:
+    """What counts as one client host: an IPv4 address, or an IPv6 /64 (a host is commonly given a
+    whole /64 and can pick any address in it).  IPv4-mapped IPv6 addresses count as IPv4."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
