@@ -197,7 +197,9 @@ def test_a_render_after_a_poll_replaces_both_the_plain_and_the_gzipped_page() ->
     assert b"gpu_v 3\n" in expo.body()
 
 
-SAMPLES_OF_A_TYPE = {  # the samples each type has, as prometheus_client's own metrics write them
+SAMPLES_OF_A_TYPE: dict[
+    str, list[tuple[str, dict[str, str]]]
+] = {  # the samples each type has, as prometheus_client's own metrics write them
     "counter": [("_total", {})],
     "histogram": [("_bucket", {"le": "+Inf"}), ("_count", {}), ("_sum", {})],
     "gaugehistogram": [("_bucket", {"le": "+Inf"}), ("_gcount", {}), ("_gsum", {})],
