@@ -100,9 +100,11 @@ TARGETS: dict[str, Target] = {
                 "tests/test_webhook_delivery.py",
                 "tests/test_webhook_routing.py",
                 "tests/test_alert_payloads.py",
+                "tests/test_delivery_hostile.py",
             )
         ),
         daemon_tests=(
+            "tests/test_delivery_hostile.py",  # its exit test runs a receiver in a subprocess
             "tests/test_alert_delivery.py::test_alertmanager_outage_loses_nothing",
             "tests/test_alert_delivery.py::test_webhook_gets_alertmanager_payload_v4",
             "tests/test_alert_delivery.py::test_receivers_from_flags",
