@@ -544,9 +544,12 @@ def write_summary(results: Path, fresh: list[dict[str, Any]]) -> list[dict[str, 
         detected = j["killed_in_process"] + j["killed_by_daemon_tests"] + j["timeout"]
         alive = j["survived"] + j["no_tests"]
         minutes = sum(j.get("seconds", {}).values()) / 60
+        score = detected / j["scored"] if j["scored"] else 1.0  # the counts, not the rounded JSON figure
+        counted = j["scored"] - j["explained"]
+        aside = detected / counted if counted else 1.0
         rows.append(f"| [{j['module']}]({j['module']}.md) `{j['path']}` | {j['mutants']} | {j['text_only_excluded']} | "
-                    f"{detected} | {j['killed_by_daemon_tests']} | {alive} ({j['explained']}) | {j['score']:.1%} | "
-                    f"{j['score_explained_aside']:.1%} | {minutes:.0f} |")  # fmt: skip
+                    f"{detected} | {j['killed_by_daemon_tests']} | {alive} ({j['explained']}) | {score:.1%} | "
+                    f"{aside:.1%} | {minutes:.0f} |")  # fmt: skip
     text = "\n".join(["# Mutation score per module", "",
                       "Written by `quality/mutation.py` (mutmut 3.8.1); see quality/README.md for what the columns "
                       "count.  *minutes*: what mutmut's pass and the daemon pass took on the 2-core machine, added "

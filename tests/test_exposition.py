@@ -174,6 +174,7 @@ def test_a_page_rendered_at_a_poll_is_served_without_collecting_again() -> None:
     expo = Exposition(registry)
     base = counter.collects
     expo.render()  # the poll renders ahead of the scrapes
+    assert counter.collects == base + 1, "the poll did the rendering: the next scrape waits on nothing"
     for _ in range(3):
         assert b"gpu_up" in expo.body() and b"gpu_up" in gzip.decompress(expo.body(gzipped=True))
     assert counter.collects == base + 1
