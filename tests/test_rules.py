@@ -287,7 +287,9 @@ def test_sample_window_mean_and_trim() -> None:
 
 def test_sample_window_means_are_those_of_a_plain_scan() -> None:
     """The running exact sums give what scanning every sample with math.fsum gave, also when the
-    wall clock steps back, for NaN and for values too small for the integer form."""
+    wall clock steps back, for NaN and for values too small for the integer form; what a window
+    covers (how many samples, how far back: the "over the last ..." of a description) is the scan's
+    too, also after a gap with nothing reported."""
 
     class Scan:
         def __init__(self, horizon: float) -> None:
@@ -295,8 +297,15 @@ def test_sample_window_means_are_those_of_a_plain_scan() -> None:
 
         def add(self, t: float, v: float) -> None:
             self.samples.append((t, v))
-            while self.samples and self.samples[0][0] < t - self.horizon:
+            self.trim(t)
+
+        def trim(self, now: float) -> None:
+            while self.samples and self.samples[0][0] < now - self.horizon:
                 self.samples.popleft()
+
+        def span(self, now: float, window: float) -> tuple[int, float]:
+            times = [t for t, _ in self.samples if now - window < t <= now]
+            return len(times), (now - min(times) if times else 0.0)
 
         def mean(self, now: float, window: float) -> float | None:
             vals = [v for t, v in self.samples if now - window < t <= now]
@@ -313,12 +322,17 @@ def test_sample_window_means_are_those_of_a_plain_scan() -> None:
                             math.nan if rng.random() < 0.01 else 0.3])  # fmt: skip
             w.add(t, v)
             ref.add(t, v)
+            if rng.random() < 0.01:  # a gap: nothing reported for longer than the horizon
+                t += 2 * horizon
+                w.trim(t)
+                ref.trim(t)
             assert len(w) == len(ref.samples)
             if rng.random() < 0.1:
                 for window in (1, 5, 30, 600, 1e9):
                     now = t + rng.choice([0, 0, 2, -1])
                     got, want = w.mean(now, window), ref.mean(now, window)
                     assert got == want or (got != got and want != want), (now, window, got, want)
+                    assert w.span(now, window) == ref.span(now, window), (now, window)
 
 
 def test_increase_tracker() -> None:
