@@ -133,7 +133,13 @@ TARGETS: dict[str, Target] = {
     # The books (issue 14): a GPU's state, the hours and money in each, memory peaks, prices.
     "states": Target(
         "gpu_exporter/accounting/states.py",
-        tests=(ACCOUNTING_TESTS := ("tests/test_accounting.py", "tests/test_accounting_daemon.py")),
+        tests=(
+            ACCOUNTING_TESTS := (
+                "tests/test_accounting.py",
+                "tests/test_accounting_edges.py",
+                "tests/test_accounting_daemon.py",
+            )
+        ),
         daemon_tests=("tests/test_cost_once.py",),
     ),
     "ledger": Target(
