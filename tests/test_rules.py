@@ -160,6 +160,19 @@ def test_scenario_yields_exactly_the_expected_alerts(
     assert fired(sent) == expected
 
 
+@pytest.mark.parametrize(
+    "static",
+    [replace(STATIC, pcie_max_width=None), replace(STATIC, pcie_max_generation=None)],
+    ids=["generation only", "width only"],
+)
+def test_a_card_that_reports_only_half_its_pcie_capability_is_not_judged_degraded(static: GpuStatic) -> None:
+    """NVML answers the maximum link generation and width by separate calls, and a card may support
+    only one: with half the capability unknown the rule says nothing, and the other rules still run."""
+    trace = [gpu(static=static, pcie_link_generation=1, pcie_link_width=8, memory_used_bytes=79 * GIB)] * minutes(10)
+    _, sent = run(trace)
+    assert fired(sent) == {"GpuMemoryHigh/warning", "GpuMemoryHigh/critical"}
+
+
 def test_idle_card_with_gpu_idle_enabled() -> None:
     _, sent = run(trace_idle_card(), fast_rules(GpuIdle={"enabled": True}))
     assert fired(sent) == {"GpuIdle/info"}

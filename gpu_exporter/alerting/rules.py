@@ -93,8 +93,7 @@ def activity_mean(h: GpuHistory, now: float, window: float, signal: str) -> tupl
     ``auto`` takes SM activity where the window holds any (a GPU with GPM), else GPU-Util: the
     same choice as the PromQL ``avg_over_time(gpu_sm_active_ratio[w]) or avg_over_time(gpu_utilization_ratio[w])``.
     """
-    sm = h.sm_active.mean(now, window) if signal != "gpu_utilization" else None
-    return select_activity(signal, sm, h.utilization.mean(now, window))
+    return select_activity(signal, h.sm_active.mean(now, window), h.utilization.mean(now, window))
 
 
 def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
