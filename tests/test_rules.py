@@ -348,6 +348,16 @@ def test_sample_window_means_are_those_of_a_plain_scan() -> None:
                     assert w.span(now, window) == ref.span(now, window), (now, window)
 
 
+def test_a_gpu_idle_at_zero_for_hours_averages_exactly_zero() -> None:
+    """Hours of 0% (the window compacted many times on the way) average 0%, not a hair above it."""
+    w = SampleWindow(horizon=60)
+    for t in range(4 * 3600):
+        w.add(float(t), 0.0)
+        if t % 600 == 0:
+            assert w.mean(float(t), 60) == 0.0, t
+    assert w.mean(4 * 3600 - 1, 60) == 0.0 and w.span(4 * 3600 - 1, 60) == (60, 59.0)
+
+
 def test_increase_tracker() -> None:
     t = IncreaseTracker()
     t.observe(0, 5)
