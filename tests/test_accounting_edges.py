@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.accounting.peaks import WindowMax
-from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, IDLE, holders
+from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, holders
 from gpu_exporter.serving.accounting_metrics import accounting_families
-from gpu_exporter.snapshot import Activity, GpuReading
+from gpu_exporter.snapshot import Activity, GpuReading, PodRef
 from tests.test_accounting import GIB, T0, THRESHOLD, account, gpu, nonzero, prices, proc, seconds, snap
 
 
@@ -81,3 +81,15 @@ def test_the_peak_window_is_open_at_its_old_end_like_max_over_time() -> None:
     assert w.max(9.0) == 50.0
     assert w.max(10.0) == 20.0
     assert w.max(100.0) is None  # every sample has left the window
+
+
+def test_a_gpu_that_stops_answering_is_nobodys_though_the_kubelet_still_assigns_it() -> None:
+    """The kubelet keeps a dead GPU assigned to its pod; the books show it down and held by nobody,
+    so its per-GPU series do not carry the pod's labels while it is lost."""
+    a = PodRef("ml", "train-a", "main")
+    acc = Accountant(threshold=THRESHOLD, pod_mode=True)
+    acc.observe(snap(T0, gpu(pods=(a,))))
+    assert account(acc.view()).pods == (a,)
+    acc.observe(snap(T0 + 10, GpuReading(index=0, uuid="GPU-0", up=False, error="lost", pods=(a,))))
+    assert account(acc.view()).pods == ()
+    assert nonzero(acc.view()) == {("", DOWN): 10}
