@@ -127,7 +127,13 @@ TARGETS: dict[str, Target] = {
     # What every consumer reads of a reading: memory held, the activity signal, PCIe link speed.
     "snapshot": Target(
         "gpu_exporter/snapshot.py",
-        tests=(*RULE_TESTS, "tests/test_accounting.py", "tests/test_attribution.py", "tests/test_gpm_pairs.py"),
+        tests=(
+            *RULE_TESTS,
+            "tests/test_snapshot_values.py",
+            "tests/test_accounting.py",
+            "tests/test_attribution.py",
+            "tests/test_gpm_pairs.py",
+        ),
         daemon_tests=("tests/test_exporter_once.py", "tests/test_cost_once.py"),
     ),
     # The books (issue 14): a GPU's state, the hours and money in each, memory peaks, prices.
