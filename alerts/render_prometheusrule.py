@@ -1,5 +1,6 @@
 """Renders deploy/k8s/base/prometheusrule.yaml (a prometheus-operator PrometheusRule) from the plain
-rule file, so the two forms cannot drift: tests/test_alert_rules.py fails if the output differs.
+rule files, the alerts and the cost recording rules, each group as it is there, so the two forms
+cannot drift: tests/test_alert_rules.py fails if the output differs.
 
     .venv/bin/python alerts/render_prometheusrule.py          # rewrite the file
     .venv/bin/python alerts/render_prometheusrule.py --check  # exit 1 if it is out of date
@@ -14,9 +15,13 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-RULES = ROOT / "alerts" / "gpu-exporter.rules.yml"
+# Every group of these files, in this order: the alerts, then what the GPUs cost and waste.
+RULE_FILES = (ROOT / "alerts" / "gpu-exporter.rules.yml", ROOT / "alerts" / "gpu-cost.rules.yml")
 OUTPUT = ROOT / "deploy" / "k8s" / "base" / "prometheusrule.yaml"
-HEADER = "# Generated from alerts/gpu-exporter.rules.yml by alerts/render_prometheusrule.py; do not edit.\n"
+HEADER = (
+    f"# Generated from {' and '.join(f'alerts/{f.name}' for f in RULE_FILES)} by alerts/render_prometheusrule.py; "
+    "do not edit.\n"
+)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -31,8 +36,17 @@ def _str(dumper: yaml.SafeDumper, s: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+def groups() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in RULE_FILES:
+        out += yaml.safe_load(path.read_text())["groups"]
+    names = [g["name"] for g in out]
+    if len(set(names)) != len(names):  # Prometheus refuses a rule file with a group name twice
+        raise SystemExit(f"group names repeat across {', '.join(str(f) for f in RULE_FILES)}: {names}")
+    return out
+
+
 def render() -> str:
-    groups: dict[str, Any] = yaml.safe_load(RULES.read_text())
     doc = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -40,7 +54,7 @@ def render() -> str:
             "name": "gpu-exporter",
             "labels": {"app.kubernetes.io/name": "gpu-exporter", "app.kubernetes.io/component": "alert-rules"},
         },
-        "spec": {"groups": groups["groups"]},
+        "spec": {"groups": groups()},
     }
     return HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120)
 

@@ -43,16 +43,32 @@ d = Daemon(settings, NvmlBackend)
 for _ in range(3):
     d.poll_once()  # discovery, static facts, first process names, GPM's first sample
 prof = cProfile.Profile() if profile_to else None
-cpus, walls = [], []
+cpus, walls, pub = [], [], []
 for _ in range(polls):
     if prof: prof.enable()
     c0, w0 = time.process_time(), time.perf_counter()
-    d.poll_once()
-    c1, w1 = time.process_time(), time.perf_counter()
+    s = d.poller.poll()
+    w1, cp = time.perf_counter(), time.process_time()
+    d.publish(s)
+    c1 = time.process_time()
     if prof: prof.disable()
     cpus.append(c1 - c0)
     walls.append(w1 - w0)
+    pub.append(c1 - cp)
     time.sleep(0.02)
+# Where a poll's CPU goes: the same reads made one after another in this thread, so what is left
+# of the poll is the hand-over to and from the per-GPU reader threads.
+one_thread = []
+try:
+    be, statics = d.poller._backend, [v[0] for _, v in sorted(d.poller._statics.items())]
+    for _ in range(polls):
+        c0 = time.process_time()
+        for st in statics:
+            be.read_gpu(st)
+        one_thread.append(time.process_time() - c0)
+        time.sleep(0.02)
+except AttributeError:  # an older tree without these internals
+    pass
 snap = d.latest
 assert snap is not None and all(g.up for g in snap.gpus), "a GPU is down"
 if prof:
@@ -66,6 +82,7 @@ with open("/proc/self/status") as f:
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1]) / 1024
 print(json.dumps({"gpus": len(snap.gpus), "cpu_ms": [c * 1000 for c in cpus], "wall_ms": [w * 1000 for w in walls],
+                  "publish_ms": [c * 1000 for c in pub], "reads_one_thread_ms": [c * 1000 for c in one_thread],
                   "rss_mib": rss, "modules": len(sys.modules)}), flush=True)
 """
 
@@ -126,7 +143,8 @@ def measure(children: Children, tree: Path, scn: Scenario, polls: int, profile_t
 def compare(trees: dict[str, Path], *, gpus: int, processes: int, mig: int, polls: int, rounds: int,
             extra: dict[str, Any], profile: Path | None) -> dict[str, Any]:  # fmt: skip
     names = list(trees)
-    samples: dict[str, dict[str, list[float]]] = {n: {"cpu_ms": [], "wall_ms": [], "rss_mib": []} for n in names}
+    keys = ("cpu_ms", "wall_ms", "publish_ms", "reads_one_thread_ms")
+    samples: dict[str, dict[str, list[float]]] = {n: {k: [] for k in (*keys, "rss_mib")} for n in names}
     with tempfile.TemporaryDirectory(prefix="poll-cost-") as tmp, Children() as children:
         pids = [children.start(["sleep", "3600"]).pid for _ in range(processes)]
         scn = build(Path(tmp) / "cost.scn", gpus, processes, pids, mig)
@@ -135,14 +153,14 @@ def compare(trees: dict[str, Path], *, gpus: int, processes: int, mig: int, poll
             for n in order:
                 prof = str(profile) if profile is not None and n == names[0] and r == 0 else ""
                 res = measure(children, trees[n], scn, polls, prof, extra)
-                samples[n]["cpu_ms"] += res["cpu_ms"]
-                samples[n]["wall_ms"] += res["wall_ms"]
+                for k in keys:
+                    samples[n][k] += res.get(k, [])
                 samples[n]["rss_mib"].append(res["rss_mib"])
                 log(f"poll_cost: {n} round {r}: cpu {statistics.median(res['cpu_ms']):.2f} ms/poll, "
                     f"rss {res['rss_mib']:.1f} MiB")  # fmt: skip
     out: dict[str, Any] = {"gpus": gpus, "processes": processes, "mig": mig, "polls": polls, "rounds": rounds}
     for n in names:
-        out[n] = {k: statistics.median(v) for k, v in samples[n].items()}
+        out[n] = {k: statistics.median(v) for k, v in samples[n].items() if v}
         out[n]["cpu_p90_ms"] = sorted(samples[n]["cpu_ms"])[int(0.9 * len(samples[n]["cpu_ms"]))]
     if len(names) == 2:
         out["cpu_ratio"] = out[names[0]]["cpu_ms"] / out[names[1]]["cpu_ms"]
@@ -268,9 +286,19 @@ def markdown(res: dict[str, Any], svg: str | None) -> list[str]:
         t = sbs[name]
         lines.append(f"| {name} | {t['cpu_ms']:.2f} ms ({t['cpu_p90_ms']:.2f}) | {t['wall_ms']:.1f} ms | "
                      f"{t['rss_mib']:.1f} MiB |")  # fmt: skip
+    t = sbs["this tree"]
     lines += [
         "",
         f"Ratio this tree / {a}: {sbs['cpu_ratio']:.2f}x.",
+        "",
+        "Where this tree's CPU per poll goes (medians of the same rounds):",
+        "",
+        "| part | CPU |",
+        "|---|---|",
+        f"| reading the GPUs: the same reads one after another in one thread | {t['reads_one_thread_ms']:.2f} ms |",
+        f"| handing the reads to the per-GPU reader threads and back (poll minus the above) | "
+        f"{t['cpu_ms'] - t['publish_ms'] - t['reads_one_thread_ms']:.2f} ms |",
+        f"| publishing: rules, books, self-metrics | {t['publish_ms']:.2f} ms |",
         "",
         "| GPUs | processes | MIG per GPU | CPU per poll | per GPU | poll wall |",
         "|---|---|---|---|---|---|",

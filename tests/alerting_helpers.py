@@ -24,6 +24,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    at: float = field(default_factory=time.time)  # when it arrived
 
 
 @dataclass

@@ -23,6 +23,7 @@ from tests.prometheus_helpers import prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-exporter.rules.yml"
+COST_RULES = ROOT / "alerts" / "gpu-cost.rules.yml"
 UNIT_TESTS = ROOT / "alerts" / "tests" / "gpu-exporter.rules.test.yml"
 CRD = ROOT / "deploy" / "k8s" / "base" / "prometheusrule.yaml"
 GIB = 1024**3
@@ -59,13 +60,18 @@ def test_every_rule_has_unit_tests_that_fire_and_resolve() -> None:
     assert fired == names and quiet >= names - {"GpuExporterNvmlDown", "GpuExporterPollStale", "GpuExporterNvmlErrors"}
 
 
-def test_prometheusrule_is_generated_from_the_rule_file(tmp_path: Path) -> None:
+def test_prometheusrule_is_generated_from_the_rule_files(tmp_path: Path) -> None:
+    """The PrometheusRule ships every group of both rule files, the cost recording rules included,
+    as they are there: a cluster gets the alerts and the cost and waste figures from one apply."""
     out = subprocess.run([sys.executable, str(ROOT / "alerts" / "render_prometheusrule.py"), "--check"],
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0, out.stderr
     crd = yaml.safe_load(CRD.read_text())
     assert crd["apiVersion"] == "monitoring.coreos.com/v1" and crd["kind"] == "PrometheusRule"
-    assert crd["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    alerts, cost = (yaml.safe_load(f.read_text())["groups"] for f in (RULES, COST_RULES))
+    assert crd["spec"]["groups"] == alerts + cost
+    shipped = {r.get("record") for g in crd["spec"]["groups"] for r in g["rules"]}
+    assert {"node:gpu_wasted_cost:increase1h", "namespace:gpu_wasted_hours:increase1d"} <= shipped
     spec = tmp_path / "spec.yml"
     spec.write_text(yaml.safe_dump(crd["spec"]))
     checked = promtool("check", "rules", str(spec))

@@ -606,7 +606,7 @@ def test_prometheusrule_structure(base: list[Doc]) -> None:
         for r in group["rules"]:
             assert isinstance(r["expr"], str) and r["expr"].strip()
             if "record" in r:
-                assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z_]+", r["record"]), r["record"]
+                assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", r["record"]), r["record"]
                 continue
             assert isinstance(r["alert"], str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", r["alert"])
             assert r["labels"]["severity"] in {"info", "warning", "critical"}

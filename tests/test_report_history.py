@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.prometheus_helpers import Prometheus, prometheus
 
+ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
 STEP = 60
 HOUR = 3600
@@ -210,6 +212,24 @@ def test_a_selector_narrows_the_week_to_one_node(week: Prometheus) -> None:
     doc = json.loads(out.stdout)
     assert {g["node"] for g in doc["gpus"]} == {"n2"}
     assert rounded(doc["totals"]["cost"]) == 285.6 and rounded(doc["totals"]["wasted_cost"]) == 150.4
+
+
+def test_a_users_catalogue_is_what_the_report_suggests_from(week: Prometheus, tmp_path: Path) -> None:
+    """--catalogue FILE: the shipped cards, and a cheaper one the user buys, which is suggested."""
+    cards = yaml.safe_load((ROOT / "gpu_exporter" / "report" / "catalogue.yaml").read_text())
+    cards["cards"].append({"name": "Budget 16GB", "match": ["Budget 16GB"], "memory_gib": 16, "fp16_tflops": 200,
+                           "fp32_tflops": 25, "memory_bandwidth_gbps": 600, "price_per_hour": 0.20})  # fmt: skip
+    path = tmp_path / "cards.yaml"
+    path.write_text(yaml.safe_dump(cards))
+    out = report(week, "--format", "json", "--catalogue", str(path))
+    assert out.returncode == 0, out.stderr
+    recs = {(r["node"], r["gpu"]): r for r in json.loads(out.stdout)["recommendations"]}
+    # n1 GPU 0 needs 13.44 GiB and 172.8 TFLOPS: the Budget 16GB holds both at 0.20 USD/h, below the RTX
+    # 3090's 0.30 x 1.217. (3.00 - 0.20) x 168 h x 730 / 168 h = 2,044 USD/month; 16 / 11.2 = 43% headroom.
+    train = recs[("n1", "0")]
+    assert (train["suggested"], train["saving_per_month"], train["slowdown"]) == ("Budget 16GB", 2044.0, 1.0)
+    assert "a Budget 16GB would hold it with 43% headroom; estimated saving $2,044/month" in train["reason"]
+    assert recs[("n2", "0")]["suggested"] == "release"
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -34,7 +34,7 @@ class _Card(BaseModel):
     fp16_tflops: Positive
     fp32_tflops: Positive
     memory_bandwidth_gbps: Positive
-    price_per_hour: float | None = Field(None, ge=0)
+    price_per_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
     mig: list[_Mig] = Field(default_factory=list)
 
     @field_validator("match")
@@ -86,18 +86,47 @@ class Catalogue:
         return None
 
 
+def _problem(err: Any, raw: Any) -> str:
+    """One validation error as the file's author would find it: 'cards[2] (L4): memory_gib: ...'."""
+    loc: list[str | int] = list(err["loc"])
+    where = ""
+    if len(loc) >= 2 and loc[0] == "cards" and isinstance(loc[1], int):
+        card = raw["cards"][loc[1]] if isinstance(raw.get("cards"), list) and len(raw["cards"]) > loc[1] else None
+        name = card.get("name") if isinstance(card, dict) else None
+        where = f"cards[{loc[1]}]" + (f" ({name})" if isinstance(name, str) and name else "")
+        loc = loc[2:]
+    key = ".".join(f"[{p}]" if isinstance(p, int) else p for p in loc).replace(".[", "[")
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        msg = "missing"
+    elif err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in err and not isinstance(err["input"], dict | list):
+        msg = f"{msg} (got {err['input']!r})"
+    return ": ".join(x for x in (where, key, msg) if x)
+
+
 def load_catalogue(path: Path | None = None) -> Catalogue:
+    where = path or "catalogue.yaml (shipped)"
     try:
         text = path.read_text() if path else files(__package__).joinpath("catalogue.yaml").read_text()
-    except OSError as e:
-        raise CatalogueError(f"cannot read the catalogue {path}: {e.strerror or e}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CatalogueError(f"cannot read the catalogue {path}: {reason}") from e
     try:
-        doc = _File.model_validate(yaml.safe_load(text))
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise CatalogueError(f"catalogue {path} is not valid YAML: {e}") from e
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise CatalogueError(f"catalogue {where} is not valid YAML{at}: {problem}") from e
+    if not isinstance(raw, dict):
+        got = "nothing" if raw is None else f"a {type(raw).__name__}"
+        raise CatalogueError(f"catalogue {where}: expected a mapping with 'currency' and 'cards', got {got}")
+    try:
+        doc = _File.model_validate(raw)
     except ValidationError as e:
-        where = path or "catalogue.yaml"
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(_problem(err, raw) for err in e.errors())
         raise CatalogueError(f"catalogue {where}: {problems}") from e
     offers: list[Offer] = []
     for c in doc.cards:

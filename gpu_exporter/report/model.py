@@ -156,9 +156,12 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
     for labels, v in results["memory_peak"]:
         gpu(labels).memory_peak = v
     for labels, v in results["activity"]:
-        g = gpu(labels)
-        g.activity = v
-        g.signal = "SM activity" if labels.get("signal") == "sm_active" else "GPU utilization"
+        # A GPU whose SM activity is missing at some steps (the first poll has no GPM pair yet) has a
+        # series of each signal, in no set order: SM activity, as GpuUnderutilized uses, wins.
+        g, sm = gpu(labels), labels.get("signal") == "sm_active"
+        if sm or g.signal != "SM activity":
+            g.activity = v
+            g.signal = "SM activity" if sm else "GPU utilization"
 
     # What the fleet pays per card of the catalogue: the price of the hours it was billed.
     paid: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])

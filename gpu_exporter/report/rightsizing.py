@@ -6,7 +6,8 @@
 3. Each candidate's cost is its price x the hours x the slowdown, where the slowdown is the compute
    needed / the candidate's TFLOPS, at least 1: a faster card is not assumed to speed the job up
    (it was not using the card it has), a slower one makes it take longer, and pay for longer.
-4. The cheapest candidate is suggested where it saves at least the threshold.
+4. The cheapest candidate is suggested where it saves at least ``min_saving_ratio`` (20%) of what the
+   GPU's held hours cost and at least ``min_saving`` a month; a saving exactly at a threshold counts.
 
 Memory that frameworks reserve up front (TensorFlow, JAX) makes a job look as big as the card: where
 the peak is the whole card, no card is suggested and a note says why.
@@ -119,7 +120,7 @@ class Sizer:
             return None
         need_memory = u.memory_peak_bytes * HEADROOM
         need_tflops = u.activity_p95 * current.fp16_tflops
-        best: tuple[float, float, Offer, float, float] | None = None
+        best: tuple[tuple[float, float, float], Offer, float, float] | None = None
         for offer in self.catalogue.offers:
             if (offer.card == current.name and not offer.is_mig) or offer.memory_bytes < need_memory:
                 continue
@@ -127,12 +128,17 @@ class Sizer:
             if price is None:
                 continue
             slowdown = max(1.0, need_tflops / offer.fp16_tflops)
-            key = (price * slowdown, offer.memory_bytes, offer, price, slowdown)
-            if best is None or key[:2] < best[:2]:
-                best = key
+            # The cheapest for the work; at the same cost the one that slows the job least, then the
+            # smallest. A card's MIG slices that are all too slow for a job cost it the same (fewer
+            # slices for longer): of those, the one that takes least long. Rounded, so that float
+            # noise does not decide a tie.
+            rank = (round(price * slowdown, 9), round(slowdown, 9), offer.memory_bytes)
+            if best is None or rank < best[0]:
+                best = (rank, offer, price, slowdown)
         if best is None:
             return None
-        cost_per_hour, _, offer, price, slowdown = best
+        _, offer, price, slowdown = best
+        cost_per_hour = price * slowdown
         saving = (price_now - cost_per_hour) * u.held_hours * per_month
         if not self._worth(saving, price_now * u.held_hours * per_month):
             return None
@@ -146,4 +152,7 @@ class Sizer:
         return Advice(offer.name, reason, saving, price, slowdown)
 
     def _worth(self, saving: float, cost_now: float) -> bool:
-        return saving > 0 and saving >= self.min_saving and saving >= self.min_saving_ratio * cost_now
+        """At least both thresholds, a saving exactly at one included: the figures come from float
+        arithmetic, so "exactly" is within a billionth, or 20% of 3.00 vs 2.40 would fall either side."""
+        slack = 1 - 1e-9
+        return saving > 0 and saving >= self.min_saving * slack and saving >= self.min_saving_ratio * cost_now * slack

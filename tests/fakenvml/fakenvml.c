@@ -830,6 +830,26 @@ static void carry_counters(struct dev *nd, const struct dev *od, double now)
         carry_counters(nd->mig[m], od->mig[m], now);
 }
 
+/* A real card's byte counters move at the rate its throughput sample reports: where a scenario
+ * gives pcie.tx_kbps / rx_kbps but no pcie.tx_bytes / rx_bytes, the counters are derived from it
+ * (KB = 1024 bytes, as the exporter reads it), and carried across reloads like any counter. */
+static void derive_pcie_counters(struct dev *d, double now)
+{
+    static const int pairs[2][2] = {{K_PCIE_TX_KBPS, K_PCIE_TX_BYTES}, {K_PCIE_RX_KBPS, K_PCIE_RX_BYTES}};
+    if (!d)
+        return;
+    for (int i = 0; i < 2; i++) {
+        const struct slot *kbps = &d->s[pairs[i][0]];
+        struct slot *bytes = &d->s[pairs[i][1]];
+        if (bytes->set || !kbps->set || kbps->err)
+            continue;
+        bytes->set = 1;
+        bytes->base = 0;
+        bytes->rate = slot_value(kbps, now) * 1024.0L;
+        bytes->t0 = now;
+    }
+}
+
 static char *read_file(const char *path, struct stat *st)
 {
     FILE *f = fopen(path, "rb");
@@ -908,6 +928,8 @@ static int load(int first, char *msg, size_t msglen)
         }
         return -1;
     }
+    for (int i = 0; i < MAX_GPUS; i++)
+        derive_pcie_counters(st->gpu[i], now);
     if (cur) {
         for (int i = 0; i < MAX_GPUS; i++)
             carry_counters(st->gpu[i], cur->gpu[i], now);

@@ -49,8 +49,8 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
         tx_kbps=1_800_000,
         rx_kbps=3_200_000,
         replay=0,
-        tx_bytes=Counter(0, 1_800_000 * 1000),
-        rx_bytes=Counter(0, 3_200_000 * 1000),
+        tx_bytes=Counter(0, 1_800_000 * 1024),
+        rx_bytes=Counter(0, 3_200_000 * 1024),
     )
     for link in range(nvlinks):
         g.nvlink(link, True, tx_kib=Counter(0, 1_100_000), rx_kib=Counter(0, 1_050_000))
@@ -104,7 +104,9 @@ def workstation() -> Scenario:
         max_video=2415,
     )
     g.pstate(2).clocks_event_reasons("sw_power_cap")
-    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=95_000, rx_kbps=410_000, replay=3)
+    # GeForce cards: no PCIe byte counters, so the exporter takes the driver's throughput sample.
+    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=95_000, rx_kbps=410_000, replay=3,
+           tx_bytes=NOT_SUPPORTED, rx_bytes=NOT_SUPPORTED)  # fmt: skip
     g.add_process(2301, 412 * MIB, kind="graphics", name="/usr/lib/xorg/Xorg")
     g.add_process(2544, 96 * MIB, kind="graphics", name="/usr/bin/gnome-shell")
     g.add_process(8812, 8 * GIB, name="python3")
@@ -119,7 +121,8 @@ def workstation() -> Scenario:
         graphics=210, sm=210, memory=405, video=555, max_graphics=2100, max_sm=2100, max_memory=7501, max_video=1950
     )
     g.pstate(8).clocks_event_reasons("gpu_idle")
-    g.pcie(gen=1, max_gen=4, width=4, max_width=16, tx_kbps=0, rx_kbps=0, replay=0)
+    g.pcie(gen=1, max_gen=4, width=4, max_width=16, tx_kbps=0, rx_kbps=0, replay=0, tx_bytes=NOT_SUPPORTED,
+           rx_bytes=NOT_SUPPORTED)  # fmt: skip
     return s
 
 
@@ -146,8 +149,8 @@ def pcie_degraded() -> Scenario:
         tx_kbps=310_000,
         rx_kbps=1_860_000,
         replay=Counter(40, 0.5),
-        tx_bytes=Counter(0, 310_000 * 1000),
-        rx_bytes=Counter(0, 1_860_000 * 1000),
+        tx_bytes=Counter(0, 310_000 * 1024),
+        rx_bytes=Counter(0, 1_860_000 * 1024),
     )
     g.ecc(corrected=2, uncorrected=0).remapped_rows(correctable=1)
     g.mig_mode(False)
