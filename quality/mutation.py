@@ -194,6 +194,9 @@ def tracked_files() -> list[str]:
 def refresh_tests(work: Path) -> None:
     """Bring the work tree's tests up to date (for --reuse: the mutants stay, the tests change)."""
     shutil.rmtree(work / "tests")
+    # mutmut records which tests call each function once, and on a later run adds only new tests: a
+    # test that now calls a function it did not would never be run against that function's mutants.
+    (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     for rel in tracked_files():
         if rel.startswith("tests/"):
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
