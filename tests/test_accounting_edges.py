@@ -93,3 +93,13 @@ def test_a_gpu_that_stops_answering_is_nobodys_though_the_kubelet_still_assigns_
     acc.observe(snap(T0 + 10, GpuReading(index=0, uuid="GPU-0", up=False, error="lost", pods=(a,))))
     assert account(acc.view()).pods == ()
     assert nonzero(acc.view()) == {("", DOWN): 10}
+
+
+def test_idle_time_between_jobs_does_not_take_up_a_users_place() -> None:
+    """With room for two users, a second user after a spell with nobody on the GPU still gets their own series."""
+    acc = Accountant(threshold=THRESHOLD, max_users=2, holder_retention=3600)
+    acc.observe(snap(T0, gpu(processes=(proc(user="u1"),))))
+    acc.observe(snap(T0 + 10, gpu(processes=(), utilization_ratio=0.0)))  # between jobs: nobody's
+    acc.observe(snap(T0 + 20, gpu(processes=(proc(user="u2"),))))
+    acc.observe(snap(T0 + 30, gpu(processes=(proc(user="u2"),))))
+    assert {h for h, _ in seconds(acc.view())} - {""} == {"u1", "u2"}
