@@ -174,7 +174,12 @@ TARGETS: dict[str, Target] = {
         daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),
     ),
     "queries": Target("gpu_exporter/report/queries.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
-    "rightsizing": Target("gpu_exporter/report/rightsizing.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
+    "rightsizing": Target(
+        "gpu_exporter/report/rightsizing.py",
+        tests=REPORT_TESTS,
+        daemon_tests=REPORT_DAEMON_TESTS,
+        message_functions=frozenset({"hours_text", "article"}),  # the words of an advice
+    ),
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), read from its .meta files.
