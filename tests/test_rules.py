@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import tracemalloc
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -356,6 +357,23 @@ def test_a_gpu_idle_at_zero_for_hours_averages_exactly_zero() -> None:
         if t % 600 == 0:
             assert w.mean(float(t), 60) == 0.0, t
     assert w.mean(4 * 3600 - 1, 60) == 0.0 and w.span(4 * 3600 - 1, 60) == (60, 59.0)
+
+
+def test_a_window_holds_memory_for_its_horizon_only() -> None:
+    """A daemon polls for months: a window of a minute must not keep every sample it was ever given."""
+    w = SampleWindow(horizon=60)
+    tracemalloc.start()
+    try:
+        for t in range(5000):
+            w.add(float(t), 0.5)
+        settled, _ = tracemalloc.get_traced_memory()
+        for t in range(5000, 100_000):
+            w.add(float(t), 0.5)
+        grown, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert grown - settled < 1_000_000, f"{(grown - settled) / 1e6:.1f} MB more after 95,000 more polls"
+    assert len(w) == 61
 
 
 def test_increase_tracker() -> None:
