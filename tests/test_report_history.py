@@ -131,7 +131,8 @@ def week_blocks() -> Path:
         assert out.returncode == 0, out.stderr[-2000:]
         (building / "week.om").unlink()
         for old in Path(tempfile.gettempdir()).glob("gpu-exporter-week-????????????????"):
-            shutil.rmtree(old, ignore_errors=True)  # the weeks of hours gone by
+            if time.time() - old.stat().st_mtime > 6 * HOUR:  # the weeks of hours long gone (not one in use)
+                shutil.rmtree(old, ignore_errors=True)
         with contextlib.suppress(OSError):  # another run made the same blocks meanwhile: use those
             building.rename(cache)
     finally:
