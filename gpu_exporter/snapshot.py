@@ -181,9 +181,6 @@ class NodeSnapshot:
     cuda_version: str | None = None
     gpus: tuple[GpuReading, ...] = ()
 
-    def gpu(self, index: int) -> GpuReading | None:
-        return next((g for g in self.gpus if g.index == index), None)
-
 
 def pod_label_values(pods: Iterable[PodRef]) -> tuple[str, str, str]:
     """The ``namespace``, ``pod`` and ``container`` label values of the containers holding a device.

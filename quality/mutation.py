@@ -26,6 +26,7 @@ import ast
 import contextlib
 import fcntl
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -58,11 +59,14 @@ class Target:
 
 # Tests left out of pass 1: cross-checks against a real Prometheus or promtool that take seconds
 # per run and judge the shipped PromQL more than the module (each survivor would pay for them).
-DESELECT = ("tests/test_gpm_rules.py::test_daemon_and_prometheus_agree_on_the_activity_rules",)
+# Chromium drawing the report's charts takes seconds and judges the rendering, not the figures.
+DESELECT = (
+    "tests/test_gpm_rules.py::test_daemon_and_prometheus_agree_on_the_activity_rules",
+    "tests/test_report_html.py::test_chromium_draws_the_charts",
+)
 
 
-# Adding a module is one entry here (and its tests).  The accounting and report modules (issue 14)
-# go here once merged.
+# Adding a module is one entry here (and its tests).
 TARGETS: dict[str, Target] = {
     "rules": Target(
         "gpu_exporter/alerting/rules.py",
@@ -75,7 +79,7 @@ TARGETS: dict[str, Target] = {
             )
         ),
         daemon_tests=("tests/test_exporter_once.py",),
-        message_functions=frozenset({"_gpu", "_pct"}),
+        message_functions=frozenset({"_gpu", "_pct", "_minutes", "averaged"}),
     ),
     "engine": Target(
         "gpu_exporter/alerting/engine.py",
@@ -100,9 +104,11 @@ TARGETS: dict[str, Target] = {
                 "tests/test_webhook_delivery.py",
                 "tests/test_webhook_routing.py",
                 "tests/test_alert_payloads.py",
+                "tests/test_delivery_hostile.py",
             )
         ),
         daemon_tests=(
+            "tests/test_delivery_hostile.py",  # its exit test runs a receiver in a subprocess
             "tests/test_alert_delivery.py::test_alertmanager_outage_loses_nothing",
             "tests/test_alert_delivery.py::test_webhook_gets_alertmanager_payload_v4",
             "tests/test_alert_delivery.py::test_receivers_from_flags",
@@ -121,6 +127,58 @@ TARGETS: dict[str, Target] = {
         "gpu_exporter/sources/gpm.py",
         tests=("tests/test_gpm_pairs.py", "tests/test_gpm.py"),
         daemon_tests=("tests/test_gpm.py", "tests/test_exporter_mig.py"),
+    ),
+    # What every consumer reads of a reading: memory held, the activity signal, PCIe link speed.
+    "snapshot": Target(
+        "gpu_exporter/snapshot.py",
+        tests=(
+            *RULE_TESTS,
+            "tests/test_snapshot_values.py",
+            "tests/test_accounting.py",
+            "tests/test_attribution.py",
+            "tests/test_gpm_pairs.py",
+        ),
+        daemon_tests=("tests/test_exporter_once.py", "tests/test_cost_once.py"),
+    ),
+    # The books (issue 14): a GPU's state, the hours and money in each, memory peaks, prices.
+    "states": Target(
+        "gpu_exporter/accounting/states.py",
+        tests=(
+            ACCOUNTING_TESTS := (
+                "tests/test_accounting.py",
+                "tests/test_accounting_edges.py",
+                "tests/test_accounting_daemon.py",
+            )
+        ),
+        daemon_tests=("tests/test_cost_once.py",),
+    ),
+    "ledger": Target(
+        "gpu_exporter/accounting/ledger.py",
+        tests=(*ACCOUNTING_TESTS, "tests/test_exporter_metrics.py"),
+        daemon_tests=("tests/test_cost_once.py",),
+    ),
+    "peaks": Target("gpu_exporter/accounting/peaks.py", tests=ACCOUNTING_TESTS),
+    "pricing": Target(
+        "gpu_exporter/accounting/pricing.py",
+        tests=(*ACCOUNTING_TESTS, "tests/test_exporter_metrics.py"),
+        daemon_tests=("tests/test_cost_once.py",),
+    ),
+    # `gpu-exporter report` (issue 14): the queries it sends, the figures it adds up, its advice.  The
+    # report on a backfilled week in a real Prometheus (test_report_history) runs as a subprocess and
+    # takes about 40 s to set up: it is the daemon pass, on what the in-process tests leave alive.
+    "model": Target(
+        "gpu_exporter/report/model.py",
+        tests=(
+            REPORT_TESTS := ("tests/test_report_html.py", "tests/test_rightsizing.py", "tests/test_report_mutants.py")
+        ),
+        daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),
+    ),
+    "queries": Target("gpu_exporter/report/queries.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
+    "rightsizing": Target(
+        "gpu_exporter/report/rightsizing.py",
+        tests=REPORT_TESTS,
+        daemon_tests=REPORT_DAEMON_TESTS,
+        message_functions=frozenset({"hours_text", "article"}),  # the words of an advice
     ),
 }
 
@@ -145,6 +203,9 @@ def tracked_files() -> list[str]:
 def refresh_tests(work: Path) -> None:
     """Bring the work tree's tests up to date (for --reuse: the mutants stay, the tests change)."""
     shutil.rmtree(work / "tests")
+    # mutmut records which tests call each function once, and on a later run adds only new tests: a
+    # test that now calls a function it did not would never be run against that function's mutants.
+    (work / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     for rel in tracked_files():
         if rel.startswith("tests/"):
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -406,10 +467,14 @@ def explanations() -> dict[str, list[dict[str, str]]]:
 def explain(module: str, m: Mutant, known: dict[str, list[dict[str, str]]]) -> str:
     """The reason survivors.toml gives for ``m``: an entry whose ``function`` (a glob) matches and whose
     ``change`` is the mutated line(s), or whose ``pattern`` (a regular expression) matches them whole."""
+    return explain_change(module, m.function, m.change, known)
+
+
+def explain_change(module: str, function: str, change: str, known: dict[str, list[dict[str, str]]]) -> str:
     for entry in known.get(module, []):
-        if not fnmatch.fnmatchcase(m.function, entry["function"]):
+        if not fnmatch.fnmatchcase(function, entry["function"]):
             continue
-        if entry.get("change") == m.change or ("pattern" in entry and re.fullmatch(entry["pattern"], m.change)):
+        if entry.get("change") == change or ("pattern" in entry and re.fullmatch(entry["pattern"], change)):
             return entry["reason"]
     return ""
 
@@ -419,6 +484,8 @@ class Summary:
     module: str
     path: str
     mutants: list[Mutant] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    source_sha256: str = ""
 
     def count(self, *statuses: str) -> int:
         return sum(1 for m in self.mutants if m.status in statuses)
@@ -456,7 +523,11 @@ class Summary:
                 "timeout": self.count("timeout"), "survived": self.count("survived"),
                 "no_tests": self.count("no-tests"), "explained": len(self.alive) - len(self.unexplained),
                 "unexplained": len(self.unexplained), "score": round(self.score, 4),
-                "score_explained_aside": round(self.score_explained_aside, 4)}  # fmt: skip
+                "score_explained_aside": round(self.score_explained_aside, 4),
+                "seconds": {k: round(v) for k, v in sorted(self.seconds.items())},
+                "source_sha256": self.source_sha256,
+                "survivors": [{"function": m.function, "change": m.change, "status": m.status}
+                              for m in sorted(self.alive, key=lambda m: (m.function, m.name))]}  # fmt: skip
 
 
 def write_module_report(s: Summary, out: Path) -> None:
@@ -482,38 +553,164 @@ def write_module_report(s: Summary, out: Path) -> None:
     out.write_text("\n".join(lines))
 
 
-def write_summary(summaries: list[Summary], out: Path, seconds: dict[str, float], jobs: int) -> None:
+def write_summary(results: Path, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Write summary.md and summary.json: the modules just run replace their rows, the others keep theirs."""
+    path = results / "summary.json"
+    kept = {m["module"]: m for m in json.loads(path.read_text())["modules"]} if path.exists() else {}
+    kept.update({m["module"]: m for m in fresh})
+    modules = [kept[n] for n in TARGETS if n in kept]
     rows = [
         "| module | mutants | text only (excluded) | detected | by daemon tests | survived (explained) | score "
-        "| score, explained survivors aside |",
-        "|---|---|---|---|---|---|---|---|",
+        "| score, explained survivors aside | minutes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in summaries:
-        j = s.as_json()
-        rows.append(f"| [{s.module}]({s.module}.md) `{s.path}` | {len(s.mutants)} | {j['text_only_excluded']} | "
-                    f"{s.detected} | {j['killed_by_daemon_tests']} | {len(s.alive)} ({j['explained']}) | "
-                    f"{s.score:.1%} | {s.score_explained_aside:.1%} |")  # fmt: skip
+    for j in modules:
+        detected = j["killed_in_process"] + j["killed_by_daemon_tests"] + j["timeout"]
+        alive = j["survived"] + j["no_tests"]
+        minutes = sum(j.get("seconds", {}).values()) / 60
+        score = detected / j["scored"] if j["scored"] else 1.0  # the counts, not the rounded JSON figure
+        counted = j["scored"] - j["explained"]
+        aside = detected / counted if counted else 1.0
+        rows.append(f"| [{j['module']}]({j['module']}.md) `{j['path']}` | {j['mutants']} | {j['text_only_excluded']} | "
+                    f"{detected} | {j['killed_by_daemon_tests']} | {alive} ({j['explained']}) | {score:.1%} | "
+                    f"{aside:.1%} | {minutes:.0f} |")  # fmt: skip
     text = "\n".join(["# Mutation score per module", "",
                       "Written by `quality/mutation.py` (mutmut 3.8.1); see quality/README.md for what the columns "
-                      "count and how long a run takes.", "", *rows, ""])  # fmt: skip
-    (out / "summary.md").write_text(text)
-    data = {"modules": [s.as_json() for s in summaries], "seconds": {k: round(v) for k, v in seconds.items()},
-            "jobs": jobs}  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
+                      "count.  *minutes*: what mutmut's pass and the daemon pass took on the 2-core machine, added "
+                      "up over the `--reuse` runs that measured the module.", "", *rows, ""])  # fmt: skip
+    (results / "summary.md").write_text(text)
+    path.write_text(json.dumps({"modules": modules}, indent=2, ensure_ascii=False) + "\n")
+    return modules
+
+
+def source_digest(target: Target) -> str:
+    return hashlib.sha256((ROOT / target.path).read_bytes()).hexdigest()[:16]
+
+
+def check(results: Path, names: list[str], fail_under: float) -> bool:
+    """Whether the committed results hold every module, each survivor with a reason in survivors.toml
+    and each score at least ``fail_under``.  Reads results/summary.json only: no mutant is run."""
+    path = results / "summary.json"
+    measured = {m["module"]: m for m in json.loads(path.read_text())["modules"]} if path.exists() else {}
+    known = explanations()
+    ok = True
+    for name in names:
+        j = measured.get(name)
+        if j is None:
+            print(f"mutation: {name}: no results in {path}; run quality/mutation.py {name}")
+            ok = False
+            continue
+        for sv in j["survivors"]:
+            if not explain_change(name, sv["function"], sv["change"], known):
+                print(f"mutation: {name}: survivor without a reason in {sv['function']}: {sv['change']}")
+                ok = False
+        if j["score"] < fail_under:
+            print(f"mutation: {name} scores {j['score']:.1%}, below {fail_under:.0%}")
+            ok = False
+        if j.get("source_sha256") != source_digest(TARGETS[name]):
+            # A note, not a failure: a change to a module does not have to wait for an hour's run.
+            print(f"mutation: {name}: {TARGETS[name].path} changed since it was measured; "
+                  f"run quality/mutation.py {name} to measure it again")  # fmt: skip
+        print(f"mutation: {name}: {j['score']:.1%} ({len(j['survivors'])} survivors)")
+    return ok
 
 
 # -- main ---------------------------------------------------------------------------------------------
+def run_module(name: str, args: argparse.Namespace, known: dict[str, list[dict[str, str]]]) -> Summary:
+    """mutmut's pass and the daemon pass on one module, in its own scratch copy ``--work/<name>``."""
+    target = TARGETS[name]
+    work: Path = (args.work / name).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    lock = work.with_name(name + ".lock").open("w")
+    try:  # one run per work tree: a second would take the first one's processes for strays
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit(f"mutation: another run is using {work}")
+    again: list[str] = []
+    if args.report_only or args.daemon_only:
+        pass
+    elif args.reuse and (work / "mutants").is_dir():
+        refresh_tests(work)
+        codes = load_results(work, target)
+        again = [k for k, code in codes.items()
+                 if code is None or (not args.untested and code in SURVIVED | NO_TESTS)]  # fmt: skip
+        if args.mutants:
+            again = [k for k in again if any(fnmatch.fnmatchcase(k, g) for g in args.mutants)]
+        print(f"mutation: {name}: re-testing {len(again)} mutants left alive in {work}", flush=True)
+    else:
+        prepare(work, [name], args.tests_from)
+    seconds: dict[str, float] = {}
+    print(f"mutation: mutmut on {name} in {work}", flush=True)
+    if not (args.report_only or args.daemon_only) and (again or not args.reuse):
+        seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log", again)
+        end_strays(work)  # mutmut has exited: what is left in the work tree was left by a killed mutant
+
+    # Verdicts of the daemon pass, kept so that --reuse and --report-only do not run it again.
+    cache = work / "daemon-verdicts.json"
+    verdicts: dict[str, str] = json.loads(cache.read_text()) if cache.exists() else {}
+    daemon_start = time.monotonic()
+    codes = load_results(work, target)
+    keys = sorted(codes)
+    text = classify_text(work, target, keys)
+    mutants = []
+    for key in keys:
+        code = codes[key]
+        if key in text:
+            status = "text"
+        elif code in KILLED:
+            status = "killed"
+        elif code in TIMEOUT:
+            status = "timeout"
+        elif code in NO_TESTS:
+            status = "no-tests"
+        elif code in SURVIVED:
+            status = "survived"
+        else:
+            status = f"other ({code})"
+        mutants.append(Mutant(key, function_of(key), status))
+    alive = [m for m in mutants if m.status in ("survived", "no-tests")]
+    for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
+        m.diff = d
+        m.reason = explain(name, m, known)
+    if target.daemon_tests and not args.no_daemon_pass:
+        # An explained survivor is equivalent or harmless: the daemon tests cannot tell it apart either.
+        todo = [m for m in alive if (args.daemon_all or not m.reason) and not args.report_only
+                and verdicts.get(m.name) in (None, "survived")]  # fmt: skip
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run in its own process group
+            runs = {m.name: pool.submit(daemon_pass, work, target, m.name, args.daemon_timeout) for m in todo}
+            for key, run in runs.items():
+                verdicts[key] = run.result()
+                cache.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+                print(f"mutation: {name} {key.rpartition('.')[2]}: daemon tests: {verdicts[key]}", flush=True)
+        for m in alive:
+            if verdicts.get(m.name) in ("killed", "timeout"):
+                m.status = "killed-daemon" if verdicts[m.name] == "killed" else "timeout"
+    if not args.report_only:
+        seconds["daemon tests"] = time.monotonic() - daemon_start
+    timing = work / "seconds.json"  # what each pass took, added up over --reuse runs
+    before: dict[str, float] = json.loads(timing.read_text()) if timing.exists() else {}
+    if args.reuse or args.daemon_only or args.report_only:
+        seconds = {k: before.get(k, 0.0) + seconds.get(k, 0.0) for k in {*before, *seconds}}
+    timing.write_text(json.dumps(seconds))
+    summary = Summary(name, target.path, mutants)
+    summary.seconds = seconds
+    # The source as it was measured (the scratch copy's): --check notes when the module has changed since.
+    summary.source_sha256 = hashlib.sha256((work / target.path).read_bytes()).hexdigest()[:16]
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("modules", nargs="*", help=f"any of: {', '.join(TARGETS)} (default: all)")
     p.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default 2)")
-    p.add_argument("--work", type=Path, default=QUALITY / ".work", help="scratch copy (default quality/.work)")
+    p.add_argument("--work", type=Path, default=QUALITY / ".work",
+                   help="scratch copies, one folder per module (default quality/.work)")  # fmt: skip
     p.add_argument("--results", type=Path, default=QUALITY / "results", help="where the summary goes")
     p.add_argument("--daemon-timeout", type=float, default=300, help="seconds for one mutant's daemon tests")
     p.add_argument("--tests-from", metavar="REV", help="use the tests/ of this git revision (a score before)")
     p.add_argument("--reuse", action="store_true",
-                   help="keep the mutants and verdicts of the last run in --work; re-test only what was left alive "
-                        "(after adding tests)")  # fmt: skip
+                   help="keep the mutants and verdicts of the module's last run in --work; re-test only what was "
+                        "left alive (after adding tests)")  # fmt: skip
     p.add_argument("--untested", action="store_true", help="with --reuse: re-test only mutants not tested yet")
     p.add_argument("--mutants", nargs="+", metavar="GLOB", help="with --reuse: re-test only mutants matching these")
     p.add_argument(
@@ -527,7 +724,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the reports from the last run in --work without testing anything")  # fmt: skip
     p.add_argument("--no-daemon-pass", action="store_true", help="skip pass 2 (subprocess-based tests)")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 on a survivor that quality/survivors.toml does not explain")  # fmt: skip
+                   help="run nothing: exit 1 unless the committed results hold every module named, each "
+                        "survivor explained by quality/survivors.toml (and each score >= --fail-under)")  # fmt: skip
     p.add_argument("--draft", type=Path, help="write TOML stubs for unexplained survivors to this file")
     p.add_argument("--fail-under", type=float, default=0.0, help="exit 1 if a module scores below this (0-1)")
     args = p.parse_args(argv)
@@ -535,92 +733,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         p.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
-    work: Path = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    lock = work.with_name(work.name + ".lock").open("w")
-    try:  # one run per work tree: a second would take the first one's processes for strays
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        sys.exit(f"mutation: another run is using {work}")
-    again: list[str] = []
-    if args.report_only or args.daemon_only:
-        pass
-    elif args.reuse and (work / "mutants").is_dir():
-        refresh_tests(work)
-        for name in names:
-            codes = load_results(work, TARGETS[name])
-            again += [k for k, code in codes.items()
-                      if code is None or (not args.untested and code in SURVIVED | NO_TESTS)]  # fmt: skip
-        if args.mutants:
-            again = [k for k in again if any(fnmatch.fnmatchcase(k, g) for g in args.mutants)]
-        print(f"mutation: re-testing {len(again)} mutants left alive in {work}", flush=True)
-    else:
-        prepare(work, names, args.tests_from)
-    seconds: dict[str, float] = {}
-    print(f"mutation: mutmut on {', '.join(names)} in {work}", flush=True)
-    if not (args.report_only or args.daemon_only) and (again or not args.reuse):
-        seconds["mutmut"] = mutmut_pass(work, args.jobs, work / "mutmut.log", again)
-        end_strays(work)  # mutmut has exited: what is left in the work tree was left by a killed mutant
+    if args.check:
+        return 0 if check(args.results, names, args.fail_under) else 1
 
     known = explanations()
-    summaries = []
-    # Verdicts of the daemon pass, kept so that --reuse and --report-only do not run it again.
-    cache = work / "daemon-verdicts.json"
-    verdicts: dict[str, str] = json.loads(cache.read_text()) if cache.exists() else {}
-    daemon_start = time.monotonic()
-    for name in names:
-        target = TARGETS[name]
-        codes = load_results(work, target)
-        keys = sorted(codes)
-        text = classify_text(work, target, keys)
-        mutants = []
-        for key in keys:
-            code = codes[key]
-            if key in text:
-                status = "text"
-            elif code in KILLED:
-                status = "killed"
-            elif code in TIMEOUT:
-                status = "timeout"
-            elif code in NO_TESTS:
-                status = "no-tests"
-            elif code in SURVIVED:
-                status = "survived"
-            else:
-                status = f"other ({code})"
-            mutants.append(Mutant(key, function_of(key), status))
-        alive = [m for m in mutants if m.status in ("survived", "no-tests")]
-        for m, d in zip(alive, diffs(work, target, [m.name for m in alive]).values(), strict=True):
-            m.diff = d
-            m.reason = explain(name, m, known)
-        if target.daemon_tests and not args.no_daemon_pass:
-            # An explained survivor is equivalent or harmless: the daemon tests cannot tell it apart either.
-            todo = [m for m in alive if (args.daemon_all or not m.reason) and not args.report_only
-                    and verdicts.get(m.name) in (None, "survived")]  # fmt: skip
-            with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run in its own process group
-                runs = {m.name: pool.submit(daemon_pass, work, target, m.name, args.daemon_timeout) for m in todo}
-                for key, run in runs.items():
-                    verdicts[key] = run.result()
-                    cache.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
-                    print(f"mutation: {name} {key.rpartition('.')[2]}: daemon tests: {verdicts[key]}", flush=True)
-            for m in alive:
-                if verdicts.get(m.name) in ("killed", "timeout"):
-                    m.status = "killed-daemon" if verdicts[m.name] == "killed" else "timeout"
-        summaries.append(Summary(name, target.path, mutants))
-    seconds["daemon tests"] = time.monotonic() - daemon_start
-    timing = work / "seconds.json"  # what each pass took, added up over --reuse runs
-    before: dict[str, float] = json.loads(timing.read_text()) if timing.exists() else {}
-    if args.report_only and before:
-        seconds = before
-    elif args.reuse or args.daemon_only:
-        seconds = {**before, **{k: v + (0.0 if args.daemon_only else before.get(k, 0.0)) for k, v in seconds.items()}}
-    if not args.report_only:
-        timing.write_text(json.dumps(seconds))
-
+    summaries = [run_module(name, args, known) for name in names]
     args.results.mkdir(parents=True, exist_ok=True)
     for s in summaries:
         write_module_report(s, args.results / f"{s.module}.md")
-    write_summary(summaries, args.results, seconds, args.jobs)
+    write_summary(args.results, [s.as_json() for s in summaries])
     if args.draft:
         with args.draft.open("w") as f:
             for s in summaries:
@@ -631,15 +752,14 @@ def main(argv: list[str] | None = None) -> int:
     for s in summaries:
         j = s.as_json()
         print(f"mutation: {s.module}: {s.score:.1%} ({s.detected}/{s.scored}; {j['text_only_excluded']} text-only "
-              f"excluded; {len(s.alive)} alive, {len(s.unexplained)} unexplained)")  # fmt: skip
-        if args.check and s.unexplained:
-            failed = True
-            for m in s.unexplained:
-                print(f"mutation: {s.module}: unexplained survivor {m.name} in {m.function}:\n{m.diff}")
+              f"excluded; {len(s.alive)} alive, {len(s.unexplained)} unexplained; "
+              f"{sum(s.seconds.values()) / 60:.0f} min)")  # fmt: skip
+        for m in s.unexplained:
+            print(f"mutation: {s.module}: unexplained survivor {m.name} in {m.function}:\n{m.diff}")
         if s.score < args.fail_under:
             failed = True
             print(f"mutation: {s.module} scores {s.score:.1%}, below {args.fail_under:.0%}")
-    print(f"mutation: took {' + '.join(f'{v:.0f} s' for v in seconds.values())}; summary in {args.results}")
+    print(f"mutation: summary in {args.results}")
     return 1 if failed else 0
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import METRIC_TYPES
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -173,6 +174,7 @@ def test_a_page_rendered_at_a_poll_is_served_without_collecting_again() -> None:
     expo = Exposition(registry)
     base = counter.collects
     expo.render()  # the poll renders ahead of the scrapes
+    assert counter.collects == base + 1, "the poll did the rendering: the next scrape waits on nothing"
     for _ in range(3):
         assert b"gpu_up" in expo.body() and b"gpu_up" in gzip.decompress(expo.body(gzipped=True))
     assert counter.collects == base + 1
@@ -194,3 +196,38 @@ def test_a_render_after_a_poll_replaces_both_the_plain_and_the_gzipped_page() ->
     expo.invalidate()
     assert b"gpu_v 3\n" in gzip.decompress(expo.body(gzipped=True))  # a gzip scrape first after a poll
     assert b"gpu_v 3\n" in expo.body()
+
+
+SAMPLES_OF_A_TYPE: dict[
+    str, list[tuple[str, dict[str, str]]]
+] = {  # the samples each type has, as prometheus_client's own metrics write them
+    "counter": [("_total", {})],
+    "histogram": [("_bucket", {"le": "+Inf"}), ("_count", {}), ("_sum", {})],
+    "gaugehistogram": [("_bucket", {"le": "+Inf"}), ("_gcount", {}), ("_gsum", {})],
+    "summary": [("_count", {}), ("_sum", {})],
+    "info": [("_info", {"version": "1"})],
+    "stateset": [("", {"gpu_stateset": "on"})],
+}
+
+
+@pytest.mark.parametrize("typ", METRIC_TYPES)
+def test_a_metric_of_any_type_prometheus_client_knows_is_on_the_page_with_a_type_prometheus_reads(typ: str) -> None:
+    """A collector may yield any type prometheus_client accepts; none may break the page or lose its
+    TYPE line (the text format has no info or stateset: they are gauges, as prometheus_client writes them)."""
+    fam = Metric(f"gpu_{typ}", "help", typ)
+    for suffix, labels in SAMPLES_OF_A_TYPE.get(typ, [("", {})]):
+        fam.add_sample(f"gpu_{typ}{suffix}", labels, 1.0)
+    registry = CollectorRegistry()
+    registry.register(Samples(fam))
+    ours = render_text(registry).decode()
+
+    def samples(text: str) -> list[tuple[str, list[tuple[str, str]], float]]:
+        return sorted((s.name, sorted(s.labels.items()), s.value) for f in text_string_to_metric_families(text)
+                      for s in f.samples)  # fmt: skip
+
+    def types(text: str) -> set[tuple[str, str]]:  # of the families the page gives a TYPE line
+        return {(f.name, f.type) for f in text_string_to_metric_families(text) if f"# TYPE {f.name}" in text}
+
+    theirs = generate_latest(registry).decode()
+    assert samples(ours) == samples(theirs)
+    assert types(ours) and types(ours) <= types(theirs)

@@ -68,7 +68,7 @@ def sampler(clock: Clock, reading: float) -> Callable[[Buffer], None]:
 
 def test_the_first_sample_is_no_pair_and_later_ones_diff_the_previous_poll() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     assert len(calls.live) == 2
     assert pair.take(sampler(clock, 40), (2,)) == (None, False)
     clock.t += 5
@@ -81,7 +81,7 @@ def test_the_first_sample_is_no_pair_and_later_ones_diff_the_previous_poll() -> 
 
 def test_a_pair_under_100_ms_is_never_diffed_and_the_last_answers_are_repeated() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     pair.take(sampler(clock, 40), (2,))
     clock.t += 1
     first, _ = pair.take(sampler(clock, 40), (2,))
@@ -97,7 +97,7 @@ def test_a_pair_under_100_ms_is_never_diffed_and_the_last_answers_are_repeated()
 def test_exactly_100_ms_apart_is_a_valid_pair() -> None:
     calls, clock = FakeCalls(), Clock()
     clock.t = 0.0  # so that the interval is exactly MIN_INTERVAL_S in floating point
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     pair.take(sampler(clock, 40), (2,))
     clock.t += MIN_INTERVAL_S
     assert pair.take(sampler(clock, 40), (2,))[1]
@@ -105,7 +105,7 @@ def test_exactly_100_ms_apart_is_a_valid_pair() -> None:
 
 def test_a_failed_sample_keeps_the_previous_one() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     pair.take(sampler(clock, 40), (2,))
 
     def broken(b: Buffer) -> None:
@@ -121,7 +121,7 @@ def test_a_failed_sample_keeps_the_previous_one() -> None:
 
 def test_close_frees_both_buffers_once_and_a_closed_pair_samples_nothing() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     assert pair.close() and calls.live == {} and len(calls.freed) == 2
     assert pair.closed
     assert pair.close()  # again: nothing to free, no double free
@@ -130,7 +130,7 @@ def test_close_frees_both_buffers_once_and_a_closed_pair_samples_nothing() -> No
 
 def test_close_does_not_free_buffers_a_stuck_call_still_uses() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     inside, release = threading.Event(), threading.Event()
 
     def stuck(b: Buffer) -> None:
@@ -159,7 +159,7 @@ def test_a_failing_allocation_leaves_nothing_allocated() -> None:
 
     calls = OneOnly()
     with pytest.raises(MemoryError):
-        SamplePair(calls, "GPU-a", clock)
+        SamplePair(calls, clock)
     assert calls.live == {}
 
 
@@ -171,7 +171,7 @@ def test_a_failing_allocation_leaves_nothing_allocated() -> None:
 def test_answers_are_ratios_and_garbage_is_unavailable(code: int, percent: float, ratio: float | None) -> None:
     calls, clock = FakeCalls(), Clock()
     calls.answer = {2: (code, percent)}
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     pair.take(sampler(clock, 0), (2,))
     clock.t += 1
     answers, _ = pair.take(sampler(clock, 0), (2,))
@@ -191,7 +191,7 @@ def test_activity_names_every_metric_and_is_none_when_nothing_answered() -> None
 
 def test_a_poll_before_the_interval_has_passed_makes_no_driver_call() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock, interval=10.0)
+    pair = SamplePair(calls, clock, interval=10.0)
     filled: list[float] = []
 
     def fill(b: Buffer) -> None:
@@ -212,7 +212,7 @@ def test_a_poll_before_the_interval_has_passed_makes_no_driver_call() -> None:
 
 def test_a_caller_does_not_wait_for_another_stuck_in_the_driver() -> None:
     calls, clock = FakeCalls(), Clock()
-    pair = SamplePair(calls, "GPU-a", clock)
+    pair = SamplePair(calls, clock)
     inside, release = threading.Event(), threading.Event()
 
     def stuck(b: Buffer) -> None:

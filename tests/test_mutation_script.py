@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -100,3 +101,28 @@ def test_a_reason_explains_a_survivor_by_function_glob_and_exact_change_or_patte
     known = {"mod": [{"function": "other", "change": "x <= 1", "reason": "no"},
                      {"function": "rule", "pattern": "x <= 2", "reason": "no"}]}  # fmt: skip
     assert mutation.explain("mod", m, known) == ""
+
+
+def test_check_reads_the_committed_results_and_fails_on_a_survivor_without_a_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--check`` runs no mutant: it judges the committed summary against survivors.toml, so CI can afford it."""
+    survivors = tmp_path / "survivors.toml"
+    survivors.write_text('[[window]]\nfunction = "mean"\nchange = "x <= 1"\nreason = "equivalent"\n')
+    monkeypatch.setattr(mutation, "SURVIVORS", survivors)
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def write(*changes: str) -> None:
+        module = {"module": "window", "path": "gpu_exporter/alerting/window.py", "score": 0.95,
+                  "source_sha256": mutation.source_digest(mutation.TARGETS["window"]),
+                  "survivors": [{"function": "mean", "change": c, "status": "survived"} for c in changes]}  # fmt: skip
+        (results / "summary.json").write_text(json.dumps({"modules": [module]}))
+
+    write("x <= 1")
+    assert mutation.check(results, ["window"], 0.9)
+    assert not mutation.check(results, ["window"], 0.96), "a score below --fail-under fails"
+    write("x <= 1", "x < 2")
+    assert not mutation.check(results, ["window"], 0.0)
+    assert "survivor without a reason in mean: x < 2" in capsys.readouterr().out
+    assert not mutation.check(results, ["rules"], 0.0), "a module never measured fails"

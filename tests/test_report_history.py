@@ -13,11 +13,14 @@ Two nodes, sampled every minute, as gpu-exporter would have exported them:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -110,15 +113,37 @@ def history(path: Path) -> None:
     path.write_text("".join(lines) + "# EOF\n")
 
 
+def week_blocks() -> Path:
+    """The week as TSDB blocks.  promtool takes about a minute to make them, so they are kept in the
+    temp folder under a name that changes with the data (and with this file), and made once for
+    every run of the hour: the mutation runs of the report (quality/) run this file once per mutant."""
+    key = hashlib.sha256(f"{GPUS!r} {T0} {START} {END} {STEP}".encode() + Path(__file__).read_bytes()).hexdigest()
+    cache = Path(tempfile.gettempdir()) / f"gpu-exporter-week-{key[:16]}"
+    if (cache / "data").is_dir():
+        return cache / "data"
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (bash .ci/setup does it)"
+    building = Path(tempfile.mkdtemp(prefix="gpu-exporter-week-building-"))
+    try:
+        history(building / "week.om")
+        out = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(building / "week.om"),
+                              str(building / "data")], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        (building / "week.om").unlink()
+        for old in Path(tempfile.gettempdir()).glob("gpu-exporter-week-????????????????"):
+            if time.time() - old.stat().st_mtime > 6 * HOUR:  # the weeks of hours long gone (not one in use)
+                shutil.rmtree(old, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another run made the same blocks meanwhile: use those
+            building.rename(cache)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return cache / "data"
+
+
 @pytest.fixture(scope="module")
 def week(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("week")
-    history(tmp / "week.om")
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is missing: apt-get install prometheus (bash .ci/setup does it)"
-    out = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "week.om"),
-                          str(tmp / "prom" / "data")], capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
+    shutil.copytree(week_blocks(), tmp / "prom" / "data")  # Prometheus writes to its data: a copy of its own
     with prometheus([], tmp / "prom") as prom:
         yield prom
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import tracemalloc
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -160,6 +161,19 @@ def test_scenario_yields_exactly_the_expected_alerts(
     assert fired(sent) == expected
 
 
+@pytest.mark.parametrize(
+    "static",
+    [replace(STATIC, pcie_max_width=None), replace(STATIC, pcie_max_generation=None)],
+    ids=["generation only", "width only"],
+)
+def test_a_card_that_reports_only_half_its_pcie_capability_is_not_judged_degraded(static: GpuStatic) -> None:
+    """NVML answers the maximum link generation and width by separate calls, and a card may support
+    only one: with half the capability unknown the rule says nothing, and the other rules still run."""
+    trace = [gpu(static=static, pcie_link_generation=1, pcie_link_width=8, memory_used_bytes=79 * GIB)] * minutes(10)
+    _, sent = run(trace)
+    assert fired(sent) == {"GpuMemoryHigh/warning", "GpuMemoryHigh/critical"}
+
+
 def test_idle_card_with_gpu_idle_enabled() -> None:
     _, sent = run(trace_idle_card(), fast_rules(GpuIdle={"enabled": True}))
     assert fired(sent) == {"GpuIdle/info"}
@@ -287,7 +301,9 @@ def test_sample_window_mean_and_trim() -> None:
 
 def test_sample_window_means_are_those_of_a_plain_scan() -> None:
     """The running exact sums give what scanning every sample with math.fsum gave, also when the
-    wall clock steps back, for NaN and for values too small for the integer form."""
+    wall clock steps back, for NaN and for values too small for the integer form; what a window
+    covers (how many samples, how far back: the "over the last ..." of a description) is the scan's
+    too, also after a gap with nothing reported."""
 
     class Scan:
         def __init__(self, horizon: float) -> None:
@@ -295,8 +311,15 @@ def test_sample_window_means_are_those_of_a_plain_scan() -> None:
 
         def add(self, t: float, v: float) -> None:
             self.samples.append((t, v))
-            while self.samples and self.samples[0][0] < t - self.horizon:
+            self.trim(t)
+
+        def trim(self, now: float) -> None:
+            while self.samples and self.samples[0][0] < now - self.horizon:
                 self.samples.popleft()
+
+        def span(self, now: float, window: float) -> tuple[int, float]:
+            times = [t for t, _ in self.samples if now - window < t <= now]
+            return len(times), (now - min(times) if times else 0.0)
 
         def mean(self, now: float, window: float) -> float | None:
             vals = [v for t, v in self.samples if now - window < t <= now]
@@ -313,12 +336,44 @@ def test_sample_window_means_are_those_of_a_plain_scan() -> None:
                             math.nan if rng.random() < 0.01 else 0.3])  # fmt: skip
             w.add(t, v)
             ref.add(t, v)
+            if rng.random() < 0.01:  # a gap: nothing reported for longer than the horizon
+                t += 2 * horizon
+                w.trim(t)
+                ref.trim(t)
             assert len(w) == len(ref.samples)
             if rng.random() < 0.1:
                 for window in (1, 5, 30, 600, 1e9):
                     now = t + rng.choice([0, 0, 2, -1])
                     got, want = w.mean(now, window), ref.mean(now, window)
                     assert got == want or (got != got and want != want), (now, window, got, want)
+                    assert w.span(now, window) == ref.span(now, window), (now, window)
+
+
+def test_a_gpu_idle_at_zero_for_hours_averages_exactly_zero() -> None:
+    """Hours of 0% (the window compacted many times on the way) average 0%, not a hair above it."""
+    w = SampleWindow(horizon=60)
+    for t in range(4 * 3600):
+        w.add(float(t), 0.0)
+        if t % 600 == 0:
+            assert w.mean(float(t), 60) == 0.0, t
+    assert w.mean(4 * 3600 - 1, 60) == 0.0 and w.span(4 * 3600 - 1, 60) == (60, 59.0)
+
+
+def test_a_window_holds_memory_for_its_horizon_only() -> None:
+    """A daemon polls for months: a window of a minute must not keep every sample it was ever given."""
+    w = SampleWindow(horizon=60)
+    tracemalloc.start()
+    try:
+        for t in range(5000):
+            w.add(float(t), 0.5)
+        settled, _ = tracemalloc.get_traced_memory()
+        for t in range(5000, 100_000):
+            w.add(float(t), 0.5)
+        grown, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert grown - settled < 1_000_000, f"{(grown - settled) / 1e6:.1f} MB more after 95,000 more polls"
+    assert len(w) == 61
 
 
 def test_increase_tracker() -> None:

@@ -89,7 +89,7 @@ class Accountant:
         self._books: dict[GpuKey, _Book] = {}
         self._last_t: float | None = None
         self._lock = threading.Lock()
-        self._view = AccountingView(prices.currency if prices else None, ())
+        self._view = AccountingView(None, ())  # before the first snapshot: no GPU, so nothing priced
 
     def observe(self, snapshot: NodeSnapshot) -> None:
         """Add the time since the previous snapshot to each GPU's state now."""

@@ -103,7 +103,7 @@ def holders(g: GpuReading, pod_mode: bool) -> list[tuple[Holder, float]]:
                 for (ns, pod, _, _), share in _split(weights) if (ns, pod) in containers
                 for c in containers[(ns, pod)]] or [(NOBODY, 1.0)]  # fmt: skip
     for p in procs:
-        if (p.used_memory_bytes or 0) > 0:
+        if p.used_memory_bytes:  # a process without memory on the GPU holds nothing
             _add(weights, ("", "", "", p.user or UNKNOWN_USER), p.sm_utilization_ratio)
     return _split(weights)
 

@@ -74,10 +74,11 @@ class Receiver:
         self._clock = clock
         self._cond = threading.Condition()
         self._stop = False
-        self._ssl = ssl.create_default_context(cafile=settings.ca_file) if settings.ca_file else None
+        # Without a CA file, the system's CAs: what urllib would use for https anyway (http ignores it).
+        self._ssl = ssl.create_default_context(cafile=settings.ca_file)
         self._thread = threading.Thread(target=self._run, name=f"notify-{self.name}", daemon=True)
-        self.min_backoff, self.max_backoff = MIN_BACKOFF_S, MAX_BACKOFF_S
-        self._backoff = MIN_BACKOFF_S
+        self.min_backoff, self.max_backoff = MIN_BACKOFF_S, MAX_BACKOFF_S  # a test may set them before start()
+        self._backoff: float  # set by start()
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -235,9 +236,8 @@ class AlertmanagerReceiver(Receiver):
 
     def _deliver(self) -> bool:
         with self._cond:
+            # Not empty: the thread delivers when _wait_s saw something queued, and only it dequeues.
             batch = [*self._resolved.values(), *self._firing.values()]
-        if not batch:
-            return True
         now = self._clock()  # endsAt counts from the moment of sending, not of queueing
         url = self._generator_url()
         result = self._post([alertmanager_alert(a, now, self.valid_for, url) for a in batch])

@@ -2,7 +2,10 @@
 
 A rule answers with ``Check``s.  ``fire`` starts (or keeps) an alert pending; a firing alert
 ends only when ``clear`` holds, which is a stricter condition than "not fire", so a value
-hovering at the threshold does not flap.  The same rules exist as PromQL in ``alerts/``.
+hovering at the threshold does not flap.  A rule without the data it needs (a GPU that does not
+answer, a reading it does not support, an empty window) answers nothing: the engine resolves a
+firing alert it no longer sees, as Prometheus does when a series goes away.  The same rules exist
+as PromQL in ``alerts/``.
 """
 
 from __future__ import annotations
@@ -81,10 +84,6 @@ def averaged(samples: SampleWindow, now: float, window: float) -> tuple[str, str
     return "averaged", f"over the last {span:.0f} s"
 
 
-def _holds_memory(g: GpuReading) -> bool:
-    return holds_memory(g)
-
-
 Rule = Callable[[GpuReading, GpuHistory, float, RulesSettings], Iterator[Check]]
 
 
@@ -94,17 +93,17 @@ def activity_mean(h: GpuHistory, now: float, window: float, signal: str) -> tupl
     ``auto`` takes SM activity where the window holds any (a GPU with GPM), else GPU-Util: the
     same choice as the PromQL ``avg_over_time(gpu_sm_active_ratio[w]) or avg_over_time(gpu_utilization_ratio[w])``.
     """
-    sm = h.sm_active.mean(now, window) if signal != "gpu_utilization" else None
-    return select_activity(signal, sm, h.utilization.mean(now, window))
+    return select_activity(signal, h.sm_active.mean(now, window), h.utilization.mean(now, window))
 
 
 def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuUnderutilized
-    mean, signal = activity_mean(h, now, r.window, r.signal) if g.up else (None, "")
-    holds = g.up and _holds_memory(g)
-    if mean is None:
-        yield Check("GpuUnderutilized", "warning", False, True, "", "", for_seconds=r.for_)
+    if not g.up:
         return
+    mean, signal = activity_mean(h, now, r.window, r.signal)
+    if mean is None:
+        return
+    holds = holds_memory(g)
     verb, period = averaged(h.sm_active if signal == "SM activity" else h.utilization, now, r.window)
     yield Check(
         "GpuUnderutilized", "warning",
@@ -119,10 +118,10 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
 
 def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuLowSmActivity
-    util = h.utilization.mean(now, r.window) if g.up else None
-    sm = h.sm_active.mean(now, r.window) if g.up else None
+    if not g.up:
+        return
+    util, sm = h.utilization.mean(now, r.window), h.sm_active.mean(now, r.window)
     if util is None or sm is None:  # no GPM on this GPU: the rule has nothing to say
-        yield Check("GpuLowSmActivity", "warning", False, True, "", "", for_seconds=r.for_)
         return
     verb, period = averaged(h.sm_active, now, r.window)
     yield Check(
@@ -140,9 +139,10 @@ def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings
 
 def idle(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuIdle
-    mean = h.utilization.mean(now, r.window) if g.up else None
+    if not g.up:
+        return
+    mean = h.utilization.mean(now, r.window)
     if mean is None:
-        yield Check("GpuIdle", "info", False, True, "", "", for_seconds=r.for_)
         return
     busy = bool(g.processes) or mean >= r.threshold
     verb, period = averaged(h.utilization, now, r.window)
@@ -156,29 +156,26 @@ def idle(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterat
 
 def memory_high(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuMemoryHigh
-    ratio = g.memory_used_ratio if g.up else None
+    ratio = g.memory_used_ratio
+    if not g.up or ratio is None:
+        return
     for severity, level, clear_level in (("warning", r.warning, r.warning_clear),
                                          ("critical", r.critical, r.critical_clear)):  # fmt: skip
-        if ratio is None:
-            yield Check("GpuMemoryHigh", severity, False, True, "", "", for_seconds=r.for_)
-            continue
-        used = (g.memory_used_bytes or 0) / 2**30
-        total = (g.memory_total_bytes or 0) / 2**30
         yield Check(
             "GpuMemoryHigh", severity, fire=ratio > level, clear=ratio < clear_level,
             summary=f"{_gpu(g)} memory is {_pct(ratio)} full",
-            description=f"{used:.1f} of {total:.1f} GiB used ({_pct(ratio)}); threshold {_pct(level)}.",
+            description=f"{(g.memory_used_bytes or 0) / 2**30:.1f} of {(g.memory_total_bytes or 0) / 2**30:.1f} GiB "
+                        f"used ({_pct(ratio)}); threshold {_pct(level)}.",
             value=ratio, for_seconds=r.for_,
         )  # fmt: skip
 
 
 def pcie_bottleneck(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuPcieBottleneck
-    cap = g.pcie_link_max_bytes_per_second if g.up else None
+    cap = g.pcie_link_max_bytes_per_second
     rates = [x for x in (g.pcie_tx_bytes_per_second, g.pcie_rx_bytes_per_second) if x is not None]
     util = g.utilization_ratio
-    if not cap or not rates or util is None:
-        yield Check("GpuPcieBottleneck", "warning", False, True, "", "", for_seconds=r.for_)
+    if not g.up or not cap or not rates or util is None:
         return
     load = max(rates) / cap
     yield Check(
@@ -197,19 +194,17 @@ def pcie_link_degraded(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSetti
     r = cfg.GpuPcieLinkDegraded
     s = g.static
     gen, width, util = g.pcie_link_generation, g.pcie_link_width, g.utilization_ratio
-    if not g.up or s is None or None in (gen, width, util, s.pcie_max_generation, s.pcie_max_width):
-        yield Check("GpuPcieLinkDegraded", "warning", False, True, "", "", for_seconds=r.for_)
+    max_gen, max_width = (s.pcie_max_generation, s.pcie_max_width) if s is not None else (None, None)
+    if not g.up or gen is None or width is None or util is None or max_gen is None or max_width is None:
         return
-    assert gen is not None and width is not None and util is not None
-    assert s.pcie_max_generation is not None and s.pcie_max_width is not None
-    degraded = gen < s.pcie_max_generation or width < s.pcie_max_width
+    degraded = gen < max_gen or width < max_width
     loaded = util >= r.min_utilization
     yield Check(
         "GpuPcieLinkDegraded", "warning",
         fire=degraded and loaded,
         clear=not degraded or not loaded,
         summary=f"{_gpu(g)} PCIe link runs below its capability under load",
-        description=f"Link at Gen{gen} x{width}, the card supports Gen{s.pcie_max_generation} x{s.pcie_max_width}, "
+        description=f"Link at Gen{gen} x{width}, the card supports Gen{max_gen} x{max_width}, "
                     f"with GPU utilization {_pct(util)} (load threshold {_pct(r.min_utilization)}).",
         value=float(gen), for_seconds=r.for_,
     )  # fmt: skip
@@ -221,7 +216,7 @@ def lost(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterat
         "GpuLost", "critical", fire=not g.up, clear=g.up,
         summary=f"GPU {g.index} stopped answering",
         description=f"GPU {g.index} ({g.uuid or 'uuid unknown'}) does not answer NVML: {g.error}.",
-        value=0.0 if not g.up else 1.0, for_seconds=r.for_,
+        value=0.0, for_seconds=r.for_,  # read only while it fires
     )  # fmt: skip
 
 
@@ -242,9 +237,8 @@ def xid(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterato
 
 def thermal(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     r = cfg.GpuThermalThrottling
-    if not g.up or not g.clock_event_active:
-        yield Check("GpuThermalThrottling", "warning", False, True, "", "", for_seconds=r.for_)
-        return
+    # A GPU that does not answer, or does not report clock event reasons, has none active: the
+    # check neither fires nor keeps an alert.
     active = [x for x in THERMAL_REASONS if g.clock_event_active.get(x)]
     temp = g.temperature_celsius.get("gpu")
     yield Check(
@@ -277,7 +271,7 @@ def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> I
     ):  # fmt: skip
         on = bool(g.up and flag)
         yield Check(alertname, severity, fire=on, clear=not on, summary=f"{_gpu(g)}: {what}",
-                    description=f"{_gpu(g)}: {what}.", value=1.0 if on else 0.0,
+                    description=f"{_gpu(g)}: {what}.", value=1.0,  # read only while it fires
                     for_seconds=rule.for_)  # fmt: skip
 
 

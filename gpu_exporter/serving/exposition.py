@@ -31,27 +31,24 @@ class Exposition:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._lock = threading.Lock()
-        self._plain = b""
-        self._gzipped: bytes | None = None
-        self._stale = True
+        self._plain: bytes | None = None  # None: stale, rendered by the next scrape
+        self._gzipped: bytes | None = None  # compressed from _plain, None until a gzip scrape asks
 
     def invalidate(self) -> None:
         with self._lock:
-            self._stale = True
+            self._plain = None
 
     def render(self) -> None:
         body = render_text(self._registry)
         with self._lock:
             self._plain = body
             self._gzipped = None
-            self._stale = False
 
     def body(self, gzipped: bool = False) -> bytes:
         with self._lock:
-            if self._stale:
+            if self._plain is None:
                 self._plain = render_text(self._registry)
                 self._gzipped = None
-                self._stale = False
             if not gzipped:
                 return self._plain
             if self._gzipped is None:
@@ -60,8 +57,13 @@ class Exposition:
             return self._gzipped
 
 
+# Every type prometheus_client's Metric accepts (metrics_core.METRIC_TYPES; test_exposition checks
+# that none is missing), as the classic text format names it.
 _TYPES = {"counter": "counter", "gauge": "gauge", "histogram": "histogram", "summary": "summary",
           "info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}  # fmt: skip
+
+
+_SUFFIXES = {"counter": "_total", "info": "_info"}
 
 
 def _value(v: float) -> str:
@@ -91,9 +93,9 @@ def render_text(registry: CollectorRegistry) -> bytes:
     out: list[str] = []
     append = out.append
     for metric in registry.collect():
-        name = metric.name + "_total" if metric.type == "counter" else metric.name
+        name = metric.name + _SUFFIXES.get(metric.type, "")  # the name its samples have
         help_text = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        append(f"# HELP {name} {help_text}\n# TYPE {name} {_TYPES.get(metric.type, 'untyped')}\n")
+        append(f"# HELP {name} {help_text}\n# TYPE {name} {_TYPES[metric.type]}\n")
         for s in metric.samples:
             if s.labels:
                 labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels.items())

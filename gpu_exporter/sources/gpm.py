@@ -59,32 +59,28 @@ class SamplePair(Generic[S]):
 
     ``take`` fills the spare buffer through ``fill`` and diffs it against the previous one.  A
     pair closer than ``MIN_INTERVAL_S`` is skipped and the older sample kept, so the next poll
-    spans a long enough interval.  ``identity`` names the device or instance the samples belong
-    to; a caller that sees a different identity must start a new pair, never diff across.
+    spans a long enough interval.  A pair belongs to one device or instance: a caller keys its
+    pairs by what they sample and starts a new one for anything else, never diffing across.
     A poll that comes too soon after the previous one repeats the last answers rather than
     leaving a gap in the series.
     """
 
-    def __init__(
-        self, calls: GpmCalls[S], identity: object, monotonic: Callable[[], float], interval: float = MIN_INTERVAL_S
-    ) -> None:
+    def __init__(self, calls: GpmCalls[S], monotonic: Callable[[], float], interval: float = MIN_INTERVAL_S) -> None:
         self._calls = calls
         self._interval = max(interval, MIN_INTERVAL_S)
-        self.identity = identity
         self._mono = monotonic
-        self._older: S | None = None
-        self._spare: S | None = None
         self._older_at: float | None = None
         self.unsupported: set[int] = set()  # metric ids this device answered NOT_SUPPORTED for
         self._last: dict[int, MetricAnswer] | None = None
         self.activity: Activity | None = None  # the last answers as an Activity, kept by the caller
         self._lock = threading.Lock()  # a GPU stuck in the driver must not race a re-init's close()
-        self._older = calls.alloc()
+        older = calls.alloc()
         try:
-            self._spare = calls.alloc()
+            spare = calls.alloc()
         except BaseException:
-            calls.free(self._older)
+            calls.free(older)
             raise
+        self._buffers: tuple[S, S] | None = (older, spare)  # (older, spare); None once closed
 
     def take(self, fill: Callable[[S], None], ids: tuple[int, ...]) -> tuple[dict[int, MetricAnswer] | None, bool]:
         """Sample now: the answers since the previous sample (None when there is no pair yet), and
@@ -97,19 +93,20 @@ class SamplePair(Generic[S]):
         if not self._lock.acquire(blocking=False):
             return self._last, False  # another thread is still inside the driver with these buffers
         try:
-            if self._spare is None or self._older is None:
+            if self._buffers is None:
                 return None, False  # closed
+            older, spare = self._buffers
             if self._older_at is not None and self._mono() - self._older_at < self._interval:
                 return self._last, False  # not due: no call at all
-            fill(self._spare)
+            fill(spare)
             now = self._mono()
-            if self._older_at is None:
-                self._rotate(now)
+            if self._older_at is None:  # the first sample: no pair yet
+                self._buffers, self._older_at = (spare, older), now
                 return None, False
-            if now - self._older_at < self._interval:
-                return self._last, False
-            raw = self._calls.metrics(self._older, self._spare, ids) if ids else {}
-            self._rotate(now)
+            # Past the due check above, and on a monotonic clock, ``now`` is at least ``interval``
+            # after the older sample.
+            raw = self._calls.metrics(older, spare, ids) if ids else {}
+            self._buffers, self._older_at = (spare, older), now  # only once fill and metrics went through
             self._last = {i: _answer(*raw[i]) for i in ids if i in raw}
             return self._last, True
         finally:
@@ -117,11 +114,7 @@ class SamplePair(Generic[S]):
 
     @property
     def closed(self) -> bool:
-        return self._older is None
-
-    def _rotate(self, now: float) -> None:
-        self._older, self._spare = self._spare, self._older
-        self._older_at = now
+        return self._buffers is None
 
     def close(self, timeout: float = 0.5) -> bool:
         """Free both buffers.  False if a thread stuck in the driver still holds them: then they
@@ -129,10 +122,9 @@ class SamplePair(Generic[S]):
         if not self._lock.acquire(timeout=timeout):
             return False
         try:
-            for sample in (self._older, self._spare):
-                if sample is not None:
-                    self._calls.free(sample)
-            self._older = self._spare = None
+            for sample in self._buffers or ():
+                self._calls.free(sample)
+            self._buffers = None
             return True
         finally:
             self._lock.release()

@@ -647,16 +647,16 @@ class NvmlBackend:
         key = (gi, uuid, profile)
         pair = dev.mig_gpm.get(key)
         if pair is None and "nvmlGpmMigSampleGet" not in dev.unsupported:
-            pair = self._new_pair(dev, key)
+            pair = self._new_pair(dev)
             if pair is not None:
                 dev.mig_gpm[key] = pair
         return self._gpm_activity(
             dev, pair, lambda s: pynvml.nvmlGpmMigSampleGet(dev.handle, gi, s.handle), what="nvmlGpmMigSampleGet"
         )
 
-    def _new_pair(self, dev: _Device, identity: object) -> SamplePair[Any] | None:
+    def _new_pair(self, dev: _Device) -> SamplePair[Any] | None:
         try:
-            return SamplePair(_GPM_CALLS, identity, self._mono, self._profiling_interval)
+            return SamplePair(_GPM_CALLS, self._mono, self._profiling_interval)
         except pynvml.NVMLError as e:
             self._gpm_failed(dev, "nvmlGpmSampleAlloc", e)
             return None
@@ -668,7 +668,7 @@ class NvmlBackend:
         if what in dev.unsupported or "nvmlGpmMetricsGet" in dev.unsupported:
             return None
         if pair is None and what == "nvmlGpmSampleGet":
-            pair = dev.gpm = self._new_pair(dev, dev.uuid_seen)
+            pair = dev.gpm = self._new_pair(dev)
         if pair is None:
             return None
         ids = tuple(i for i in _GPM_IDS if i not in pair.unsupported)

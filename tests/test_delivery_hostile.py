@@ -1,0 +1,166 @@
+"""Receivers that misbehave on purpose: what they answer must never hold up the alerts behind them,
+nor keep the exporter from exiting."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpu_exporter.alerting.delivery import AlertmanagerReceiver
+from gpu_exporter.alerting.settings import ReceiverSettings
+from tests.alerting_helpers import webhook_receiver
+from tests.exporter_helpers import wait_for
+from tests.test_alert_delivery import T0, Outcomes, alert
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATOR = "http://node-a:9445/alerts"
+
+
+def am(url: str, outcomes: Outcomes, timeout: float = 30.0) -> AlertmanagerReceiver:
+    return AlertmanagerReceiver(ReceiverSettings(url=url, timeout=timeout), outcomes, queue_size=10, valid_for=60,
+                                generator_url=lambda: GENERATOR)  # fmt: skip
+
+
+@dataclass
+class Streamer:
+    """Answers its first request with ``head`` and then an endless body, the rest with an empty 200."""
+
+    head: bytes
+    port: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def streamer(head: bytes) -> Iterator[Streamer]:
+    s = Streamer(head)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    s.port = listener.getsockname()[1]
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            s.requests.append(data)
+            if len(s.requests) > 1:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            conn.sendall(s.head)
+            chunk = b"x" * 65536
+            try:
+                while not s.stop.is_set():  # until the client hangs up (or the test ends)
+                    conn.sendall(chunk)
+            except OSError:
+                pass
+
+    def serve() -> None:
+        while not s.stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield s
+    finally:
+        s.stop.set()
+        listener.close()
+
+
+def test_an_endless_reply_to_a_delivered_alert_neither_holds_the_receiver_nor_repeats_the_alert() -> None:
+    """A receiver (or something posing as one) that takes the alert and then streams a reply without
+    end: the alert counts as delivered once, after a bounded read, and the next alert goes out too.
+    Reading the whole reply would stall delivery for good and grow the exporter's memory."""
+    outcomes = Outcomes()
+    with streamer(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n") as hook:
+        r = am(hook.url, outcomes)
+        r.start()
+        r.submit([alert(gpu="0")], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, timeout=15, what="the alert delivered despite the endless reply")
+        r.submit([alert(gpu="1")], T0)
+        wait_for(lambda: outcomes.count("sent") == 2, timeout=15, what="the next alert")
+        r.stop()
+    assert outcomes.count("retried") == 0
+    assert len(hook.requests) == 2, "each alert was posted once"
+
+
+def test_an_endless_rejection_is_logged_and_the_next_alert_still_goes_out() -> None:
+    """A 400 whose body never ends: the rejection is counted at once (only the start of its body is
+    logged), and the receiver goes on to the next alert instead of reading forever."""
+    outcomes = Outcomes()
+    with streamer(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\n\r\n") as hook:
+        r = am(hook.url, outcomes)
+        r.start()
+        r.submit([alert(gpu="0")], T0)
+        wait_for(lambda: outcomes.count("rejected") == 1, timeout=15, what="the rejection counted")
+        r.submit([alert(gpu="1")], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, timeout=15, what="the next alert delivered")
+        r.stop()
+
+
+def test_notifications_say_they_come_from_gpu_exporter() -> None:
+    """A receiver's access log (or a proxy's) tells the exporter's notifications from others by their User-Agent."""
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = am(hook.url, outcomes)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the notification")
+        r.stop()
+    (req,) = hook.requests
+    assert {k.lower(): v for k, v in req.headers.items()}["user-agent"] == "gpu-exporter"
+
+
+EXIT_WHILE_A_RECEIVER_HANGS = """
+import sys, time
+from gpu_exporter.alerting.delivery import AlertmanagerReceiver
+from gpu_exporter.alerting.engine import Alert
+from gpu_exporter.alerting.settings import ReceiverSettings
+r = AlertmanagerReceiver(ReceiverSettings(url=sys.argv[1], timeout=60), lambda receiver, outcome: None,
+                         queue_size=10, valid_for=60, generator_url=lambda: "http://node-a:9445/alerts")
+r.start()
+r.submit([Alert((("alertname", "GpuLost"),), (), "firing", active_at=time.time())], time.time())
+time.sleep(0.5)  # the request is in flight; the receiver will not answer for a minute
+r.stop()
+print("stopped", flush=True)
+"""
+
+
+def test_the_exporter_exits_promptly_while_a_receiver_hangs_on_a_request() -> None:
+    """Shutting down (systemctl stop, a pod deleted) must not wait out a receiver that accepted the
+    connection and never answers: once the receivers are stopped, the process ends, whatever the
+    receiver's timeout (60 s here)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts, never answers
+    try:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", EXIT_WHILE_A_RECEIVER_HANGS,
+                               f"http://127.0.0.1:{listener.getsockname()[1]}"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=50)  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        listener.close()
+    assert "stopped" in proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert took < 30, f"the process took {took:.0f} s to exit after stopping its receivers"
