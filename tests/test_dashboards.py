@@ -606,6 +606,21 @@ def returns_data(prom: Prometheus, t: dict[str, Any], expr: str, now: float) -> 
     return any(series["values"] for series in data["result"])
 
 
+Run = tuple[str, dict[str, Any], str]  # where (dashboard, panel, refId), the target, the expression
+
+
+def assert_every_query_returns_data(prom: Prometheus, runs: list[Run], within: float) -> None:
+    """Waits (at most ``within`` seconds) until each query returns data; fails naming those that never did."""
+    empty = runs
+    deadline = time.monotonic() + within
+    while empty and time.monotonic() < deadline:
+        now = time.time()
+        empty = [r for r in empty if not returns_data(prom, r[1], r[2], now)]
+        if empty:
+            time.sleep(0.5)
+    assert not empty, "queries without data:\n" + "\n".join(f"{w}\n  {e}" for w, _, e in empty)
+
+
 # Panels whose query part before `or vector(0)` is empty while every exporter answers: they count what
 # only a dead exporter or a failing NVML makes (tests/test_fleet.py kills one and checks them).
 EMPTY_WHILE_HEALTHY = {
@@ -673,14 +688,7 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             runs = [(f"{n}: {p['title']!r} {t['refId']}", t, e) for n, dash in dashes.items()
                     for p, t in targets(dash) for e in queries_to_run(t)
                     if (n, p["title"], t["refId"]) not in EMPTY_WHILE_HEALTHY or e.endswith("vector(0)")]  # fmt: skip
-            empty = runs
-            deadline = time.monotonic() + 15
-            while empty and time.monotonic() < deadline:
-                now = time.time()
-                empty = [r for r in empty if not returns_data(prom, r[1], r[2], now)]
-                if empty:
-                    time.sleep(0.5)
-            assert not empty, "queries without data:\n" + "\n".join(f"{w}\n  {e}" for w, _, e in empty)
+            assert_every_query_returns_data(prom, runs, within=15)
             assert len(runs) > 80
             check_pods_and_mig_panels(prom, dashes["gpu-node.json"], s)
             # The variables' label_values() find this node, its GPUs and the pod holding a whole GPU

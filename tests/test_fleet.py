@@ -26,11 +26,11 @@ from tests.test_dashboards import (
     FAST_RULES,
     NAMES,
     VALUES,
+    assert_every_query_returns_data,
     load,
     node_with_everything,
     panels,
     pods,
-    returns_data,
     substitute,
     targets,
     variable_selectors,
@@ -162,14 +162,7 @@ def check_every_panel_has_data(prom: Prometheus) -> None:
             healthy_empty = (name, p["title"], t["refId"]) in EMPTY_WHILE_HEALTHY
             where = f"{name}: {p['title']!r} {t['refId']}"
             runs += [(where, t, e) for e in exprs if not healthy_empty or e.endswith("vector(0)")]
-    empty = runs
-    deadline = time.monotonic() + 20
-    while empty and time.monotonic() < deadline:
-        now = time.time()
-        empty = [r for r in empty if not returns_data(prom, r[1], r[2], now)]
-        if empty:
-            time.sleep(0.5)
-    assert not empty, "queries without data:\n" + "\n".join(f"{w}\n  {e}" for w, _, e in empty)
+    assert_every_query_returns_data(prom, runs, within=20)
 
 
 def check_power_falls_back(prom: Prometheus) -> None:
