@@ -74,7 +74,8 @@ class Daemon:
         alerting = settings.alerting
         self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
                                  resend_interval=alerting.resend_interval,
-                                 resolved_retention=alerting.resolved_retention, pod_labels=pod_labels)  # fmt: skip
+                                 resolved_retention=alerting.resolved_retention, pod_labels=pod_labels,
+                                 poll_interval=settings.poll_interval)  # fmt: skip
         # Rules average utilization over samples kept this long; a longer window needs a restart.
         self._horizon = max(settings.rules.GpuUnderutilized.window, settings.rules.GpuIdle.window)
         self._evaluating = threading.Lock()  # a reload swaps rules and receivers between evaluations

@@ -15,6 +15,7 @@ firing from the same start, because to them a label set *is* the alert.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -107,6 +108,7 @@ class RuleEngine:
         resend_interval: float = 60.0,
         resolved_retention: float = 900.0,
         pod_labels: tuple[str, str, str] | None = None,
+        poll_interval: float | None = None,
     ) -> None:
         self.rules = rules
         self.pod_labels = pod_labels
@@ -115,6 +117,9 @@ class RuleEngine:
         self.resolved_retention = resolved_retention
         horizon = max(rules.GpuUnderutilized.window, rules.GpuIdle.window, rules.GpuLowSmActivity.window)
         self._horizon = horizon
+        # The samples a GPU's windows will hold, set aside when the GPU is first seen: memory stays
+        # flat while the windows fill (for an hour, by default) instead of growing every poll.
+        self._capacity = math.ceil(horizon / poll_interval) + 2 if poll_interval else 64
         self._history: dict[int, GpuHistory] = {}
         self._active: dict[Identity, _Tracked] = {}  # pending and firing, by identity
         self._resolved: dict[Labels, _Tracked] = {}  # resolved, re-sent for the retention, by label set
@@ -126,7 +131,10 @@ class RuleEngine:
         now = snapshot.taken_at
         out: list[tuple[GpuReading, Check]] = []
         for g in snapshot.gpus:
-            h = self._history.setdefault(g.index, GpuHistory(SampleWindow(self._horizon), SampleWindow(self._horizon)))
+            h = self._history.get(g.index)
+            if h is None:
+                utilization = SampleWindow(self._horizon, self._capacity)
+                h = self._history[g.index] = GpuHistory(utilization, SampleWindow(self._horizon, self._capacity))
             h.observe(g, now)
             for rule in RULES:
                 for c in rule(g, h, now, self.rules):
