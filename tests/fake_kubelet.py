@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from gpu_exporter.kubernetes.podresources import api_pb2, api_pb2_grpc
+from tests.podresources import api_pb2, api_pb2_grpc
 
 # A unix socket path must fit in sockaddr_un (108 bytes); pytest's tmp_path can be longer.
 MAX_SOCKET_PATH = 100

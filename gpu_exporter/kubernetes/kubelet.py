@@ -1,6 +1,6 @@
 """Which Kubernetes pod and container holds each GPU, from the kubelet's PodResources v1 API.
 
-The kubelet serves ``List`` on a unix socket (by default /var/lib/kubelet/pod-resources/kubelet.sock,
+The kubelet serves ``List`` (gRPC) on a unix socket (by default /var/lib/kubelet/pod-resources/kubelet.sock,
 mounted into the exporter's pod): every pod on the node, with the device ids that device plugins
 assigned to each container.  A background thread asks every ``refresh_interval`` seconds and swaps
 in a new immutable mapping, so readers (the scrape path) never wait on the kubelet; a kubelet that
@@ -32,11 +32,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-import grpc
 import structlog
 
 from ..snapshot import PodRef
-from .podresources import api_pb2, api_pb2_grpc
+from .grpc_unix import RpcError, UnaryCall
+from .podresources import PodResources, WireError, decode_list_response
 
 __all__ = ["DeviceMap", "PodRef", "PodResourcesWatcher", "build_device_map", "normalize_device_id"]
 
@@ -48,6 +48,7 @@ OUTCOMES = ("ok", "error", "missing")
 # What the kubelet's own pod-resources client allows; the default 4 MiB could cut off a busy node.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 STOP_JOIN_S = 1.0
+LIST_METHOD = "/v1.PodResourcesLister/List"
 
 _INDEX_ID = re.compile(r"\d+(?::\d+)?")
 
@@ -68,10 +69,10 @@ def normalize_device_id(device_id: str) -> str:
     return base
 
 
-def build_device_map(response: api_pb2.ListPodResourcesResponse, accept: Callable[[str], bool]) -> DeviceMap:
+def build_device_map(pods: Sequence[PodResources], accept: Callable[[str], bool]) -> DeviceMap:
     """Device key -> the containers holding it (sorted, each once), for resources ``accept`` takes."""
     holders: dict[str, set[PodRef]] = {}
-    for pod in response.pod_resources:
+    for pod in pods:
         for container in pod.containers:
             ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
             for devices in container.devices:
@@ -122,18 +123,16 @@ class PodResourcesWatcher:
         self.keep_last_good_for = keep_last_good_for
         self._expired = expired
         self._clock = clock
-        self._target = "unix://" + os.path.abspath(socket_path)
         self._devices: DeviceMap = _EMPTY
         self._last_ok = False
         self._last_ok_at: float | None = None  # clock() of the last successful refresh
         # What the last refresh found ("ok", "missing" or "error:<reason>"), to log changes only.
         self._state: str | None = None
         self._outcome_failed = False
-        self._cond = threading.Condition()  # guards _stopped, _started and the channel
+        self._cond = threading.Condition()  # guards _stopped, _started and _call
         self._stopped = False
         self._started = False
-        self._channel: grpc.Channel | None = None
-        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
+        self._call: UnaryCall | None = None  # the List call in flight, for stop() to cancel
         self._refreshing = threading.Lock()  # one List call at a time, whoever calls
         self._thread = threading.Thread(target=self._run, name="kubelet-pod-resources", daemon=True)
 
@@ -170,9 +169,9 @@ class PodResourcesWatcher:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-            channel, self._channel, self._stub = self._channel, None, None
-        if channel is not None:
-            channel.close()  # cancels a call in flight, so the thread is not held up by it
+            call = self._call
+        if call is not None:
+            call.cancel()  # ends a call in flight, so the thread is not held up by it
         if self._thread.is_alive():
             self._thread.join(STOP_JOIN_S)
 
@@ -201,13 +200,11 @@ class PodResourcesWatcher:
             try:
                 return self._refresh()
             except Exception as e:  # never let a surprise escape into the caller or the thread
-                self._drop_channel()
                 self._failed(f"{type(e).__name__}: {e}", type(e).__name__, exc_info=True)
                 return False
 
     def _refresh(self) -> bool:
         if self._socket_missing():
-            self._drop_channel()  # the kubelet went away: start afresh when its socket is back
             self._last_ok = False
             self._expire_if_stale()
             if self._state != "missing":
@@ -219,25 +216,27 @@ class PodResourcesWatcher:
                 self._state = "missing"
             self._report("missing")
             return False
-        stub = self._connect()
-        if stub is None:  # stopped meanwhile
-            return False
-        try:
-            response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
-        except grpc.RpcError as e:
-            if self._stopped:
-                return False  # stop() closed the channel under the call: not the kubelet's fault
-            self._drop_channel()  # a fresh channel next time skips gRPC's reconnect backoff
-            code = e.code() if isinstance(e, grpc.Call) else None
-            details = e.details() if isinstance(e, grpc.Call) else str(e)
-            name = code.name if code is not None else type(e).__name__
-            self._failed(f"{name}: {details}", name)
-            return False
-        except ValueError:  # "Cannot invoke RPC on closed channel!": stop() won the race
+        # A connection per call: at one call per refresh_interval it costs nothing, and a kubelet
+        # restart leaves no half-dead channel or reconnect backoff behind.
+        call = UnaryCall(self.socket_path, LIST_METHOD, timeout=self.timeout, max_message_bytes=MAX_MESSAGE_BYTES)
+        with self._cond:
             if self._stopped:
                 return False
-            raise
-        devices = build_device_map(response, self.accepts)
+            self._call = call
+        try:
+            pods = decode_list_response(call.run())  # an empty ListPodResourcesRequest is zero bytes
+        except RpcError as e:
+            if self._stopped:
+                return False  # stop() cancelled the call: not the kubelet's fault
+            self._failed(str(e), e.code)
+            return False
+        except WireError as e:
+            self._failed(f"the kubelet's answer is not a ListPodResourcesResponse: {e}", "MALFORMED")
+            return False
+        finally:
+            with self._cond:
+                self._call = None
+        devices = build_device_map(pods, self.accepts)
         if self._stopped:
             return False
         self._set(devices, ok=True)
@@ -246,7 +245,7 @@ class PodResourcesWatcher:
             log.info(
                 "pod_attribution_on",
                 socket=self.socket_path,
-                pods=len(response.pod_resources),
+                pods=len(pods),
                 devices=len(devices),
                 detail=f"kubelet pod-resources API answering at {self.socket_path}; pod attribution is on",
             )
@@ -310,24 +309,3 @@ class PodResourcesWatcher:
         except OSError:
             return False  # there, but not ours to look at (a non-root exporter): the call says why
         return False
-
-    def _connect(self) -> api_pb2_grpc.PodResourcesListerStub | None:
-        with self._cond:
-            if self._stopped:
-                return None
-            if self._stub is None:
-                self._channel = grpc.insecure_channel(
-                    self._target,
-                    options=[
-                        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                        ("grpc.enable_http_proxy", 0),
-                    ],
-                )
-                self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
-            return self._stub
-
-    def _drop_channel(self) -> None:
-        with self._cond:
-            channel, self._channel, self._stub = self._channel, None, None
-        if channel is not None:
-            channel.close()

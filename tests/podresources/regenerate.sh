@@ -6,7 +6,7 @@
 # Needs: pip install grpcio-tools mypy-protobuf.  Uses $PYTHON, else the repository's .venv, else python3.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../../.." && pwd)"
+root="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-}"
 if [[ -z "$python" ]]; then
     if [[ -x "$root/.venv/bin/python" ]]; then python="$root/.venv/bin/python"; else python=python3; fi
@@ -18,16 +18,16 @@ grpc_plugin="$bindir/protoc-gen-mypy_grpc"
 
 cd "$root"
 # Compiled from the repository root, so the descriptor is registered as
-# "gpu_exporter/kubernetes/podresources/api.proto" and cannot clash with another library's "api.proto".
+# "tests/podresources/api.proto" and cannot clash with another library's "api.proto".
 "$python" -m grpc_tools.protoc -I. \
     --python_out=. --grpc_python_out=. \
     --plugin=protoc-gen-mypy="$plugin" --mypy_out=. \
     --plugin=protoc-gen-mypy_grpc="$grpc_plugin" --mypy_grpc_out=. \
-    gpu_exporter/kubernetes/podresources/api.proto
+    tests/podresources/api.proto
 
 cd "$here"
 # The generated modules import their siblings by absolute package path; make that package-relative.
-sed -i 's/^from gpu_exporter\.kubernetes\.podresources import api_pb2 as /from . import api_pb2 as /' api_pb2_grpc.py api_pb2_grpc.pyi
+sed -i 's/^from tests\.podresources import api_pb2 as /from . import api_pb2 as /' api_pb2_grpc.py api_pb2_grpc.pyi
 grep -q '^from \. import api_pb2 as ' api_pb2_grpc.py
 # mypy-protobuf marks lines for flake8-pyi (Y015), a code ruff does not know (RUF102).
 sed -i 's/  # noqa: Y015$//' api_pb2.pyi api_pb2_grpc.pyi

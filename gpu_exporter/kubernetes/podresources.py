@@ -1,0 +1,161 @@
+"""The kubelet's PodResources v1 ``List`` answer, decoded from protobuf's wire format.
+
+Only the fields pod attribution reads are kept (field numbers are the kubelet's, from
+k8s.io/kubelet/pkg/apis/podresources/v1/api.proto)::
+
+    ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
+    PodResources             { string name = 1; string namespace = 2; repeated ContainerResources containers = 3; }
+    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2; }
+    ContainerDevices         { string resource_name = 1; repeated string device_ids = 2; }
+
+Everything else (CPU ids, memory, topology, dynamic resources, fields a later kubelet adds) is
+skipped as protobuf skips unknown fields, and a known field sent with another wire type is skipped
+as protobuf does.  Decoding these four messages by hand is why the exporter needs neither the
+protobuf runtime nor generated code (about 2 MiB resident); tests compare this decoder with
+protobuf's own parser on generated messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = [
+    "ContainerDevices",
+    "ContainerResources",
+    "PodResources",
+    "WireError",
+    "decode_list_response",
+]
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_FIXED_SIZE = {_I64: 8, _I32: 4}
+_MAX_VARINT_BYTES = 10
+_MAX_FIELD_NUMBER = 2**29 - 1
+
+
+class WireError(ValueError):
+    """The bytes are not a well-formed protobuf message (truncated, a bad wire type, bad UTF-8)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevices:
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResources:
+    name: str
+    devices: tuple[ContainerDevices, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodResources:
+    name: str
+    namespace: str
+    containers: tuple[ContainerResources, ...]
+
+
+def decode_list_response(data: bytes) -> tuple[PodResources, ...]:
+    """The pods of one serialized ``ListPodResourcesResponse``; raises WireError if malformed."""
+    return tuple(_pod(value) for value in _length_delimited(memoryview(data), 1))
+
+
+def _pod(data: memoryview) -> PodResources:
+    name = namespace = ""
+    containers: list[ContainerResources] = []
+    for number, value in _fields_of_type(data, _LEN):
+        if number == 1:
+            name = _text(value)
+        elif number == 2:
+            namespace = _text(value)
+        elif number == 3:
+            containers.append(_container(value))
+    return PodResources(name=name, namespace=namespace, containers=tuple(containers))
+
+
+def _container(data: memoryview) -> ContainerResources:
+    name = ""
+    devices: list[ContainerDevices] = []
+    for number, value in _fields_of_type(data, _LEN):
+        if number == 1:
+            name = _text(value)
+        elif number == 2:
+            devices.append(_devices(value))
+    return ContainerResources(name=name, devices=tuple(devices))
+
+
+def _devices(data: memoryview) -> ContainerDevices:
+    resource_name = ""
+    device_ids: list[str] = []
+    for number, value in _fields_of_type(data, _LEN):
+        if number == 1:
+            resource_name = _text(value)
+        elif number == 2:
+            device_ids.append(_text(value))
+    return ContainerDevices(resource_name=resource_name, device_ids=tuple(device_ids))
+
+
+def _length_delimited(data: memoryview, wanted: int) -> Iterator[memoryview]:
+    for number, value in _fields_of_type(data, _LEN):
+        if number == wanted:
+            yield value
+
+
+def _fields_of_type(data: memoryview, wire_type: int) -> Iterator[tuple[int, memoryview]]:
+    """(field number, bytes) of every length-delimited field; the message is checked whole first.
+
+    Walking it all before yielding means a truncated tail fails the message even when the fields
+    before it were read, as protobuf's parser does.
+    """
+    fields = list(_fields(data))
+    for number, kind, value in fields:
+        if kind == wire_type:
+            yield number, value
+
+
+def _fields(data: memoryview) -> Iterator[tuple[int, int, memoryview]]:
+    """(field number, wire type, payload) for each field; fixed and varint payloads are skipped."""
+    at, end = 0, len(data)
+    while at < end:
+        key, at = _varint(data, at)
+        number, kind = key >> 3, key & 7
+        if not 0 < number <= _MAX_FIELD_NUMBER:
+            raise WireError(f"field number {number} at byte {at} is outside 1..{_MAX_FIELD_NUMBER}")
+        if kind == _VARINT:
+            _, at = _varint(data, at)
+            yield number, kind, data[at:at]
+        elif kind == _LEN:
+            size, at = _varint(data, at)
+            if size > end - at:
+                raise WireError(f"field {number} says {size} bytes, {end - at} are left")
+            yield number, kind, data[at : at + size]
+            at += size
+        elif kind in _FIXED_SIZE:
+            at += _FIXED_SIZE[kind]
+            if at > end:
+                raise WireError(f"field {number} is cut short")
+            yield number, kind, data[at:at]
+        else:  # 3 and 4 are proto2 groups, never in this API; 6 and 7 do not exist
+            raise WireError(f"field {number} has wire type {kind}, which this message cannot hold")
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    value = shift = 0
+    for i in range(at, min(at + _MAX_VARINT_BYTES, len(data))):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value & 0xFFFF_FFFF_FFFF_FFFF, i + 1
+        shift += 7
+    if len(data) - at >= _MAX_VARINT_BYTES:
+        raise WireError(f"a varint at byte {at} runs past 10 bytes")
+    raise WireError(f"a varint at byte {at} is cut short")
+
+
+def _text(value: memoryview) -> str:
+    try:
+        return str(value, "utf-8")
+    except UnicodeDecodeError as e:
+        raise WireError(f"a string field is not UTF-8 ({e.reason} at byte {e.start})") from None

@@ -1,0 +1,516 @@
+"""The exporter's own gRPC client, against grpcio's real server and against servers that misbehave.
+
+A kubelet is a grpc-go server; grpcio's C-core server (the fake kubelet) is the reference
+implementation of the same protocol.  The hostile servers below speak real HTTP/2 (the h2 library,
+server side) or raw bytes on the unix socket, each doing one thing wrong.  Whatever they do, a call
+ends within its timeout as an RpcError that names the problem, holds no more than its limit in
+memory, and leaves no socket open.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+from gpu_exporter.kubernetes.grpc_unix import RpcError, UnaryCall
+from gpu_exporter.kubernetes.kubelet import LIST_METHOD, PodRef, PodResourcesWatcher
+from gpu_exporter.kubernetes.podresources import decode_list_response
+from tests.fake_kubelet import FakeKubelet, fake_kubelet, pod, socket_path_in
+
+GPU = "nvidia.com/gpu"
+MIB = 1024 * 1024
+
+
+def call(path: Path, *, method: str = LIST_METHOD, timeout: float = 2.0, max_bytes: int = 16 * MIB) -> bytes:
+    return UnaryCall(str(path), method, timeout=timeout, max_message_bytes=max_bytes).run()
+
+
+def failure(path: Path, **kwargs: object) -> RpcError:
+    with pytest.raises(RpcError) as caught:
+        call(path, **kwargs)  # type: ignore[arg-type]
+    return caught.value
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+# -- servers that misbehave ----------------------------------------------------------------------
+
+
+class SocketServer:
+    """Accepts connections on a unix socket and hands each to ``handler`` on its own thread."""
+
+    def __init__(self, path: Path, handler: Callable[[socket.socket], object]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.handler = handler
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(64)
+        self.listener.settimeout(0.05)
+        self.stopped = threading.Event()
+        self.connections = 0
+        self.threads: list[threading.Thread] = []
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        try:
+            self.handler(conn)
+        except Exception:  # the client gave up first: what most of these tests want
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.acceptor.join(2)
+        self.listener.close()
+        for t in self.threads:
+            t.join(5)
+        self.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def serving(
+    tmp_path: Path, handler: Callable[[socket.socket], object], path: Path | None = None
+) -> Iterator[SocketServer]:
+    server = SocketServer(path or socket_path_in(tmp_path), handler)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class Reply:
+    """The server side of one HTTP/2 connection, after the client's request has arrived whole."""
+
+    def __init__(self, sock: socket.socket, conn: h2.connection.H2Connection, stream: int) -> None:
+        self.sock, self.conn, self.stream = sock, conn, stream
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def headers(self, headers: list[tuple[str, str]], *, end: bool = False) -> None:
+        self.conn.send_headers(self.stream, headers, end_stream=end)
+        self.flush()
+
+    def grpc_headers(self) -> None:
+        self.headers([(":status", "200"), ("content-type", "application/grpc")])
+
+    def data(self, data: bytes, *, end: bool = False) -> None:
+        self.conn.send_data(self.stream, data, end_stream=end)
+        self.flush()
+
+    def trailers(self, trailers: list[tuple[str, str]]) -> None:
+        self.conn.send_headers(self.stream, trailers, end_stream=True)
+        self.flush()
+
+    def pump(self) -> None:
+        """Reads what the client sent (window updates, ping acks), answering as HTTP/2 requires."""
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionResetError
+        self.conn.receive_data(data)
+        self.flush()
+
+
+def discard(sock: socket.socket) -> None:
+    try:
+        while sock.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
+def h2_server(respond: Callable[[Reply], None]) -> Callable[[socket.socket], None]:
+    def handle(sock: socket.socket) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        stream, ended = 0, False
+        while not ended:
+            data = sock.recv(65536)
+            if not data:
+                return
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    stream = event.stream_id
+                ended = ended or isinstance(event, h2.events.StreamEnded)
+            sock.sendall(conn.data_to_send())
+        respond(Reply(sock, conn, stream))
+
+    return handle
+
+
+def framed(message: bytes, *, compressed: bool = False, size: int | None = None) -> bytes:
+    return bytes([compressed]) + (len(message) if size is None else size).to_bytes(4, "big") + message
+
+
+def grpc_answer(body: bytes, trailers: list[tuple[str, str]]) -> Callable[[Reply], None]:
+    def respond(r: Reply) -> None:
+        r.grpc_headers()
+        if body:
+            r.data(body)
+        r.trailers(trailers)
+
+    return respond
+
+
+OK = [("grpc-status", "0")]
+
+
+# -- against grpcio's own server -----------------------------------------------------------------
+
+
+def test_reads_the_answer_of_a_real_grpc_server(tmp_path: Path) -> None:
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a", "GPU-b"])), pod("kube", "q", ("c", GPU, ["MIG-1"]))]
+        pods = decode_list_response(call(kubelet.socket_path))
+    assert [(p.namespace, p.name, [d.device_ids for c in p.containers for d in c.devices]) for p in pods] == [
+        ("ns", "p", [("GPU-a", "GPU-b")]),
+        ("kube", "q", [("MIG-1",)]),
+    ]
+
+
+def big_node(kubelet: FakeKubelet, pods: int) -> None:
+    """``pods`` pods with long device ids: about 1 KiB of answer each."""
+    kubelet.pods = [pod("ns", f"p{i}", ("main", GPU, [f"GPU-{i}-" + "x" * 1000])) for i in range(pods)]
+
+
+def test_an_answer_larger_than_http2s_default_windows_arrives_whole(tmp_path: Path) -> None:
+    with fake_kubelet(tmp_path) as kubelet:
+        big_node(kubelet, 3000)  # ~3 MiB: 48 times HTTP/2's initial 64 KiB window
+        pods = decode_list_response(call(kubelet.socket_path, timeout=10))
+    assert len(pods) == 3000 and pods[-1].name == "p2999"
+
+
+def test_an_answer_over_the_limit_is_refused_not_held(tmp_path: Path) -> None:
+    with fake_kubelet(tmp_path) as kubelet:
+        big_node(kubelet, 2000)
+        e = failure(kubelet.socket_path, timeout=10, max_bytes=1 * MIB)
+    assert e.code == "RESOURCE_EXHAUSTED" and "larger than 1048576 bytes" in e.details
+
+
+def test_the_servers_status_and_message_come_through(tmp_path: Path) -> None:
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.fail = True
+        e = failure(kubelet.socket_path)
+    assert (e.code, e.details) == ("UNAVAILABLE", "fake kubelet: failing on purpose")
+
+
+def test_a_method_the_server_does_not_have_is_unimplemented(tmp_path: Path) -> None:
+    """An older kubelet without the v1 API answers so."""
+    with fake_kubelet(tmp_path) as kubelet:
+        e = failure(kubelet.socket_path, method="/v1.PodResourcesLister/Watch")
+    assert e.code == "UNIMPLEMENTED"
+
+
+def test_a_hanging_server_costs_the_timeout_and_no_more(tmp_path: Path) -> None:
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.hang = math.inf
+        t0 = time.monotonic()
+        e = failure(kubelet.socket_path, timeout=0.5)
+        elapsed = time.monotonic() - t0
+        kubelet.release()
+    # grpcio's server reads the grpc-timeout header and gives up first, as a kubelet does.
+    assert e.code == "DEADLINE_EXCEEDED"
+    assert 0.45 <= elapsed < 1.5
+
+
+# -- servers that get gRPC wrong -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("respond", "code", "says"),
+    [
+        pytest.param(
+            lambda r: r.headers([(":status", "503"), ("content-type", "text/plain")], end=True),
+            "UNAVAILABLE", "HTTP 503", id="http-503",
+        ),
+        pytest.param(
+            lambda r: r.headers([(":status", "404")], end=True), "UNIMPLEMENTED", "HTTP 404", id="http-404"
+        ),
+        pytest.param(
+            lambda r: r.headers([(":status", "418")], end=True), "UNKNOWN", "HTTP 418", id="http-418"
+        ),
+        pytest.param(
+            lambda r: (r.headers([(":status", "200"), ("content-type", "text/html")]), r.data(b"<html>", end=True)),
+            "UNKNOWN", "text/html, not application/grpc", id="not-grpc",
+        ),
+        pytest.param(
+            lambda r: (r.grpc_headers(), r.data(framed(b"\x0a\x00"), end=True)),
+            "INTERNAL", "without a grpc-status", id="no-status",
+        ),
+        pytest.param(
+            grpc_answer(framed(b"\x0a\x00", compressed=True), OK), "INTERNAL", "compressed", id="compressed"
+        ),
+        pytest.param(
+            grpc_answer(framed(b"abc", size=100), OK), "INTERNAL", "says 100 bytes and 3 came", id="short-message"
+        ),
+        pytest.param(
+            grpc_answer(framed(b"") + framed(b""), OK), "INTERNAL", "says 0 bytes and 5 came", id="two-messages"
+        ),
+        pytest.param(grpc_answer(b"", OK), "INTERNAL", "holds 0 bytes, not a message", id="no-message"),
+        pytest.param(grpc_answer(b"\x00\x00", OK), "INTERNAL", "holds 2 bytes", id="half-a-prefix"),
+        pytest.param(
+            grpc_answer(b"", [("grpc-status", "5"), ("grpc-message", "pod%20list%20gone%20%E2%9C%97")]),
+            "NOT_FOUND", "pod list gone \u2717", id="status-with-message",
+        ),
+        pytest.param(
+            lambda r: r.headers([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "7")],
+                                end=True),
+            "PERMISSION_DENIED", "grpc-status 7", id="trailers-only",
+        ),
+        pytest.param(grpc_answer(b"", [("grpc-status", "99")]), "UNKNOWN", "grpc-status 99", id="status-99"),
+        pytest.param(grpc_answer(b"", [("grpc-status", "x")]), "UNKNOWN", "grpc-status x", id="status-x"),
+        pytest.param(
+            grpc_answer(b"", [("grpc-status", "\u00b2")]), "UNKNOWN", "grpc-status \u00b2", id="status-superscript"
+        ),
+        pytest.param(
+            lambda r: (r.conn.reset_stream(r.stream, h2.errors.ErrorCodes.REFUSED_STREAM), r.flush()),
+            "UNAVAILABLE", "reset the call (REFUSED_STREAM)", id="refused",
+        ),
+        pytest.param(
+            lambda r: (r.conn.reset_stream(r.stream, h2.errors.ErrorCodes.INTERNAL_ERROR), r.flush()),
+            "INTERNAL", "reset the call (INTERNAL_ERROR)", id="reset",
+        ),
+        pytest.param(
+            lambda r: (r.conn.reset_stream(r.stream, h2.errors.ErrorCodes.CANCEL), r.flush()),
+            "CANCELLED", "reset the call (CANCEL)", id="cancel",
+        ),
+        pytest.param(
+            lambda r: (r.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR), r.flush()),
+            "UNAVAILABLE", "GOAWAY NO_ERROR", id="goaway",
+        ),
+        pytest.param(
+            lambda r: r.headers([(":status", "200"), ("x-bomb", "y" * 70_000)]),
+            "INTERNAL", "not valid HTTP/2", id="header-bomb",
+        ),
+    ],
+)  # fmt: skip
+def test_a_server_that_gets_grpc_wrong_is_named(
+    tmp_path: Path, respond: Callable[[Reply], None], code: str, says: str
+) -> None:
+    fds = open_fds()
+    with serving(tmp_path, h2_server(respond)) as server:
+        t0 = time.monotonic()
+        e = failure(server.path, timeout=2.0)
+        assert time.monotonic() - t0 < 1.5, "an answer that is wrong is known at once, not at the timeout"
+    assert e.code == code and says in e.details, (e.code, e.details)
+    assert open_fds() <= fds, "no socket is left open"  # fewer: a grpcio server of an earlier test finished closing
+
+
+def test_a_server_that_answers_http1_is_named(tmp_path: Path) -> None:
+    def http1(sock: socket.socket) -> None:
+        sock.recv(4096)
+        sock.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    with serving(tmp_path, http1) as server:
+        e = failure(server.path)
+    assert e.code == "INTERNAL" and "does not speak HTTP/2: it began with b'HTTP/1.1 400 Bad Request" in e.details
+
+
+def test_a_server_that_closes_at_once_is_unavailable(tmp_path: Path) -> None:
+    with serving(tmp_path, lambda sock: None) as server:
+        e = failure(server.path)
+    # A close with the request unread is a reset on Linux; either way the server went away.
+    assert e.code == "UNAVAILABLE"
+    assert "closed the connection before the answer was complete" in e.details or "reset by peer" in e.details
+
+
+def test_a_server_that_never_speaks_costs_the_timeout(tmp_path: Path) -> None:
+    done = threading.Event()
+    with serving(tmp_path, lambda sock: done.wait(5)) as server:
+        t0 = time.monotonic()
+        e = failure(server.path, timeout=0.4)
+        elapsed = time.monotonic() - t0
+        done.set()
+    assert e.code == "DEADLINE_EXCEEDED" and "waiting for the answer" in e.details
+    assert 0.35 <= elapsed < 1.4
+
+
+def test_a_trickling_answer_is_cut_off_at_the_timeout_not_per_read(tmp_path: Path) -> None:
+    """One byte every 20 ms: each read is quick, the whole answer never comes."""
+
+    def trickle(r: Reply) -> None:
+        r.grpc_headers()
+        r.data(b"\x00\x00\x00\x10\x00")  # announces a 1 MiB message
+        while True:
+            r.data(b"\x0a")
+            time.sleep(0.02)
+
+    with serving(tmp_path, h2_server(trickle)) as server:
+        t0 = time.monotonic()
+        e = failure(server.path, timeout=0.5)
+        elapsed = time.monotonic() - t0
+    assert e.code == "DEADLINE_EXCEEDED"
+    assert 0.45 <= elapsed < 1.5
+
+
+def test_an_endless_answer_stops_at_the_limit(tmp_path: Path) -> None:
+    """A server that keeps sending, honouring flow control: the client stops it at its limit."""
+    sent = [0]
+
+    def endless(r: Reply) -> None:
+        r.grpc_headers()
+        r.data(framed(b"")[:1] + (2**31).to_bytes(4, "big"))
+        chunk = b"\x0a" * 16384
+        while True:
+            window = min(r.conn.local_flow_control_window(r.stream), r.conn.max_outbound_frame_size)
+            if window <= 0:
+                r.pump()  # wait for the client's window updates
+                continue
+            r.data(chunk[:window])
+            sent[0] += window
+
+    with serving(tmp_path, h2_server(endless)) as server:
+        e = failure(server.path, timeout=5.0, max_bytes=256 * 1024)
+    assert e.code == "RESOURCE_EXHAUSTED" and "larger than 262144 bytes" in e.details
+    assert sent[0] < 2 * MIB, "the client stopped reading near its limit"
+
+
+def test_a_flood_of_pings_stops_at_the_limit(tmp_path: Path) -> None:
+    """Frames that are not the answer still count: memory is bounded whatever the server sends."""
+
+    def pings(r: Reply) -> None:
+        threading.Thread(target=discard, args=(r.sock,), daemon=True).start()  # the client's acks
+        n = 0
+        while True:
+            n += 1
+            r.conn.ping(n.to_bytes(8, "big"))
+            r.flush()
+
+    with serving(tmp_path, h2_server(pings)) as server:
+        e = failure(server.path, timeout=20.0, max_bytes=64 * 1024)
+    assert e.code == "RESOURCE_EXHAUSTED" and "has not finished the answer" in e.details
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.binary(min_size=1, max_size=300), prefix=st.booleans())
+def test_any_bytes_from_the_server_end_as_an_rpc_error(tmp_path: Path, garbage: bytes, prefix: bool) -> None:
+    """Garbage, or a valid HTTP/2 server preface followed by garbage: an RpcError, never a crash."""
+
+    def spew(sock: socket.socket) -> None:
+        if prefix:
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            conn.initiate_connection()
+            sock.sendall(conn.data_to_send())
+        sock.sendall(garbage)
+
+    with serving(tmp_path, spew) as server:
+        t0 = time.monotonic()
+        failure(server.path, timeout=1.0)
+        assert time.monotonic() - t0 < 1.5
+
+
+def test_no_socket_and_not_a_socket_are_unavailable(tmp_path: Path) -> None:
+    e = failure(tmp_path / "absent.sock")
+    assert e.code == "UNAVAILABLE" and "cannot connect to" in e.details and "No such file" in e.details
+    (tmp_path / "file").write_text("not a socket")
+    assert failure(tmp_path / "file").code == "UNAVAILABLE"
+
+
+def test_failed_calls_leave_no_socket_behind(tmp_path: Path) -> None:
+    """Two hundred failed refreshes (a node whose kubelet misbehaves for half an hour) hold no fd."""
+    with serving(tmp_path, lambda sock: None) as closing, fake_kubelet(tmp_path / "k") as kubelet:
+        kubelet.fail = True
+        assert failure(kubelet.socket_path).code == "UNAVAILABLE"  # grpcio's server opens what it keeps
+        fds = open_fds()
+        for _ in range(100):
+            assert failure(closing.path).code == "UNAVAILABLE"
+            assert failure(kubelet.socket_path).code == "UNAVAILABLE"
+        # A socket left per call would be 200 more; the servers' own threads may still be closing theirs.
+        assert open_fds() <= fds + 4
+
+
+# -- cancel --------------------------------------------------------------------------------------
+
+
+def test_cancel_ends_a_call_in_flight_at_once(tmp_path: Path) -> None:
+    done = threading.Event()
+    with serving(tmp_path, lambda sock: done.wait(10)) as server:
+        c = UnaryCall(str(server.path), LIST_METHOD, timeout=30, max_message_bytes=MIB)
+        result: list[RpcError] = []
+
+        def run() -> None:
+            try:
+                c.run()
+            except RpcError as e:
+                result.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 5
+        while server.connections == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)  # the client is in recv() by now
+        t0 = time.monotonic()
+        c.cancel()
+        t.join(2)
+        done.set()
+    assert not t.is_alive() and time.monotonic() - t0 < 1
+    assert [e.code for e in result] == ["CANCELLED"]
+
+
+def test_a_call_cancelled_before_it_starts_never_connects(tmp_path: Path) -> None:
+    with serving(tmp_path, lambda sock: None) as server:
+        c = UnaryCall(str(server.path), LIST_METHOD, timeout=5, max_message_bytes=MIB)
+        c.cancel()
+        with pytest.raises(RpcError) as caught:
+            c.run()
+        time.sleep(0.1)
+        assert server.connections == 0
+    assert caught.value.code == "CANCELLED"
+
+
+# -- through the watcher -------------------------------------------------------------------------
+
+
+def test_a_kubelet_answer_that_is_not_protobuf_keeps_the_last_good_pods(tmp_path: Path) -> None:
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+        path = kubelet.socket_path
+        w = PodResourcesWatcher(str(path), timeout=1.0)
+        assert w.refresh()
+    try:
+        with capture_logs() as logs, serving(tmp_path, h2_server(grpc_answer(framed(b"\x0a\x05ab"), OK)), path):
+            assert not w.refresh()
+            assert dict(w.devices()) == {"GPU-a": (PodRef("ns", "p", "main"),)}
+        failed = [e for e in logs if e["event"] == "pod_attribution_failed"]
+        assert len(failed) == 1 and failed[0]["reason"] == "MALFORMED"
+        assert "not a ListPodResourcesResponse: field 1 says 5 bytes, 2 are left" in failed[0]["error"]
+    finally:
+        w.stop()
