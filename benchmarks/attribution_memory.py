@@ -137,7 +137,7 @@ def poll_count(d: Daemon) -> float:
 
 
 # What attribution adds to the daemon's imports, in the order the daemon imports them.
-KUBELET_MODULES = ["gpu_exporter.daemon", "grpc", "google.protobuf", "gpu_exporter.kubernetes.kubelet"]
+KUBELET_MODULES = ["gpu_exporter.daemon", "h2.connection", "gpu_exporter.kubernetes.kubelet"]
 
 
 def import_rss() -> dict[str, float]:
@@ -254,7 +254,7 @@ def markdown(r: dict[str, Any]) -> str:
         " interpreter that has imported `gpu_exporter.daemon` grows by "
         + ", ".join(f"{v:.1f} MiB for `{m}`" for m, v in r["import_rss_mib"].items() if m in KUBELET_MODULES[1:])
         + f" (`import_rss_mib` in the JSON). The other {r['extra_median_mib'] - r['kubelet_imports_mib']:.1f} MiB is"
-        " held at run time (the kubelet watcher's channel and thread, the pod labels on the extra series); this run"
+        " held at run time (the kubelet watcher's thread and last answer, the pod labels on the extra series); this run"
         " does not split it further.",
         f"Flat means a least-squares trend over the second half within ±{r['flat_limit_mib_per_min']:g} MiB/min; a"
         f" {r['seconds']} s run bounds a slow leak only that far (issue 17's flatness target is a 30-minute soak:"
