@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import attribution_memory
 import fleet
 import poll_cost
 import scale
@@ -26,7 +27,7 @@ from benchlib import RESULTS, ROOT, exit_on_sigterm, log, machine, machine_line,
 sys.path.insert(0, str(ROOT))
 from tests.fakenvml import build_library
 
-STAGES = ("vs-nvitop", "poll-cost", "scale", "fleet")
+STAGES = ("vs-nvitop", "poll-cost", "attribution-memory", "scale", "fleet")
 AGAINST = "16c1b37"  # before issue 17
 
 
@@ -41,12 +42,13 @@ class Plan:
     fleet_scrape_s: int
     fleet_window_s: float
     fleet_history_h: float  # backfilled before Prometheus starts; the dashboard's range
+    attribution_s: int  # RSS with pod attribution off and on, side by side
 
 
 SHORT = Plan("short", window_s=40, wrk_s=2, scale_polls=20, scale_wrk_s=2, fleet_nodes=10, fleet_scrape_s=15,
-             fleet_window_s=45, fleet_history_h=1)  # fmt: skip
+             fleet_window_s=45, fleet_history_h=1, attribution_s=60)  # fmt: skip
 FULL = Plan("full", window_s=180, wrk_s=10, scale_polls=60, scale_wrk_s=5, fleet_nodes=50, fleet_scrape_s=15,
-            fleet_window_s=240, fleet_history_h=3)  # fmt: skip
+            fleet_window_s=240, fleet_history_h=3, attribution_s=180)  # fmt: skip
 
 
 def fleet_note(plan: dict[str, Any]) -> str:
@@ -76,6 +78,8 @@ def report(res: dict[str, Any]) -> str:
             lines += scale.markdown(r["result"], r.get("plot"))
         elif stage == "poll-cost":
             lines += poll_cost.markdown(r["result"], r.get("plot"))
+        elif stage == "attribution-memory":
+            lines += attribution_memory.markdown(r["result"]).replace("# RSS with", "## RSS with", 1).splitlines()
         else:
             lines += fleet.markdown(r["result"], fleet_note(r["plan"]))
         lines.append("")
@@ -111,6 +115,9 @@ def main() -> int:
                 entry["result"] = poll_cost.stage(against=AGAINST, polls=plan.scale_polls,
                                                   rounds=4 if args.full else 2, out_svg=svg)  # fmt: skip
                 entry["plot"] = svg.name
+            elif stage == "attribution-memory":
+                settings = argparse.Namespace(seconds=plan.attribution_s, pods=200, h100=False, flat_limit=0.1)
+                entry["result"] = attribution_memory.run(settings, tmp)
             elif stage == "scale":
                 entry["result"] = scale.run(tmp, polls=plan.scale_polls, wrk_s=plan.scale_wrk_s)
                 png = RESULTS / f"scale{'-full' if args.full else ''}.png"
