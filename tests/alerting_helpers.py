@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.socket_helpers import serve_connections
+
 
 @dataclass
 class Received:
@@ -252,18 +254,7 @@ def raw_receiver(script: list[str], then: str = "http", upstream: str | None = N
             except OSError:
                 pass
 
-    def serve() -> None:
-        while not stopping.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    thread = serve_connections(listener, handle, stopping)
     try:
         yield rec
     finally:

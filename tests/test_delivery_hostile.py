@@ -17,6 +17,7 @@ from gpu_exporter.alerting.delivery import AlertmanagerReceiver
 from gpu_exporter.alerting.settings import ReceiverSettings
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import wait_for
+from tests.socket_helpers import serve_connections
 from tests.test_alert_delivery import T0, Outcomes, alert
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,17 +70,7 @@ def streamer(head: bytes) -> Iterator[Streamer]:
             except OSError:
                 pass
 
-    def serve() -> None:
-        while not s.stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    serve_connections(listener, handle, s.stop)
     try:
         yield s
     finally:

@@ -31,6 +31,7 @@ from gpu_exporter.kubernetes.grpc_unix import RpcError, UnaryCall
 from gpu_exporter.kubernetes.kubelet import LIST_METHOD, PodRef, PodResourcesWatcher
 from gpu_exporter.kubernetes.podresources import decode_list_response
 from tests.fake_kubelet import FakeKubelet, fake_kubelet, pod, socket_path_in
+from tests.socket_helpers import serve_connections
 
 GPU = "nvidia.com/gpu"
 MIB = 1024 * 1024
@@ -63,27 +64,16 @@ class SocketServer:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         self.listener.listen(64)
-        self.listener.settimeout(0.05)
         self.stopped = threading.Event()
         self.connections = 0
-        self.threads: list[threading.Thread] = []
-        self.acceptor = threading.Thread(target=self._accept, daemon=True)
-        self.acceptor.start()
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.connections += 1
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            self.threads.append(t)
-            t.start()
+        self.active = threading.Condition()  # guards _open: handlers still holding a connection
+        self._open = 0
+        self.acceptor = serve_connections(self.listener, self._serve, self.stopped)
 
     def _serve(self, conn: socket.socket) -> None:
+        with self.active:
+            self.connections += 1
+            self._open += 1
         conn.settimeout(10)
         try:
             self.handler(conn)
@@ -91,13 +81,16 @@ class SocketServer:
             pass
         finally:
             conn.close()
+            with self.active:
+                self._open -= 1
+                self.active.notify_all()
 
     def close(self) -> None:
         self.stopped.set()
         self.acceptor.join(2)
         self.listener.close()
-        for t in self.threads:
-            t.join(5)
+        with self.active:  # every server-side socket closed before a test counts fds
+            self.active.wait_for(lambda: self._open == 0, timeout=5)
         self.path.unlink(missing_ok=True)
 
 
