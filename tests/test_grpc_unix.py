@@ -326,6 +326,20 @@ def test_a_server_that_gets_grpc_wrong_is_named(
     assert open_fds() <= fds, "no socket is left open"  # fewer: a grpcio server of an earlier test finished closing
 
 
+def test_an_answer_followed_by_goaway_is_an_answer(tmp_path: Path) -> None:
+    """A kubelet shutting down answers the call in flight, then says goodbye in the same write."""
+
+    def answer_then_goaway(r: Reply) -> None:
+        r.conn.send_headers(r.stream, [(":status", "200"), ("content-type", "application/grpc")])
+        r.conn.send_data(r.stream, framed(b"\x0a\x03\x0a\x01p"))
+        r.conn.send_headers(r.stream, OK, end_stream=True)
+        r.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR)
+        r.flush()
+
+    with serving(tmp_path, h2_server(answer_then_goaway)) as server:
+        assert [p.name for p in decode_list_response(call(server.path))] == ["p"]
+
+
 def test_a_server_that_answers_http1_is_named(tmp_path: Path) -> None:
     def http1(sock: socket.socket) -> None:
         sock.recv(4096)

@@ -257,6 +257,8 @@ class _Answer:
         self.ended = False
 
     def take(self, event: h2.events.Event, conn: h2.connection.H2Connection, max_message_bytes: int) -> None:
+        if self.ended:  # a GOAWAY or a reset read together with the whole answer changes nothing
+            return
         if isinstance(event, h2.events.ResponseReceived):
             self.headers = _header_dict(event.headers)
         elif isinstance(event, h2.events.DataReceived):
@@ -274,6 +276,8 @@ class _Answer:
             status = _RESET_STATUS.get(code, "INTERNAL") if code is not None else "INTERNAL"
             raise RpcError(status, f"the server reset the call ({_code_name(code)})")
         elif isinstance(event, h2.events.ConnectionTerminated):
+            # Even a graceful GOAWAY that would still let this stream finish ends it here: h2 closes
+            # the whole connection on it.  The call is lost, the next refresh connects afresh.
             detail = f"the server closed the connection before answering (GOAWAY {_code_name(event.error_code)})"
             raise RpcError("UNAVAILABLE", detail)
 
