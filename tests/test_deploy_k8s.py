@@ -851,7 +851,7 @@ def test_readme_says_why_for_every_privilege_mount_and_overlay(builds: dict[str,
         "read-only root filesystem",
         "enforce: privileged",
         "system-node-critical",
-        "request 112Mi, limit 192Mi",
+        "request 84Mi, limit 160Mi",
         "nvidia.com/gpu:NoSchedule",
     ):
         assert needle in section, needle
