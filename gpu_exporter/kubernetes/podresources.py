@@ -65,7 +65,7 @@ def decode_list_response(data: bytes) -> tuple[PodResources, ...]:
 def _pod(data: memoryview) -> PodResources:
     name = namespace = ""
     containers: list[ContainerResources] = []
-    for number, value in _fields_of_type(data, _LEN):
+    for number, value in _len_fields(data):
         if number == 1:
             name = _text(value)
         elif number == 2:
@@ -78,7 +78,7 @@ def _pod(data: memoryview) -> PodResources:
 def _container(data: memoryview) -> ContainerResources:
     name = ""
     devices: list[ContainerDevices] = []
-    for number, value in _fields_of_type(data, _LEN):
+    for number, value in _len_fields(data):
         if number == 1:
             name = _text(value)
         elif number == 2:
@@ -89,7 +89,7 @@ def _container(data: memoryview) -> ContainerResources:
 def _devices(data: memoryview) -> ContainerDevices:
     resource_name = ""
     device_ids: list[str] = []
-    for number, value in _fields_of_type(data, _LEN):
+    for number, value in _len_fields(data):
         if number == 1:
             resource_name = _text(value)
         elif number == 2:
@@ -98,50 +98,45 @@ def _devices(data: memoryview) -> ContainerDevices:
 
 
 def _length_delimited(data: memoryview, wanted: int) -> Iterator[memoryview]:
-    for number, value in _fields_of_type(data, _LEN):
+    for number, value in _len_fields(data):
         if number == wanted:
             yield value
 
 
-def _fields_of_type(data: memoryview, wire_type: int) -> Iterator[tuple[int, memoryview]]:
-    """(field number, bytes) of every length-delimited field; the message is checked whole first.
+def _len_fields(data: memoryview) -> list[tuple[int, memoryview]]:
+    """(field number, bytes) of every length-delimited field, after checking the whole message.
 
-    Walking it all before yielding means a truncated tail fails the message even when the fields
-    before it were read, as protobuf's parser does.
+    Walking it all first means a truncated tail fails the message even when the fields before it
+    were read, as protobuf's parser does.  Every other wire type is skipped (this API reads strings
+    and messages only).
     """
-    fields = list(_fields(data))
-    for number, kind, value in fields:
-        if kind == wire_type:
-            yield number, value
-
-
-def _fields(data: memoryview) -> Iterator[tuple[int, int, memoryview]]:
-    """(field number, wire type, payload) for each field; fixed and varint payloads are skipped."""
+    found: list[tuple[int, memoryview]] = []
     at, end = 0, len(data)
     while at < end:
         key, at = _varint(data, at)
         number, kind = key >> 3, key & 7
         if not 0 < number <= _MAX_FIELD_NUMBER:
             raise WireError(f"field number {number} at byte {at} is outside 1..{_MAX_FIELD_NUMBER}")
-        if kind == _VARINT:
-            _, at = _varint(data, at)
-            yield number, kind, data[at:at]
-        elif kind == _LEN:
+        if kind == _LEN:
             size, at = _varint(data, at)
             if size > end - at:
                 raise WireError(f"field {number} says {size} bytes, {end - at} are left")
-            yield number, kind, data[at : at + size]
+            found.append((number, data[at : at + size]))
             at += size
+        elif kind == _VARINT:
+            _, at = _varint(data, at)
         elif kind in _FIXED_SIZE:
             at += _FIXED_SIZE[kind]
             if at > end:
                 raise WireError(f"field {number} is cut short")
-            yield number, kind, data[at:at]
         else:  # 3 and 4 are proto2 groups, never in this API; 6 and 7 do not exist
             raise WireError(f"field {number} has wire type {kind}, which this message cannot hold")
+    return found
 
 
 def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    if at < len(data) and data[at] < 0x80:  # tags and lengths of this API: nearly always one byte
+        return data[at], at + 1
     value = shift = 0
     for i in range(at, min(at + _MAX_VARINT_BYTES, len(data))):
         byte = data[i]
