@@ -146,3 +146,17 @@ def test_reuse_runs_a_test_file_added_to_the_target_since_the_last_run(tmp_path:
     assert selection == [f"pytest_add_cli_args_test_selection = {json.dumps(sorted(target.tests))}"]
     assert 'only_mutate = ["gpu_exporter/report/model.py"]' in config.read_text()
     assert not (work / "mutants" / "mutmut-stats.json").exists()  # mutmut records again which tests call what
+
+
+@pytest.mark.parametrize(
+    ("new", "text"),
+    [('"XXGPU-hoursXX"', True), ('"gpu-hours"', True), ("None", False)],
+)
+def test_what_a_report_query_is_called_is_message_text_but_its_key_and_none_are_not(new: str, text: bool) -> None:
+    """``Query(key, what, expr)``: ``what`` only names the query in progress lines; the key is read."""
+    original = 'def queries(w):\n    return [Query("hours", "GPU-hours", f"sum({w})")]\n'
+    mutant = original.replace('"GPU-hours"', new)
+    fns = [ast.parse(src).body[0] for src in (original, mutant)]
+    assert bool(mutation.only_text(*fns, False)) is text
+    key = [ast.parse(src).body[0] for src in (original, original.replace('"hours"', '"XXhoursXX"'))]
+    assert not mutation.only_text(*key, False)
