@@ -435,6 +435,34 @@ def test_rule_history_memory_is_flat_under_a_soak() -> None:
     assert grown < 64 * 1024, f"{grown / 1024:.0f} KiB more after 30 minutes of polls"
 
 
+@pytest.mark.parametrize("poll", [5.0, 2.0])
+def test_a_gpus_windows_set_aside_an_hour_of_polls_at_the_poll_interval(poll: float) -> None:
+    """Told a 5 s poll, an hour of a GPU's samples is 720, and that is the room its two windows set
+    aside (about 2 x 900 x 40 B), not the 18,000 samples' worth of an hour x 5; told 2 s, 1,800.  And
+    an hour and a half of polls adds nothing (issue 17's flat RSS)."""
+    engine = RuleEngine(load_settings().rules, "n", resend_interval=3600, poll_interval=poll)
+    rng = random.Random(7)
+
+    def poll_at(t: float) -> None:
+        engine.evaluate(snap(t, gpu(utilization_ratio=rng.randint(0, 100) / 100, activity=Activity(sm=rng.random()))))
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        poll_at(T0)
+        gc.collect()
+        first = tracemalloc.get_traced_memory()[0] - before
+        for i in range(1, int(1.5 * 3600 / poll)):
+            poll_at(T0 + i * poll)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before - first
+    finally:
+        tracemalloc.stop()
+    hour = 3600 / poll
+    assert 2 * hour * 40 < first < 2 * 1.5 * hour * 40 + 64 * 1024, first
+    assert grown < 64 * 1024, f"{grown / 1024:.0f} KiB more after 1.5 hours of polls"
+
+
 def test_sample_window_memory_stays_bounded_past_its_horizon() -> None:
     """Past the horizon, old samples make room for new ones: ten horizons of samples take no more
     memory than the first, also at twice the expected rate (the room grows once, then holds)."""
