@@ -169,7 +169,13 @@ TARGETS: dict[str, Target] = {
     "model": Target(
         "gpu_exporter/report/model.py",
         tests=(
-            REPORT_TESTS := ("tests/test_report_html.py", "tests/test_rightsizing.py", "tests/test_report_mutants.py")
+            REPORT_TESTS := (
+                "tests/test_report_html.py",
+                "tests/test_rightsizing.py",
+                "tests/test_report_mutants.py",
+                "tests/test_report_model.py",
+                "tests/test_report_queries.py",
+            )
         ),
         daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),
     ),
@@ -188,9 +194,10 @@ TIMEOUT = {36, -24, 24, 152, 255}
 
 # Calls whose arguments are log output only: structlog's bound logger.
 LOG_OBJECTS = {"log"}
-# Keyword arguments and positions (of ``Check``) that hold text for people.
+# Keyword arguments and positions that hold text for people: an alert's summary and description
+# (``Check``), what the report's progress lines call a query (``Query``'s ``what``).
 MESSAGE_KEYWORDS = {"summary", "description"}
-MESSAGE_POSITIONS = {"Check": {4, 5}}
+MESSAGE_POSITIONS = {"Check": {4, 5}, "Query": {1}}
 
 
 # -- the scratch copy ---------------------------------------------------------------------------------
@@ -200,7 +207,7 @@ def tracked_files() -> list[str]:
     return [p for p in out.split("\0") if p and (ROOT / p).is_file()]
 
 
-def refresh_tests(work: Path) -> None:
+def refresh_tests(work: Path, target: Target) -> None:
     """Bring the work tree's tests up to date (for --reuse: the mutants stay, the tests change)."""
     shutil.rmtree(work / "tests")
     # mutmut records which tests call each function once, and on a later run adds only new tests: a
@@ -210,6 +217,15 @@ def refresh_tests(work: Path) -> None:
         if rel.startswith("tests/"):
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, work / rel)
+    # A test file added to the target since its last run is in the selection, as a fresh run would have it.
+    config = work / "pyproject.toml"
+    line = f"pytest_add_cli_args_test_selection = {json.dumps(selected_tests(work, [target]))}"
+    config.write_text(re.sub(r"^pytest_add_cli_args_test_selection = .*$", lambda _: line, config.read_text(),
+                             count=1, flags=re.MULTILINE))  # fmt: skip
+
+
+def selected_tests(work: Path, targets: list[Target]) -> list[str]:
+    return sorted({t for tg in targets for t in tg.tests if (work / t.partition("::")[0]).exists()})
 
 
 def prepare(work: Path, names: list[str], tests_from: str | None = None) -> None:
@@ -231,7 +247,7 @@ def prepare(work: Path, names: list[str], tests_from: str | None = None) -> None
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             (work / rel).write_bytes(blob.stdout)
     targets = [TARGETS[n] for n in names]
-    tests = sorted({t for tg in targets for t in tg.tests if (work / t.partition("::")[0]).exists()})
+    tests = selected_tests(work, targets)
     config = {
         "source_paths": ["gpu_exporter"],
         "only_mutate": [tg.path for tg in targets],
@@ -630,7 +646,7 @@ def run_module(name: str, args: argparse.Namespace, known: dict[str, list[dict[s
     if args.report_only or args.daemon_only:
         pass
     elif args.reuse and (work / "mutants").is_dir():
-        refresh_tests(work)
+        refresh_tests(work, target)
         codes = load_results(work, target)
         again = [k for k, code in codes.items()
                  if code is None or (not args.untested and code in SURVIVED | NO_TESTS)]  # fmt: skip

@@ -126,3 +126,37 @@ def test_check_reads_the_committed_results_and_fails_on_a_survivor_without_a_rea
     assert not mutation.check(results, ["window"], 0.0)
     assert "survivor without a reason in mean: x < 2" in capsys.readouterr().out
     assert not mutation.check(results, ["rules"], 0.0), "a module never measured fails"
+
+
+def test_reuse_runs_a_test_file_added_to_the_target_since_the_last_run(tmp_path: Path) -> None:
+    """``--reuse`` after adding tests: a new test file in the target's ``tests`` joins mutmut's test
+    selection in the scratch copy, as a fresh run would have it, instead of never being run."""
+    target = mutation.TARGETS["model"]
+    work = tmp_path / "model"
+    (work / "tests").mkdir(parents=True)
+    (work / "mutants").mkdir()
+    (work / "mutants" / "mutmut-stats.json").write_text("{}")
+    config = work / "pyproject.toml"
+    config.write_text('[project]\nname = "x"\n\n[tool.mutmut]\nonly_mutate = ["gpu_exporter/report/model.py"]\n'
+                      'pytest_add_cli_args_test_selection = ["tests/test_report_html.py"]\n'
+                      "use_git_change_detection = false\n")  # fmt: skip
+    mutation.refresh_tests(work, target)
+    assert all((work / t).is_file() for t in target.tests)
+    selection = [ln for ln in config.read_text().splitlines() if ln.startswith("pytest_add_cli_args_test_selection")]
+    assert selection == [f"pytest_add_cli_args_test_selection = {json.dumps(sorted(target.tests))}"]
+    assert 'only_mutate = ["gpu_exporter/report/model.py"]' in config.read_text()
+    assert not (work / "mutants" / "mutmut-stats.json").exists()  # mutmut records again which tests call what
+
+
+@pytest.mark.parametrize(
+    ("new", "text"),
+    [('"XXGPU-hoursXX"', True), ('"gpu-hours"', True), ("None", False)],
+)
+def test_what_a_report_query_is_called_is_message_text_but_its_key_and_none_are_not(new: str, text: bool) -> None:
+    """``Query(key, what, expr)``: ``what`` only names the query in progress lines; the key is read."""
+    original = 'def queries(w):\n    return [Query("hours", "GPU-hours", f"sum({w})")]\n'
+    mutant = original.replace('"GPU-hours"', new)
+    fns = [ast.parse(src).body[0] for src in (original, mutant)]
+    assert bool(mutation.only_text(*fns, False)) is text
+    key = [ast.parse(src).body[0] for src in (original, original.replace('"hours"', '"XXhoursXX"'))]
+    assert not mutation.only_text(*key, False)

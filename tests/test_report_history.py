@@ -232,6 +232,22 @@ def test_the_week_equals_the_figures_computed_by_hand(week: Prometheus) -> None:
         assert round(sum(p[h] for p in doc["timeline"]), 2) == doc["totals"][h], h
 
 
+def test_an_hour_of_minute_scrapes_is_counted_in_steps_of_several_scrapes(week: Prometheus) -> None:
+    """The report reads the scrape interval from the samples: on the week's 1-minute scrapes, the last
+    hour is summed in steps of 5 minutes (at least three scrapes each), not the 5 s an hour would
+    otherwise get, whose increase() would see no two samples and count no hours at all."""
+    out = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", week.url,
+                          "--start", str(END - HOUR), "--end", str(END), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "over 1 h (12 steps of 300 s)" in out.stderr, out.stderr
+    doc = rounded(json.loads(out.stdout))
+    assert doc["range"]["step_seconds"] == 300 and doc["range"]["hours"] == 1.0
+    # The week's last hour: n1 GPU 0 allocated but idle, n1 GPU 1 busy, n2 GPU 0 idle, n2 GPU 1 down.
+    assert {k: doc["totals"][k] for k in HOURS} == {"gpu_hours": 4.0, "busy_hours": 1.0, "allocated_idle_hours": 1.0,
+                                                   "idle_hours": 1.0, "down_hours": 1.0}  # fmt: skip
+
+
 def test_a_selector_narrows_the_week_to_one_node(week: Prometheus) -> None:
     out = report(week, "--format", "json", "--selector", '{node="n2"}')
     doc = json.loads(out.stdout)

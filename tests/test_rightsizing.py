@@ -339,3 +339,106 @@ def test_a_gpu_with_both_signals_in_the_range_is_judged_by_sm_activity(sm_first:
     assert (g["activity_p95"], g["activity_signal"]) == (0.18, "SM activity")
     (rec,) = [x for x in doc["recommendations"] if x["uuid"] == "GPU-1"]
     assert "18% SM activity" in rec["reason"]
+
+
+# -- what the advice is judged on: prices, boundaries, missing figures --------------------------------
+def test_a_gpu_without_a_price_of_its_own_is_priced_at_what_the_fleet_pays_for_its_card() -> None:
+    """A GPU whose exporter has no price for it (price_per_hour None) is judged at the fleet's price
+    for its model; where the fleet has none either, nor a reference price in its currency, no advice."""
+    light = usage(A100_80, 6.5, 0.04, price=None, held=50)
+    a = usd({"A100 80GB": 1.75}).advise(light)
+    assert a is not None and (a.suggested, a.suggested_price_per_hour) == ("A100 80GB MIG 1g.10gb", 0.25)
+    assert a.saving_per_month == pytest.approx(547.5)  # as test_a_light_job_on_an_a100_... with its price
+    assert Sizer(SHIPPED, "EUR", {}).advise(light) is None
+
+
+def test_a_gpu_without_a_model_a_memory_peak_or_an_activity_gets_no_card() -> None:
+    """The report cannot size a job it does not know the card, memory or compute of: no advice, and
+    no failure (a GPU whose info series is missing has no model)."""
+    light = usage(A100_80, 6.5, 0.04, price=1.75, held=50)
+    sizer = usd({"A100 80GB": 1.75})
+    assert sizer.advise(light) is not None
+    assert sizer.advise(replace(light, model=None)) is None
+    assert sizer.advise(replace(light, memory_peak_bytes=None)) is None
+    assert sizer.advise(replace(light, activity_p95=None)) is None
+
+
+def test_a_job_that_never_touched_the_gpus_memory_gets_the_cheapest_card_without_a_headroom_figure() -> None:
+    """A pod that held an H100 for 100 h and used none of it (peak 0, activity 0): any offer holds it,
+    and the cheapest priced one, the A100 40GB's 1g.5gb slice (1.30/7 = 0.186 USD/h), is advised.  Its
+    headroom over a peak of 0 is not a percentage: the reason leaves it out rather than say 0%."""
+    a = usd({"H100 80GB": 2.50}).advise(usage(H100, 0.0, 0.0, price=2.50))
+    assert a is not None and a.suggested == "A100 40GB MIG 1g.5gb"
+    assert a.suggested_price_per_hour == pytest.approx(1.30 / 7)
+    assert a.saving_per_month == pytest.approx((2.50 - 1.30 / 7) * 730)
+    assert "headroom" not in a.reason, a.reason
+    assert "an A100 40GB MIG 1g.5gb would hold it; estimated saving $1,689/month" in a.reason, a.reason
+
+
+def test_a_card_with_exactly_the_memory_the_job_needs_holds_it(tmp_path: Path) -> None:
+    """The need is the peak x 1.2: a 10 GiB peak fits a 12 GiB card exactly, and that card is advised."""
+    doc = {"currency": "USD", "cards": [
+        {"name": "Big", "match": ["Big"], "memory_gib": 40, "fp16_tflops": 300, "fp32_tflops": 30,
+         "memory_bandwidth_gbps": 1000, "price_per_hour": 3.00},
+        {"name": "Twelve", "match": ["Twelve"], "memory_gib": 12, "fp16_tflops": 400, "fp32_tflops": 40,
+         "memory_bandwidth_gbps": 1000, "price_per_hour": 1.00},
+    ]}  # fmt: skip
+    path = tmp_path / "twelve.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    sizer = Sizer(load_catalogue(path), "USD", {"Big": 3.00})
+    a = sizer.advise(usage("Big", 10, 0.5, price=3.00, total_gib=40))
+    assert a is not None and (a.suggested, a.slowdown) == ("Twelve", 1.0)
+    assert "with 20% headroom" in a.reason
+    # A byte more than 10 GiB needs more than 12 GiB: nothing else is cheaper than Big.
+    assert sizer.advise(usage("Big", 10 + 1 / GIB, 0.5, price=3.00, total_gib=40)) is None
+
+
+def test_of_slices_that_cost_the_job_the_same_the_least_slowdown_wins_however_close() -> None:
+    """6.5 slices' worth of an H100 (92.9% of 960 TFLOPS) in 3 GiB: every slice up to 4g.40gb is too slow
+    and costs the job the same, 2.80 x 6.5 / 7 = 2.60 EUR/h (the whole 7g.80gb costs 2.80).  Of those,
+    4g.40gb takes least long: 6.5 / 4 = 1.6x, against 3g.40gb's 2.2x (the same memory, listed first)."""
+    sizer = Sizer(SHIPPED, "EUR", {"H100 80GB": 2.80}, min_saving_ratio=0.05)
+    a = sizer.advise(usage(H100, 3, 6.5 / 7, price=2.80))
+    assert a is not None and a.suggested == "H100 80GB MIG 4g.40gb"
+    assert a.slowdown == pytest.approx(1.625) and "taking about 1.6x as long" in a.reason
+    assert a.saving_per_month == pytest.approx((2.80 - 2.60) * 730)
+
+
+def test_savings_under_one_unit_a_month_are_still_advised() -> None:
+    """--min-saving defaults to 0: a GPU held 30 minutes of a 1000 h range saves cents, and is told so.
+    (1.75 - 0.25) x 0.5 h x 730 / 1000 h = 0.5475 a month."""
+    a = usd({"A100 80GB": 1.75}).advise(usage(A100_80, 6.5, 0.04, price=1.75, held=0.5, range_hours=1000))
+    assert a is not None and a.saving_per_month == pytest.approx(0.5475)
+    assert "estimated saving $0.55/month" in a.reason
+
+
+# -- releasing an idle GPU -----------------------------------------------------------------------------
+def idle_for(idle: float, range_hours: float = 100.0) -> Usage:
+    return replace(usage(A100_80, 6.5, 0.04, price=1.75, range_hours=range_hours), held_hours=0.0, idle_hours=idle,
+                   holder="")  # fmt: skip
+
+
+@pytest.mark.parametrize(("idle", "released"), [(100, True), (95, True), (94.9, False), (50, False), (0.5, False)])
+def test_a_gpu_idle_and_unheld_for_at_least_95_percent_of_the_range_is_advised_released(
+    idle: float, released: bool
+) -> None:
+    """docs/cost.md: "A GPU idle and unheld for at least 95% of the range gets release"; one seen idle
+    for less (the rest of the range down or not reported) is left alone."""
+    a = usd({"A100 80GB": 1.75}).advise(idle_for(idle))
+    assert (a is not None) is released
+    if a is not None:
+        assert (a.suggested, a.suggested_price_per_hour) == ("release", 0.0)
+        assert a.saving_per_month == pytest.approx(1.75 * idle * 730 / 100)  # its price x the idle hours, a month
+
+
+def test_min_saving_ratio_weighs_a_release_against_what_the_gpu_costs_over_the_range() -> None:
+    """Releasing saves the idle hours' cost: 96 of 100 h is 96% of what the GPU costs, under a
+    --min-saving-ratio of 0.97; 98 of 100 h is over it."""
+    sizer = usd({"A100 80GB": 1.75}, min_saving_ratio=0.97)
+    assert sizer.advise(idle_for(96)) is None
+    a = sizer.advise(idle_for(98))
+    assert a is not None and a.suggested == "release"
+    # The same shares over a one-hour range and a four-week one.
+    assert sizer.advise(idle_for(0.96, range_hours=1)) is None
+    assert sizer.advise(idle_for(0.98 * 672, range_hours=672)) is not None
+    assert sizer.advise(idle_for(0.96 * 672, range_hours=672)) is None

@@ -350,6 +350,36 @@ def test_sample_window_means_are_those_of_a_plain_scan() -> None:
                     assert w.span(now, window) == ref.span(now, window), (now, window)
 
 
+@pytest.mark.parametrize(
+    "values",
+    [[-5.0] * 10, [-0.1, 0.3, -250.5, 17.25], [-255.9] * 40, [255.9] * 40, [300.0, 700.0, 450.5],
+     [8.0e10, 1.6e10, 3.3e9], [1e300, -1e300, 1.0], [1e-300, 2.0, -1e-300]],
+    ids=["negative", "mixed-signs", "just-above-minus-256", "just-below-256", "watts", "bytes", "huge", "tiny"],
+)  # fmt: skip
+def test_a_window_averages_values_of_any_size_and_sign_as_math_fsum(values: list[float]) -> None:
+    """Watts, bytes, negative figures (a delta, a derived value), 1e300: a window's mean is the
+    correctly rounded sum over the count, as math.fsum gives it, whatever the size or sign."""
+    w = SampleWindow(horizon=600)
+    for i, v in enumerate(values):
+        w.add(float(i), v)
+    now = float(len(values) - 1)
+    assert w.mean(now, 600) == math.fsum(values) / len(values)
+    assert w.mean(now, 2) == math.fsum(values[-2:]) / 2
+    assert w.span(now, 600) == (len(values), now)
+
+
+def test_a_clock_that_steps_back_less_than_one_poll_is_still_noticed() -> None:
+    """The wall clock steps back 5 s between polls 10 s apart: the window then holds 0, 10, 20, 15
+    and 25 out of order, and a mean or span over (10, 25] still counts 15, 20 and 25."""
+    w = SampleWindow(horizon=600)
+    for t, v in ((0.0, 1.0), (10.0, 0.0), (20.0, 0.5), (15.0, 0.25), (25.0, 0.75)):
+        w.add(t, v)
+    assert w.mean(25.0, 15) == (0.5 + 0.25 + 0.75) / 3
+    assert w.span(25.0, 15) == (3, 10.0)
+    assert w.mean(20.0, 6) == (0.5 + 0.25) / 2  # (14, 20]: 20 and 15, not 25
+    assert w.span(20.0, 6) == (2, 5.0)
+
+
 def test_a_gpu_idle_at_zero_for_hours_averages_exactly_zero() -> None:
     """Hours of 0% (the window compacted many times on the way) average 0%, not a hair above it."""
     w = SampleWindow(horizon=60)
@@ -405,6 +435,34 @@ def test_rule_history_memory_is_flat_under_a_soak() -> None:
     assert grown < 64 * 1024, f"{grown / 1024:.0f} KiB more after 30 minutes of polls"
 
 
+@pytest.mark.parametrize("poll", [5.0, 2.0])
+def test_a_gpus_windows_set_aside_an_hour_of_polls_at_the_poll_interval(poll: float) -> None:
+    """Told a 5 s poll, an hour of a GPU's samples is 720, and that is the room its two windows set
+    aside (about 2 x 900 x 40 B), not the 18,000 samples' worth of an hour x 5; told 2 s, 1,800.  And
+    an hour and a half of polls adds nothing (issue 17's flat RSS)."""
+    engine = RuleEngine(load_settings().rules, "n", resend_interval=3600, poll_interval=poll)
+    rng = random.Random(7)
+
+    def poll_at(t: float) -> None:
+        engine.evaluate(snap(t, gpu(utilization_ratio=rng.randint(0, 100) / 100, activity=Activity(sm=rng.random()))))
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        poll_at(T0)
+        gc.collect()
+        first = tracemalloc.get_traced_memory()[0] - before
+        for i in range(1, int(1.5 * 3600 / poll)):
+            poll_at(T0 + i * poll)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before - first
+    finally:
+        tracemalloc.stop()
+    hour = 3600 / poll
+    assert 2 * hour * 40 < first < 2 * 1.5 * hour * 40 + 64 * 1024, first
+    assert grown < 64 * 1024, f"{grown / 1024:.0f} KiB more after 1.5 hours of polls"
+
+
 def test_sample_window_memory_stays_bounded_past_its_horizon() -> None:
     """Past the horizon, old samples make room for new ones: ten horizons of samples take no more
     memory than the first, also at twice the expected rate (the room grows once, then holds)."""
@@ -427,6 +485,26 @@ def test_sample_window_memory_stays_bounded_past_its_horizon() -> None:
         # A few loose ints and floats (the loop's, the running sum) at most; making room moves the
         # samples without copying them (no peak of a second copy).
         assert grown <= 512 and peak <= 2048, (capacity, step, grown, peak)
+
+
+def test_a_window_polled_twice_as_often_as_expected_ends_up_as_one_set_up_for_it() -> None:
+    """A window set up for a 1 s poll and fed every 0.5 s holds twice the samples it expected: its
+    room doubles, once, to what a window set up for 0.5 s polls holds, and no more."""
+
+    def held(capacity: int) -> int:
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            w = SampleWindow(60, capacity=capacity)
+            for i in range(12_000):
+                w.add(i * 0.5, (i % 7) / 10)
+            assert len(w) == 121
+            return int(tracemalloc.get_traced_memory()[0] - base)
+        finally:
+            tracemalloc.stop()
+
+    expected_rate, twice_the_rate = held(120), held(60)
+    assert twice_the_rate <= 1.1 * expected_rate, (twice_the_rate, expected_rate)
 
 
 def test_increase_tracker() -> None:

@@ -136,9 +136,10 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
             row["hours"][state] += v
             row["gpus"].add(g.uuid or f"{g.node}/{g.gpu}")
     for labels, v in costs:
-        if labels.get("currency") != currency:
+        state = labels.get("state", "")
+        if labels.get("currency") != currency or state not in STATES:  # as its hours: a state unknown here
             continue
-        g, state = gpu(labels), labels.get("state", "")
+        g = gpu(labels)
         g.cost[state] += v
         g.priced = True
         h = holder_of(labels)

@@ -21,7 +21,7 @@ WASTE = 'state=~"idle|allocated_idle"'
 HELD = 'state=~"busy|allocated_idle"'
 
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
-_SELECTOR = re.compile(rf"^\s*\{{(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
+_SELECTOR = re.compile(rf"^\s*\{{\s*(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
 
 
 class SelectorError(ValueError):

@@ -142,12 +142,15 @@ class Sizer:
         saving = (price_now - cost_per_hour) * u.held_hours * per_month
         if not self._worth(saving, price_now * u.held_hours * per_month):
             return None
-        headroom = offer.memory_bytes / u.memory_peak_bytes - 1 if u.memory_peak_bytes else 0.0
+        # Over a peak of 0 (a job that never touched the memory) headroom is no percentage: left out.
+        room = (
+            f" with {(offer.memory_bytes / u.memory_peak_bytes - 1) * 100:.0f}% headroom" if u.memory_peak_bytes else ""
+        )
         who = u.holder or "an unattributed process"
         slower = f", taking about {slowdown:.1f}x as long" if slowdown > 1.05 else ""
         reason = (f"{who} peaked at {u.memory_peak_bytes / GIB:.1f} GiB and {u.activity_p95 * 100:.0f}% "
                   f"{u.activity_signal} on {u.model} ({where.split(' (')[0]}) for {hours_text(u.held_hours)}; "
-                  f"{article(offer.name)} {offer.name} would hold it with {headroom * 100:.0f}% headroom{slower}; "
+                  f"{article(offer.name)} {offer.name} would hold it{room}{slower}; "
                   f"estimated saving {money(saving, self.currency)}/month")  # fmt: skip
         return Advice(offer.name, reason, saving, price, slowdown)
 

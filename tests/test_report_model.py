@@ -1,0 +1,365 @@
+"""The report's figures from what Prometheus answers (``report.model.build``), where the answers are
+not the tidy week of test_report_history: a GPU replaced during the range, series without a uuid or
+node label (another exporter, an older gpu-exporter), an exporter that restarted on a new address,
+GPUs in MIG mode, indices past 9, float noise around zero.
+
+Each test gives ``build`` the query results as the client returns them: (labels, value) pairs, with
+the labels Prometheus keeps (an empty label is no label)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpu_exporter.report.catalogue import load_catalogue
+from gpu_exporter.report.model import build
+from gpu_exporter.report.queries import Window, window_for
+
+GIB = 1024**3
+END = 1_796_000_400.0  # a whole hour
+START = END - 100 * 3600  # 100 h
+W = window_for(START, END)
+H100 = "NVIDIA H100 80GB HBM3"
+L4 = "NVIDIA L4"
+CATALOGUE = load_catalogue()
+
+
+def empty() -> dict[str, Any]:
+    return {k: [] for k in ("hours", "prices", "info", "memory_total", "memory_peak", "activity", "timeline")}
+
+
+def add_gpu(r: dict[str, Any], key: dict[str, str], model: str, hours: dict[str, float], *, price: float | None = None,
+            holder: dict[str, str] | None = None, peak: float | None = None, total: float = 80 * GIB,
+            activity: float | None = None, mig_mode: str = "disabled", w: Window = W) -> None:  # fmt: skip
+    """One GPU's answers: its hours by state (held ones by ``holder``), one price all range long."""
+    for state, h in hours.items():
+        held = holder if holder and state in ("busy", "allocated_idle") else {}
+        r["hours"].append(({**key, **held, "state": state}, h))
+    if price is not None:
+        for stat, v in (("max", price), ("min", price), ("count", w.points)):
+            r["prices"].append(({**key, "currency": "USD", "stat": stat}, v))
+    r["info"].append(({**key, "name": model, "mig_mode": mig_mode}, 1.0))
+    r["memory_total"].append((key, total))
+    if peak is not None:
+        r["memory_peak"].append((key, peak))
+    if activity is not None:
+        r["activity"].append(({**key, "signal": "sm_active"}, activity))
+
+
+def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str | None, float]]:
+    return [(g["node"], g["gpu"], g["uuid"], g["model"], g["gpu_hours"]) for g in doc["gpus"]]
+
+
+def test_a_gpu_replaced_during_the_range_is_two_gpus() -> None:
+    """Node n1's GPU 0 was an H100 for 60 h, then a new card (a new UUID) at the same index: each is a
+    GPU of its own, with its own model, hours and cost, not one GPU with the hours of both."""
+    r = empty()
+    pod = {"namespace": "ml", "pod": "a"}
+    old = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-old"}
+    add_gpu(r, old, H100, {"busy": 50.0, "allocated_idle": 10.0}, price=3.0, holder=pod)
+    add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-new"}, L4, {"allocated_idle": 40.0},
+            price=0.8, holder=pod)  # fmt: skip
+    doc = build(W, r, CATALOGUE)
+    assert rows(doc) == [("n1", "0", "GPU-new", L4, 40.0), ("n1", "0", "GPU-old", H100, 60.0)]
+    assert [g["cost"] for g in doc["gpus"]] == [32.0, 180.0]
+    assert doc["totals"]["gpus"] == 2 and doc["totals"]["cost"] == 212.0
+    (holder,) = doc["holders"]
+    assert (holder["gpus"], holder["gpu_hours"], holder["cost"], holder["wasted_cost"]) == (2, 100.0, 212.0, 62.0)
+
+
+def test_series_without_a_uuid_are_one_gpu_per_node_and_index_whatever_the_instance() -> None:
+    """Without a uuid label, a GPU is its node and index: n1's GPU 0, whose exporter restarted on a new
+    address half-way (a new ``instance``), is still one GPU with 100 h; n1's GPU 1 and n2's GPU 0 are others."""
+    r = empty()
+    add_gpu(r, {"node": "n1", "instance": "10.0.0.1:9445", "gpu": "0"}, H100, {"busy": 50.0}, price=3.0)
+    r["hours"].append(({"node": "n1", "instance": "10.0.0.7:9445", "gpu": "0", "state": "busy"}, 50.0))
+    add_gpu(r, {"node": "n1", "instance": "10.0.0.7:9445", "gpu": "1"}, H100, {"idle": 100.0})
+    add_gpu(r, {"node": "n2", "instance": "10.0.0.2:9445", "gpu": "0"}, L4, {"down": 100.0})
+    doc = build(W, r, CATALOGUE)
+    assert rows(doc) == [("n1", "0", "", H100, 100.0), ("n1", "1", "", H100, 100.0), ("n2", "0", "", L4, 100.0)]
+    assert doc["totals"]["gpus"] == 3
+
+
+def test_series_without_a_node_label_are_told_apart_by_instance() -> None:
+    """Scraped without the node label (no relabelling), GPUs are their exporter's address and index,
+    and the report names the node by that address."""
+    r = empty()
+    add_gpu(r, {"instance": "a:9445", "gpu": "0"}, H100, {"busy": 100.0})
+    add_gpu(r, {"instance": "b:9445", "gpu": "0"}, H100, {"allocated_idle": 100.0})
+    add_gpu(r, {"instance": "b:9445", "gpu": "1"}, L4, {"idle": 100.0})
+    doc = build(W, r, CATALOGUE)
+    assert rows(doc) == [("a:9445", "0", "", H100, 100.0), ("b:9445", "0", "", H100, 100.0),
+                         ("b:9445", "1", "", L4, 100.0)]  # fmt: skip
+    assert [(g["busy_hours"], g["allocated_idle_hours"], g["idle_hours"], g["down_hours"]) for g in doc["gpus"]] == [
+        (100.0, 0.0, 0.0, 0.0), (0.0, 100.0, 0.0, 0.0), (0.0, 0.0, 100.0, 0.0)]  # fmt: skip
+
+
+def test_gpus_are_listed_by_node_then_index_in_numbers() -> None:
+    """GPU 2 before GPU 10 (not as text), and an index that is no number (a MIG device "0/1") after them."""
+    r = empty()
+    for gpu in ("10", "2", "0/1", "0"):
+        add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": gpu, "uuid": f"GPU-{gpu}"}, H100, {"idle": 100.0})
+    add_gpu(r, {"node": "n0", "instance": "n0:9445", "gpu": "3", "uuid": "GPU-n0"}, H100, {"idle": 100.0})
+    doc = build(W, r, CATALOGUE)
+    assert [(g["node"], g["gpu"]) for g in doc["gpus"]] == [("n0", "3"), ("n1", "0"), ("n1", "2"), ("n1", "10"),
+                                                            ("n1", "0/1")]  # fmt: skip
+
+
+def test_a_gpu_in_mig_mode_at_any_point_of_the_range_gets_no_card() -> None:
+    """A light job on an H100 is told of a smaller card; the same GPU, in MIG mode for part of the range
+    (two info series), is not: its slices were sized by someone, and the report cannot see each one's use."""
+
+    def light(mig: list[str]) -> dict[str, Any]:
+        r = empty()
+        key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+        add_gpu(r, key, H100, {"busy": 100.0}, price=3.0, holder={"namespace": "ml", "pod": "a"}, peak=6 * GIB,
+                activity=0.05, mig_mode=mig[0])  # fmt: skip
+        r["info"] += [({**key, "name": H100, "mig_mode": m}, 1.0) for m in mig[1:]]
+        return r
+
+    advised = build(W, light(["disabled"]), CATALOGUE)["recommendations"]
+    assert [x["suggested"] for x in advised] == ["A100 80GB MIG 1g.10gb"]
+    for mig in (["enabled"], ["enabled", "disabled"], ["disabled", "enabled"]):
+        assert build(W, light(mig), CATALOGUE)["recommendations"] == [], mig
+
+
+def test_float_noise_below_zero_is_reported_as_zero_not_minus_zero() -> None:
+    """increase() and sums of products can land a hair below zero; the report says 0.0, never -0.0."""
+    r = empty()
+    add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100,
+            {"busy": 100.0, "allocated_idle": -1e-12}, price=3.0, holder={"namespace": "ml", "pod": "a"})  # fmt: skip
+    r["timeline"] = [({"state": "busy"}, [(END, 1.0)]), ({"state": "allocated_idle"}, [(END, -1e-12)])]
+    doc = build(W, r, CATALOGUE)
+    (g,) = doc["gpus"]
+    assert (g["allocated_idle_hours"], g["wasted_cost"]) == (0.0, 0.0)
+    assert "-0.0" not in json.dumps(doc), json.dumps(doc)
+
+
+def test_a_state_this_report_does_not_know_is_left_out_and_the_rest_kept() -> None:
+    """A newer exporter with a state this report does not know ("maintenance"): its hours are left out
+    of every figure, wherever its series comes in the answer, and the known states are all kept."""
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    r["hours"].append(({**key, "state": "maintenance"}, 5.0))
+    add_gpu(r, key, H100, {"busy": 60.0, "idle": 35.0}, price=3.0)
+    r["timeline"] = [({"state": "maintenance"}, [(END - 3600, 0.1)]), ({"state": "busy"}, [(END - 3600, 0.6)]),
+                     ({"state": "idle"}, [(END - 3600, 0.3)])]  # fmt: skip
+    doc = build(W, r, CATALOGUE)
+    (g,) = doc["gpus"]
+    assert (g["gpu_hours"], g["busy_hours"], g["idle_hours"], g["cost"]) == (95.0, 60.0, 35.0, 285.0)
+    (point,) = doc["timeline"]
+    assert (point["busy_hours"], point["idle_hours"], point["down_hours"]) == (0.6, 0.3, 0.0)
+    assert "maintenance_hours" not in point
+
+
+def test_what_nobody_is_known_to_hold_has_no_holder() -> None:
+    """Busy with no pod and no user known (an unattributed process), idle or down: the GPU's hours and
+    cost, but no holder row and no main holder."""
+    r = empty()
+    add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100,
+            {"busy": 50.0, "idle": 40.0, "down": 10.0}, price=3.0)  # fmt: skip
+    doc = build(W, r, CATALOGUE)
+    (g,) = doc["gpus"]
+    assert (g["holder"], g["busy_hours"], g["cost"]) == ("", 50.0, 300.0)
+    assert doc["holders"] == []
+
+
+def shared() -> dict[str, Any]:
+    """Two H100s: GPU-0 held by pod ml/z (40 h busy) then pod ml/a (30 h busy, 20 h idle-held), priced
+    3.00; GPU-1, with no price, held by pod ml/a (100 h allocated but idle) and listed first."""
+    r = empty()
+    k0 = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    k1 = {"node": "n1", "instance": "n1:9445", "gpu": "1", "uuid": "GPU-1"}
+    add_gpu(r, k1, H100, {"allocated_idle": 100.0}, holder={"namespace": "ml", "pod": "a"})
+    add_gpu(r, k0, H100, {"busy": 40.0}, price=3.0, holder={"namespace": "ml", "pod": "z"})
+    r["hours"] += [({**k0, "namespace": "ml", "pod": "a", "state": "busy"}, 30.0),
+                   ({**k0, "namespace": "ml", "pod": "a", "state": "allocated_idle"}, 20.0)]  # fmt: skip
+    return r
+
+
+def test_a_gpu_held_by_several_is_the_main_holders_who_held_it_longest_and_each_pays_its_share() -> None:
+    doc = build(W, shared(), CATALOGUE)
+    g1, g0 = doc["gpus"][1], doc["gpus"][0]
+    assert (g0["uuid"], g0["holder"]) == ("GPU-0", "pod ml/a")  # 30 + 20 h against pod ml/z's 40, listed first
+    assert (g0["cost"], g0["wasted_cost"], g0["price_per_hour"]) == (270.0, 60.0, 3.0)
+    # No price: no cost, no waste, no price, for the GPU and for whoever held only it.
+    assert (g1["uuid"], g1["holder"], g1["cost"], g1["wasted_cost"], g1["price_per_hour"]) == \
+        ("GPU-1", "pod ml/a", None, None, None)  # fmt: skip
+    a, z = doc["holders"]
+    assert (a["holder"], a["gpus"], a["gpu_hours"], a["busy_hours"], a["allocated_idle_hours"]) == \
+        ("pod ml/a", 2, 150.0, 30.0, 120.0)  # fmt: skip
+    assert (a["cost"], a["wasted_cost"]) == (150.0, 60.0)  # what it held on the priced GPU: 30 + 20 h x 3.00
+    assert (z["holder"], z["gpus"], z["gpu_hours"], z["cost"], z["wasted_cost"]) == ("pod ml/z", 1, 40.0, 120.0, 0.0)
+    unpriced = shared()
+    unpriced["prices"] = []
+    doc = build(W, unpriced, CATALOGUE)
+    assert [(h["holder"], h["cost"], h["wasted_cost"]) for h in doc["holders"]] == [
+        ("pod ml/a", None, None), ("pod ml/z", None, None)]  # fmt: skip
+    assert (doc["totals"]["cost"], doc["totals"]["wasted_cost"], doc["totals"]["unpriced_gpus"]) == (None, None, 2)
+
+
+def test_a_priced_gpu_seen_for_no_time_has_no_price_per_hour() -> None:
+    """A GPU that appeared at the very end of the range: 0 hours, so 0 cost, and no price per hour
+    to divide out of them (not a division by zero)."""
+    r = empty()
+    add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"idle": 0.0}, price=3.0)
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    assert (g["gpu_hours"], g["cost"], g["price_per_hour"]) == (0.0, 0.0, None)
+
+
+def test_holders_with_as_many_idle_hours_are_listed_by_name() -> None:
+    r = empty()
+    for i, pod in enumerate(("c", "a", "b")):
+        add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-{i}"}, H100,
+                {"allocated_idle": 10.0, "busy": 90.0}, holder={"namespace": "ml", "pod": pod})  # fmt: skip
+    assert [h["holder"] for h in build(W, r, CATALOGUE)["holders"]] == ["pod ml/a", "pod ml/b", "pod ml/c"]
+
+
+def light_h100s(prices: tuple[float | None, ...], w: Window = W) -> dict[str, Any]:
+    """H100s each held all the range by a light job (6 GiB, 4% SM activity: any slice or small card
+    holds it at full speed), at these prices (None: none)."""
+    r = empty()
+    for i, price in enumerate(prices):
+        key = {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-{i}"}
+        add_gpu(r, key, H100, {"busy": w.hours}, price=price, holder={"namespace": "ml", "pod": f"job-{i}"},
+                peak=6 * GIB, activity=0.04, w=w)  # fmt: skip
+    return r
+
+
+@pytest.mark.parametrize("hours", [100.0, 0.5])
+def test_a_gpu_without_a_price_is_advised_at_what_the_fleet_pays_for_its_model(hours: float) -> None:
+    """Two H100s bill 3.00 and 2.60 an hour: the fleet pays 2.80 for an H100, and that is what the third,
+    which has no price, is judged at; the others at their own.  Over 100 h or over the last half hour."""
+    w = window_for(END - hours * 3600, END)
+    doc = build(w, light_h100s((3.0, 2.6, None), w), CATALOGUE)
+    assert [g["price_per_hour"] for g in doc["gpus"]] == [3.0, 2.6, None]
+    recs = {r["gpu"]: r for r in doc["recommendations"]}
+    for gpu, price_now in (("0", 3.0), ("1", 2.6), ("2", 2.8)):
+        rec = recs[gpu]
+        # Held all the range: (now - suggested) x 730 h a month; the suggested price is shown to 4 digits.
+        assert rec["saving_per_month"] == pytest.approx((price_now - rec["suggested_price_per_hour"]) * 730, abs=0.05)
+    assert [r["gpu"] for r in doc["recommendations"]] == ["0", "2", "1"]  # the largest saving first
+
+
+def test_the_saving_thresholds_reach_the_advice() -> None:
+    r = light_h100s((3.0,))
+    assert build(W, r, CATALOGUE)["recommendations"]
+    assert build(W, r, CATALOGUE, min_saving=1e6)["recommendations"] == []
+    assert build(W, r, CATALOGUE, min_saving_ratio=0.99)["recommendations"] == []
+
+
+def test_the_report_is_in_the_currency_of_its_prices_else_of_the_catalogue_it_advised_with() -> None:
+    busy = empty()  # a busy, heavy H100: nothing to advise
+    add_gpu(busy, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0},
+            price=3.0, holder={"namespace": "ml", "pod": "big"}, peak=70 * GIB, activity=0.9)  # fmt: skip
+    doc = build(W, busy, CATALOGUE)
+    assert (doc["currency"], doc["recommendations"]) == ("USD", [])
+    busy["prices"] = []
+    assert build(W, busy, CATALOGUE)["currency"] is None  # no price, no advice: no money at all
+    # No price in Prometheus: the advice is priced at the catalogue's example prices, in its currency.
+    doc = build(W, light_h100s((None,)), CATALOGUE)
+    assert doc["currency"] == "USD" and doc["totals"]["cost"] is None
+    (rec,) = doc["recommendations"]
+    assert rec["saving_per_month"] == pytest.approx((2.50 - rec["suggested_price_per_hour"]) * 730, abs=0.05)
+
+
+def test_a_fleet_priced_in_another_currency_is_not_advised_at_the_catalogues_dollar_prices() -> None:
+    """Priced in EUR, an H100 is told of its own MIG slices (the fleet's EUR price x the share), never
+    of a card whose only price is the catalogue's USD example."""
+    r = light_h100s((2.80,))
+    for labels, _ in r["prices"]:
+        labels["currency"] = "EUR"
+    doc = build(W, r, CATALOGUE)
+    (rec,) = doc["recommendations"]
+    assert doc["currency"] == "EUR"
+    assert rec["suggested"] == "H100 80GB MIG 1g.10gb" and rec["suggested_price_per_hour"] == 0.4
+
+
+def test_gpus_without_a_uuid_whose_price_changed_are_still_priced_step_by_step() -> None:
+    """Their cost needs the eighth query (every step at its own price); without a uuid to name them it
+    reads every GPU, and keeps theirs."""
+    from gpu_exporter.report.model import steady_prices
+    from gpu_exporter.report.queries import exact_cost
+
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445", "gpu": "0"}
+    add_gpu(r, key, H100, {"busy": 100.0})
+    r["prices"] = [({**key, "currency": "USD", "stat": s}, v) for s, v in (("max", 3.0), ("min", 2.0),
+                                                                          ("count", W.points))]  # fmt: skip
+    steady, varying = steady_prices(W, r)
+    assert steady == {} and varying == [""]
+    assert "uuid=~" not in exact_cost(W, "", varying).expr
+    r["cost"] = [({**key, "state": "busy", "currency": "USD"}, 250.0)]
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    assert (g["cost"], g["price_per_hour"]) == (250.0, 2.5)
+    # With a uuid, the query names the GPU, and only it: the steady one is priced as hours x its price
+    # (GPU-2's price is missing at one step).
+    add_gpu(r, {**key, "gpu": "1", "uuid": "GPU-1"}, H100, {"busy": 100.0}, price=3.0)
+    add_gpu(r, {**key, "gpu": "2", "uuid": "GPU-2"}, H100, {"busy": 100.0})
+    r["prices"] += [({**key, "gpu": "2", "uuid": "GPU-2", "currency": "USD", "stat": s}, v)
+                    for s, v in (("max", 3.0), ("min", 3.0), ("count", W.points - 1))]  # fmt: skip
+    steady, varying = steady_prices(W, r)
+    assert steady == {"GPU-1": ("USD", 3.0)} and varying == ["", "GPU-2"]
+
+
+def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
+    doc = build(W, shared(), CATALOGUE)
+    hours = {"gpu_hours", "busy_hours", "allocated_idle_hours", "idle_hours", "down_hours"}
+    assert set(doc["totals"]) == hours | {"cost", "wasted_cost", "gpus", "unpriced_gpus"}
+    for g in doc["gpus"]:
+        assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
+                          "memory_total_bytes", "memory_peak_bytes", "activity_p95", "activity_signal", "holder",
+                          "notes"}  # fmt: skip
+        assert g["memory_total_bytes"] == 80 * GIB
+    for h in doc["holders"]:
+        assert set(h) == {"kind", "holder", "namespace", "pod", "user", "gpus", "gpu_hours", "busy_hours",
+                          "allocated_idle_hours", "cost", "wasted_cost"}  # fmt: skip
+    (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
+    assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "suggested", "reason", "saving_per_month",
+                        "suggested_price_per_hour", "slowdown"}  # fmt: skip
+
+
+def test_a_currency_picked_among_several_counts_every_gpu_priced_in_it() -> None:
+    """GPUs priced in EUR and in USD, listed EUR first: --currency USD counts every USD one."""
+    r = empty()
+    for i, cur in enumerate(("EUR", "USD", "USD")):
+        key = {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-{i}"}
+        add_gpu(r, key, H100, {"busy": 100.0}, price=3.0)
+        for labels, _ in r["prices"][-3:]:
+            labels["currency"] = cur
+    doc = build(W, r, CATALOGUE, currency="USD")
+    assert [g["cost"] for g in doc["gpus"]] == [None, 300.0, 300.0] and doc["totals"]["cost"] == 600.0
+
+
+def test_a_gpu_priced_in_two_currencies_at_once_is_never_priced_in_one_of_them_alone() -> None:
+    """Two price series for one GPU all range long, in USD and in EUR (two exporters with different
+    settings): its cost is each step's in each currency, and the report asks which one to show."""
+    from gpu_exporter.report.model import steady_prices
+
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    add_gpu(r, key, H100, {"busy": 100.0}, price=3.0)
+    r["prices"] += [({**key, "currency": "EUR", "stat": s}, v) for s, v in (("max", 2.8), ("min", 2.8),
+                                                                           ("count", W.points))]  # fmt: skip
+    assert steady_prices(W, r) == ({}, ["GPU-0"])
+    r["cost"] = [({**key, "state": "busy", "currency": c}, v) for c, v in (("USD", 300.0), ("EUR", 280.0))]
+    with pytest.raises(ValueError, match="several currencies"):
+        build(W, r, CATALOGUE)
+    assert build(W, r, CATALOGUE, currency="EUR")["totals"]["cost"] == 280.0
+
+
+def test_the_reports_times_are_utc_whatever_the_machines_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JSON's times end in Z: on a machine set to Tokyo time they must still be UTC."""
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        doc = build(window_for(START, END), empty(), CATALOGUE)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert doc["range"] == {"start": "2026-11-25T21:00:00Z", "end": "2026-11-30T01:00:00Z", "hours": 100.0,
+                            "step_seconds": 600}  # fmt: skip
