@@ -186,6 +186,12 @@ TARGETS: dict[str, Target] = {
         daemon_tests=REPORT_DAEMON_TESTS,
         message_functions=frozenset({"hours_text", "article"}),  # the words of an advice
     ),
+    # Pod attribution's kubelet client: a wrong decode or a call that never ends puts the wrong pod,
+    # or none, on every series of a node.
+    "podresources": Target(
+        "gpu_exporter/kubernetes/podresources.py",
+        tests=("tests/test_podresources_wire.py", "tests/test_kubelet.py", "tests/test_grpc_unix.py"),
+    ),
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), read from its .meta files.
