@@ -192,6 +192,12 @@ TARGETS: dict[str, Target] = {
         "gpu_exporter/kubernetes/podresources.py",
         tests=("tests/test_podresources_wire.py", "tests/test_kubelet.py", "tests/test_grpc_unix.py"),
     ),
+    # ...and its one gRPC call: a misread status or answer, a call that outlives its deadline or a
+    # socket left open per refresh.
+    "grpc_unix": Target(
+        "gpu_exporter/kubernetes/grpc_unix.py",
+        tests=("tests/test_grpc_unix.py", "tests/test_kubelet.py"),
+    ),
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), read from its .meta files.

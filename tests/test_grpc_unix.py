@@ -503,6 +503,29 @@ def test_a_call_cancelled_before_it_starts_never_connects(tmp_path: Path) -> Non
     assert caught.value.code == "CANCELLED"
 
 
+def test_a_cancel_that_lands_while_the_call_connects_still_ends_it_at_once(tmp_path: Path) -> None:
+    """stop() can come between the call taking its socket and connecting it.  The call must end at
+    once all the same (Linux keeps the shutdown of an unconnected unix socket, so its first read
+    returns nothing), not wait out its timeout against a kubelet that never answers."""
+    done = threading.Event()
+    with serving(tmp_path, lambda sock: done.wait(10)) as server:
+        reads = 0
+
+        def clock() -> float:  # read once for the deadline, then just before connecting
+            nonlocal reads
+            reads += 1
+            if reads == 2:
+                c.cancel()
+            return time.monotonic()
+
+        c = UnaryCall(str(server.path), LIST_METHOD, timeout=5, max_message_bytes=MIB, clock=clock)
+        t0 = time.monotonic()
+        with pytest.raises(RpcError) as caught:
+            c.run()
+        done.set()
+    assert caught.value.code == "CANCELLED" and time.monotonic() - t0 < 2, caught.value
+
+
 # -- through the watcher -------------------------------------------------------------------------
 
 
