@@ -197,6 +197,7 @@ TARGETS: dict[str, Target] = {
     "grpc_unix": Target(
         "gpu_exporter/kubernetes/grpc_unix.py",
         tests=("tests/test_grpc_unix.py", "tests/test_kubelet.py"),
+        message_functions=frozenset({"_describe"}),  # shortens an h2 error for a sentence
     ),
 }
 
@@ -207,9 +208,19 @@ TIMEOUT = {36, -24, 24, 152, 255}
 # Calls whose arguments are log output only: structlog's bound logger.
 LOG_OBJECTS = {"log"}
 # Keyword arguments and positions that hold text for people: an alert's summary and description
-# (``Check``), what the report's progress lines call a query (``Query``'s ``what``).
+# (``Check``), what the report's progress lines call a query (``Query``'s ``what``), the sentence
+# of a failed kubelet call (``RpcError``'s ``details``; the code beside it is read, so it counts)
+# and what the call was doing when it failed (the methods that build those sentences).  Functions
+# and methods alike, by the name called.
 MESSAGE_KEYWORDS = {"summary", "description"}
-MESSAGE_POSITIONS = {"Check": {4, 5}, "Query": {1}}
+MESSAGE_POSITIONS = {
+    "Check": {4, 5},
+    "Query": {1},
+    "RpcError": {1},
+    "_timed_out": {0},
+    "_unavailable": {0},
+    "_remaining": {1},
+}
 
 
 # -- the scratch copy ---------------------------------------------------------------------------------
@@ -394,6 +405,12 @@ def _is_log_call(node: Any) -> bool:
             and isinstance(node.func.value, ast.Name) and node.func.value.id in LOG_OBJECTS)  # fmt: skip
 
 
+def _called(call: ast.Call) -> str:
+    """The name a call is made by: ``f`` for ``f(...)``, ``m`` for ``self.m(...)``."""
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
 def _plain_text_change(nodes: list[Any], a: Any, b: Any) -> bool:
     """A changed string, number, arithmetic or and/or, with no call getting something else on the way."""
     if any(isinstance(n, ast.Call) for n in nodes) and not (isinstance(a, str) and isinstance(b, str)):
@@ -414,8 +431,8 @@ def _text_only(trail: list[Step], a: Any, b: Any, message_function: bool = False
             # raises before anything is logged).
             return not any(isinstance(n, ast.Call) for n in inner)
         in_message = (isinstance(node, ast.keyword) and node.arg in MESSAGE_KEYWORDS) or (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and name == "args"
-            and index in MESSAGE_POSITIONS.get(node.func.id, set()))  # fmt: skip
+            isinstance(node, ast.Call) and name == "args" and index in MESSAGE_POSITIONS.get(_called(node), set())
+        )
         if in_message:
             if isinstance(a, str) and isinstance(b, str):
                 return True  # a changed string literal

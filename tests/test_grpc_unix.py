@@ -9,6 +9,7 @@ memory, and leaves no socket open.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -22,6 +23,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import hpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,11 +150,12 @@ def discard(sock: socket.socket) -> None:
         pass
 
 
-def h2_server(respond: Callable[[Reply], None]) -> Callable[[socket.socket], None]:
-    def handle(sock: socket.socket) -> None:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        conn.initiate_connection()
-        sock.sendall(conn.data_to_send())
+def h2_server(respond: Callable[[Reply], None]) -> Callable[..., None]:
+    def handle(sock: socket.socket, conn: h2.connection.H2Connection | None = None) -> None:
+        if conn is None:  # else the caller has sent an opening of its own
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            conn.initiate_connection()
+            sock.sendall(conn.data_to_send())
         stream, ended = 0, False
         while not ended:
             data = sock.recv(65536)
@@ -309,6 +312,19 @@ def test_a_hanging_server_costs_the_timeout_and_no_more(tmp_path: Path) -> None:
             "UNAVAILABLE", "GOAWAY NO_ERROR", id="goaway",
         ),
         pytest.param(
+            lambda r: (r.conn.reset_stream(r.stream, 0x99), r.flush()),
+            "INTERNAL", "reset the call (153)", id="reset-with-an-unknown-code",
+        ),
+        pytest.param(grpc_answer(b"", [("grpc-status", "17")]), "UNKNOWN", "grpc-status 17", id="status-17"),
+        pytest.param(
+            lambda r: (r.headers([(":status", "200")]), r.data(framed(b""), end=True)),
+            "UNKNOWN", "the answer is untyped, not application/grpc", id="no-content-type",
+        ),
+        pytest.param(
+            grpc_answer(b"", [(b"grpc-status", b"13"), (b"grpc-message", b"bad \xff byte")]),  # type: ignore[list-item]
+            "INTERNAL", "bad \ufffd byte", id="message-not-utf8",
+        ),
+        pytest.param(
             lambda r: r.headers([(":status", "200"), ("x-bomb", "y" * 70_000)]),
             "INTERNAL", "not valid HTTP/2", id="header-bomb",
         ),
@@ -365,7 +381,7 @@ def test_a_server_that_never_speaks_costs_the_timeout(tmp_path: Path) -> None:
         e = failure(server.path, timeout=0.4)
         elapsed = time.monotonic() - t0
         done.set()
-    assert e.code == "DEADLINE_EXCEEDED" and "waiting for the answer" in e.details
+    assert (e.code, e.details) == ("DEADLINE_EXCEEDED", "no answer within 0.4 s (waiting for the answer)")
     assert 0.35 <= elapsed < 1.4
 
 
@@ -383,7 +399,7 @@ def test_a_trickling_answer_is_cut_off_at_the_timeout_not_per_read(tmp_path: Pat
         t0 = time.monotonic()
         e = failure(server.path, timeout=0.5)
         elapsed = time.monotonic() - t0
-    assert e.code == "DEADLINE_EXCEEDED"
+    assert (e.code, e.details) == ("DEADLINE_EXCEEDED", "no answer within 0.5 s (waiting for the answer)")
     assert 0.45 <= elapsed < 1.5
 
 
@@ -489,7 +505,7 @@ def test_cancel_ends_a_call_in_flight_at_once(tmp_path: Path) -> None:
         t.join(2)
         done.set()
     assert not t.is_alive() and time.monotonic() - t0 < 1
-    assert [e.code for e in result] == ["CANCELLED"]
+    assert [(e.code, e.details) for e in result] == [("CANCELLED", "the call was cancelled")]
 
 
 def test_a_call_cancelled_before_it_starts_never_connects(tmp_path: Path) -> None:
@@ -500,13 +516,15 @@ def test_a_call_cancelled_before_it_starts_never_connects(tmp_path: Path) -> Non
             c.run()
         time.sleep(0.1)
         assert server.connections == 0
-    assert caught.value.code == "CANCELLED"
+    assert (caught.value.code, caught.value.details) == ("CANCELLED", "the call was cancelled before it started")
 
 
-def test_a_cancel_that_lands_while_the_call_connects_still_ends_it_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["in-time", "past-the-deadline"])
+def test_a_cancel_that_lands_while_the_call_connects_still_ends_it_at_once(tmp_path: Path, late: bool) -> None:
     """stop() can come between the call taking its socket and connecting it.  The call must end at
     once all the same (Linux keeps the shutdown of an unconnected unix socket, so its first read
-    returns nothing), not wait out its timeout against a kubelet that never answers."""
+    returns nothing), not wait out its timeout against a kubelet that never answers; and when the
+    deadline passes meanwhile, the call still says it was cancelled, not that it timed out."""
     done = threading.Event()
     with serving(tmp_path, lambda sock: done.wait(10)) as server:
         reads = 0
@@ -516,14 +534,23 @@ def test_a_cancel_that_lands_while_the_call_connects_still_ends_it_at_once(tmp_p
             reads += 1
             if reads == 2:
                 c.cancel()
-            return time.monotonic()
+            return time.monotonic() + (60 if late and reads >= 2 else 0)
 
         c = UnaryCall(str(server.path), LIST_METHOD, timeout=5, max_message_bytes=MIB, clock=clock)
         t0 = time.monotonic()
         with pytest.raises(RpcError) as caught:
             c.run()
         done.set()
-    assert caught.value.code == "CANCELLED" and time.monotonic() - t0 < 2, caught.value
+    assert (caught.value.code, caught.value.details) == ("CANCELLED", "the call was cancelled")
+    assert time.monotonic() - t0 < 2
+
+
+def test_cancel_after_the_call_has_ended_does_nothing(tmp_path: Path) -> None:
+    """The watcher's stop() can come just after a refresh finished."""
+    with fake_kubelet(tmp_path) as kubelet:
+        c = UnaryCall(str(kubelet.socket_path), LIST_METHOD, timeout=2, max_message_bytes=MIB)
+        c.run()
+        c.cancel()
 
 
 # -- through the watcher -------------------------------------------------------------------------
@@ -544,3 +571,281 @@ def test_a_kubelet_answer_that_is_not_protobuf_keeps_the_last_good_pods(tmp_path
         assert "not a ListPodResourcesResponse: field 1 says 5 bytes, 2 are left" in failed[0]["error"]
     finally:
         w.stop()
+
+
+# -- what the kubelet receives -------------------------------------------------------------------
+
+
+class Capture:
+    """An HTTP/2 server that records the request it got, then answers an empty pod list."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.body = b""
+
+    def __call__(self, sock: socket.socket) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        body, stream, ended = bytearray(), 0, False
+        while not ended:
+            data = sock.recv(65536)
+            if not data:
+                return
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    stream = event.stream_id
+                    self.headers = {k.decode(): v.decode() for k, v in event.headers}
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                ended = ended or isinstance(event, h2.events.StreamEnded)
+            sock.sendall(conn.data_to_send())
+        self.body = bytes(body)
+        grpc_answer(framed(b""), OK)(Reply(sock, conn, stream))
+
+
+def test_the_kubelet_gets_a_request_that_grpc_go_accepts(tmp_path: Path) -> None:
+    """The kubelet is grpc-go, which refuses a request without ``content-type: application/grpc`` or
+    with a malformed length prefix, and ends the call at the ``grpc-timeout`` it is given."""
+    capture = Capture()
+    with serving(tmp_path, capture) as server:
+        UnaryCall(str(server.path), LIST_METHOD, b"abc", timeout=2.0, max_message_bytes=MIB).run()
+    h = capture.headers
+    assert (h[":method"], h[":scheme"], h[":path"], h["content-type"], h["te"]) == (
+        "POST", "http", LIST_METHOD, "application/grpc", "trailers"
+    )  # fmt: skip
+    assert capture.body == b"\x00\x00\x00\x00\x03abc"  # uncompressed, 4-byte big-endian length
+    # At most 8 digits (gRPC's PROTOCOL-HTTP2.md), and what is left of the call's 2 s, not more.
+    value, unit = h["grpc-timeout"][:-1], h["grpc-timeout"][-1]
+    assert unit == "m" and value.isdigit() and len(value) <= 8 and 1500 <= int(value) <= 2000, h["grpc-timeout"]
+
+
+def test_the_watcher_asks_for_every_pod_and_says_who_asks(tmp_path: Path) -> None:
+    """An empty ListPodResourcesRequest (its proto has no fields), and a user-agent an operator
+    reading the kubelet's logs can tell apart."""
+    capture = Capture()
+    with serving(tmp_path, capture) as server:
+        assert PodResourcesWatcher(str(server.path), timeout=2.0).refresh()
+    assert capture.body == b"\x00\x00\x00\x00\x00"
+    assert capture.headers["user-agent"].startswith("gpu-exporter")
+
+
+def test_a_timeout_of_days_is_sent_in_the_eight_digits_grpc_allows(tmp_path: Path) -> None:
+    capture = Capture()
+    with serving(tmp_path, capture) as server:
+        UnaryCall(str(server.path), LIST_METHOD, timeout=10.0**6, max_message_bytes=MIB).run()
+    assert capture.headers["grpc-timeout"] == "99999999m"
+
+
+# -- the first frame -----------------------------------------------------------------------------
+
+
+def frame(kind: int, stream: int, payload: bytes, flags: int = 0) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+SETTINGS, PING, DATA, GOAWAY = 0x4, 0x6, 0x0, 0x7
+MAX_STREAMS_100 = (3).to_bytes(2, "big") + (100).to_bytes(4, "big")  # SETTINGS_MAX_CONCURRENT_STREAMS
+
+
+def opening_with(first: bytes) -> Callable[[socket.socket], None]:
+    """A server that sends ``first`` instead of its own SETTINGS frame, then answers as HTTP/2 would."""
+
+    def handle(sock: socket.socket) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        conn.data_to_send()
+        sock.sendall(first)
+        h2_server(grpc_answer(framed(b"\x0a\x03\x0a\x01p"), OK))(sock, conn)
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(frame(PING, 0, b"\x00" * 8), id="ping"),
+        pytest.param(frame(DATA, 1, b"\x00" * 6), id="data"),
+        pytest.param(frame(GOAWAY, 0, b"\x00" * 12), id="goaway"),
+        pytest.param(frame(SETTINGS, 1, b""), id="settings-on-a-stream"),
+        pytest.param(frame(SETTINGS, 0x0100_0000, b""), id="settings-on-a-high-stream"),
+        pytest.param(frame(SETTINGS, 0, b"\x00" * 7), id="settings-of-7-bytes"),
+        pytest.param(frame(SETTINGS, 0, MAX_STREAMS_100 * 65), id="settings-of-65-entries"),
+    ],
+)
+def test_a_server_that_does_not_open_with_settings_is_refused_at_once(tmp_path: Path, first: bytes) -> None:
+    """RFC 9113 3.4: a server's connection preface is a SETTINGS frame on stream 0."""
+    with serving(tmp_path, opening_with(first)) as server:
+        t0 = time.monotonic()
+        e = failure(server.path, timeout=2.0)
+    assert e.code == "INTERNAL" and "does not speak HTTP/2: it began with" in e.details, e
+    assert time.monotonic() - t0 < 1.5
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(frame(SETTINGS, 0, MAX_STREAMS_100 * 64), id="64-entries"),
+        pytest.param(frame(SETTINGS, 0x8000_0000, MAX_STREAMS_100), id="reserved-bit-set"),
+    ],
+)
+def test_any_valid_opening_settings_frame_is_accepted(tmp_path: Path, first: bytes) -> None:
+    """As many settings as a server may repeat, and the stream id's reserved bit, which RFC 9113 4.1
+    says a receiver ignores."""
+    with serving(tmp_path, opening_with(first)) as server:
+        assert [p.name for p in decode_list_response(call(server.path))] == ["p"]
+
+
+@pytest.mark.parametrize("cut", [1, 4, 8])
+def test_an_http1_reply_is_named_however_its_first_bytes_arrive(tmp_path: Path, cut: int) -> None:
+    """The first nine bytes are judged together, even when they come in pieces."""
+    reply = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+
+    def http1(sock: socket.socket) -> None:
+        sock.recv(4096)
+        sock.sendall(reply[:cut])
+        time.sleep(0.1)  # the client reads the first piece alone
+        sock.sendall(reply[cut:])
+        done.wait(2)  # and keeps the connection open: only the bytes can tell
+
+    done = threading.Event()
+    with serving(tmp_path, http1) as server:
+        t0 = time.monotonic()
+        e = failure(server.path, timeout=1.0)
+        elapsed = time.monotonic() - t0
+        done.set()
+    assert e.code == "INTERNAL" and "does not speak HTTP/2" in e.details, e
+    assert elapsed < 0.8
+
+
+# -- limits and odd but valid answers --------------------------------------------------------------
+
+
+def send_all(r: Reply, data: bytes) -> None:
+    """Sends ``data`` on the call's stream as flow control allows."""
+    while data:
+        room = min(r.conn.local_flow_control_window(r.stream), r.conn.max_outbound_frame_size, len(data))
+        if room <= 0:
+            r.pump()
+            continue
+        r.data(data[:room])
+        data = data[room:]
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_message_of_exactly_the_limit_arrives_and_one_byte_more_does_not(tmp_path: Path, extra: int) -> None:
+    """The limit is the message's size, its 5-byte prefix aside; here past 16 MiB, where the length
+    prefix's first byte is no longer 0."""
+    limit = 2**24 + 3
+    message = b"\x0a" * (limit + extra)
+
+    def respond(r: Reply) -> None:
+        r.grpc_headers()
+        send_all(r, framed(message))
+        r.trailers(OK)
+
+    with serving(tmp_path, h2_server(respond)) as server:
+        if extra:
+            e = failure(server.path, timeout=20.0, max_bytes=limit)
+            assert e.code == "RESOURCE_EXHAUSTED" and f"larger than {limit} bytes" in e.details
+        else:
+            assert call(server.path, timeout=20.0, max_bytes=limit) == message
+
+
+def test_a_limit_beyond_http2s_largest_window_still_works(tmp_path: Path) -> None:
+    """HTTP/2 windows stop at 2^31 - 1 bytes; a larger limit is held to that, not sent as is."""
+    with fake_kubelet(tmp_path) as kubelet:
+        kubelet.pods = [pod("ns", "p", ("main", GPU, ["GPU-a"]))]
+        answer = call(kubelet.socket_path, max_bytes=2**32)
+    assert [p.name for p in decode_list_response(answer)] == ["p"]
+
+
+def test_a_server_push_is_refused(tmp_path: Path) -> None:
+    """The client turns push off; a server that pushes anyway is not speaking HTTP/2 as agreed, and
+    what it pushed never mixes into the answer."""
+
+    def respond(r: Reply) -> None:
+        block = hpack.Encoder().encode([(":method", "GET"), (":scheme", "http"), (":path", "/x"),
+                                        (":authority", "localhost")])  # fmt: skip
+        r.sock.sendall(frame(0x5, r.stream, (2).to_bytes(4, "big") + block, flags=0x4))  # PUSH_PROMISE
+        grpc_answer(framed(b"\x0a\x03\x0a\x01p"), OK)(r)
+
+    with serving(tmp_path, h2_server(respond)) as server:
+        e = failure(server.path)
+    assert e.code == "INTERNAL" and "not valid HTTP/2" in e.details, e
+
+
+# -- a kubelet that is stuck -----------------------------------------------------------------------
+
+
+def test_a_kubelet_whose_accept_queue_is_full_is_unavailable_at_once(tmp_path: Path) -> None:
+    """A kubelet too busy to accept: connecting would wait for room, so the call says so now."""
+    path = socket_path_in(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)
+    queued = []
+    try:
+        while True:  # fill the queue; nobody accepts
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            queued.append(s)
+            s.connect(str(path))
+    except BlockingIOError:
+        pass
+    try:
+        t0 = time.monotonic()
+        e = failure(path, timeout=2.0)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+    assert e.code == "UNAVAILABLE" and f"cannot connect to {path}: Resource temporarily unavailable" in e.details
+
+
+def test_a_kubelet_that_stops_reading_costs_the_timeout_and_no_more(tmp_path: Path) -> None:
+    """It pings, never reads the acks: once they fill the socket, writing blocks.  The deadline holds
+    for writes as for reads."""
+
+    def pings_unread(sock: socket.socket) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        n = 0
+        with contextlib.suppress(OSError):  # the client gives up and closes
+            while True:
+                n += 1
+                conn.ping(n.to_bytes(8, "big"))
+                sock.sendall(conn.data_to_send())
+
+    with serving(tmp_path, pings_unread) as server:
+        t0 = time.monotonic()
+        e = failure(server.path, timeout=1.0)
+        elapsed = time.monotonic() - t0
+    assert (e.code, e.details) == ("DEADLINE_EXCEEDED", "no answer within 1 s (sending)")
+    assert 0.9 <= elapsed < 2.0
+
+
+def test_a_kubelet_that_hangs_up_before_the_request_says_so_and_why_writing_failed(tmp_path: Path) -> None:
+    closed = threading.Event()
+
+    def hang_up(sock: socket.socket) -> None:
+        sock.close()
+        closed.set()
+
+    reads = 0
+
+    def clock() -> float:  # once connected (the third reading), wait for the kubelet to hang up
+        nonlocal reads
+        reads += 1
+        if reads == 3:
+            assert closed.wait(5)
+        return time.monotonic()
+
+    with serving(tmp_path, hang_up) as server, pytest.raises(RpcError) as caught:
+        UnaryCall(str(server.path), LIST_METHOD, timeout=2.0, max_message_bytes=MIB, clock=clock).run()
+    assert (caught.value.code, caught.value.details) == (
+        "UNAVAILABLE",
+        "the server closed the connection before the answer was complete (writing to it failed: Broken pipe)",
+    )

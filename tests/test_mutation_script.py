@@ -160,3 +160,27 @@ def test_what_a_report_query_is_called_is_message_text_but_its_key_and_none_are_
     assert bool(mutation.only_text(*fns, False)) is text
     key = [ast.parse(src).body[0] for src in (original, original.replace('"hours"', '"XXhoursXX"'))]
     assert not mutation.only_text(*key, False)
+
+
+@pytest.mark.parametrize(
+    ("new", "text"),
+    [
+        ('"XXno answerXX"', True),  # the sentence of a failed call
+        ('"XXsendingXX"', True),  # what the call was doing, for that sentence (a method's argument)
+        ('"XXUNAVAILABLEXX"', False),  # the status code: the watcher's reason label
+        ("None", False),  # a sentence replaced by None reaches the log as something else
+    ],
+)
+def test_a_failed_calls_sentence_is_text_but_its_status_code_is_not(new: str, text: bool) -> None:
+    """``RpcError(code, details)`` and ``self._timed_out(doing)``: the details and the doing are words
+    for the operator; the code is what the watcher reports as the failure's reason."""
+    original = (
+        "def call(self, e):\n"
+        '    if e:\n        raise RpcError("UNAVAILABLE", "no answer")\n'
+        '    raise self._timed_out("sending")\n'
+    )
+    old = {'"XXno answerXX"': '"no answer"', '"XXsendingXX"': '"sending"', '"XXUNAVAILABLEXX"': '"UNAVAILABLE"',
+           "None": '"no answer"'}[new]  # fmt: skip
+    mutant = original.replace(old, new, 1)
+    fns = [ast.parse(src).body[0] for src in (original, mutant)]
+    assert bool(mutation.only_text(*fns, False)) is text
