@@ -772,7 +772,21 @@ def test_a_server_push_is_refused(tmp_path: Path) -> None:
 
     with serving(tmp_path, h2_server(respond)) as server:
         e = failure(server.path)
-    assert e.code == "INTERNAL" and "not valid HTTP/2" in e.details, e
+    assert (e.code, e.details) == ("INTERNAL", "the answer is not valid HTTP/2 (Received pushed stream)")
+
+
+def test_what_h2_says_is_wrong_is_kept_short(tmp_path: Path) -> None:
+    """h2 quotes the offending header in its error; the sentence keeps its first 200 characters."""
+
+    def respond(r: Reply) -> None:
+        r.sock.sendall(frame(0x1, r.stream, hpack.Encoder().encode([(b"x-" + b"a" * 300 + b"\xc3", b"v")]),
+                             flags=0x4))  # HEADERS, END_HEADERS  # fmt: skip
+
+    with serving(tmp_path, h2_server(respond)) as server:
+        e = failure(server.path)
+    start = "the answer is not valid HTTP/2 (Illegal character"
+    assert e.code == "INTERNAL" and e.details.startswith(start) and e.details.endswith("aaa...)"), e
+    assert len(e.details) == len("the answer is not valid HTTP/2 (") + 200 + len("...)")
 
 
 # -- a kubelet that is stuck -----------------------------------------------------------------------
@@ -849,3 +863,61 @@ def test_a_kubelet_that_hangs_up_before_the_request_says_so_and_why_writing_fail
         "UNAVAILABLE",
         "the server closed the connection before the answer was complete (writing to it failed: Broken pipe)",
     )
+
+
+def test_a_kubelet_that_reads_the_request_and_hangs_up_says_only_that(tmp_path: Path) -> None:
+    """Writing did not fail here: the sentence says the connection closed, and nothing about writing."""
+
+    def read_then_close(r: Reply) -> None:
+        r.sock.shutdown(socket.SHUT_WR)
+        discard(r.sock)
+
+    with serving(tmp_path, h2_server(read_then_close)) as server:
+        e = failure(server.path)
+    assert (e.code, e.details) == ("UNAVAILABLE", "the server closed the connection before the answer was complete")
+
+
+@pytest.mark.parametrize(
+    ("reading", "past", "step"),
+    [
+        (2, 0.0, "connecting"),  # exactly at the deadline is past it
+        (2, 1.0, "connecting"),
+        (3, 1.0, "sending"),  # the grpc-timeout header is what is left
+        (4, 1.0, "sending"),
+        (5, 1.0, "waiting for the answer"),
+    ],
+)
+def test_a_deadline_that_passes_between_steps_names_the_step(
+    tmp_path: Path, reading: int, past: float, step: str
+) -> None:
+    """The clock is read for the deadline, then before each step; the call stops at the first
+    reading that finds no time left, and says what it was doing."""
+    done = threading.Event()
+    reads = 0
+    start = time.monotonic()
+
+    def clock() -> float:
+        nonlocal reads
+        reads += 1
+        return start + (2.0 + past if reads >= reading else 0.0)
+
+    with serving(tmp_path, lambda sock: done.wait(5)) as server:
+        with pytest.raises(RpcError) as caught:
+            UnaryCall(str(server.path), LIST_METHOD, timeout=2.0, max_message_bytes=MIB, clock=clock).run()
+        done.set()
+    assert (caught.value.code, caught.value.details) == ("DEADLINE_EXCEEDED", f"no answer within 2 s ({step})")
+
+
+def test_with_under_a_millisecond_left_the_kubelet_is_given_one(tmp_path: Path) -> None:
+    capture = Capture()
+    reads = 0
+    start = time.monotonic()
+
+    def clock() -> float:  # the third reading sets the grpc-timeout header
+        nonlocal reads
+        reads += 1
+        return start + (2.0 - 0.0004 if reads == 3 else 0.0)
+
+    with serving(tmp_path, capture) as server:
+        UnaryCall(str(server.path), LIST_METHOD, timeout=2.0, max_message_bytes=MIB, clock=clock).run()
+    assert capture.headers["grpc-timeout"] == "1m"
