@@ -776,17 +776,26 @@ def test_a_server_push_is_refused(tmp_path: Path) -> None:
 
 
 def test_what_h2_says_is_wrong_is_kept_short(tmp_path: Path) -> None:
-    """h2 quotes the offending header in its error; the sentence keeps its first 200 characters."""
+    """h2 quotes the offending header in its error; the sentence keeps 200 characters of that reason."""
+    opening = "the answer is not valid HTTP/2 ("
 
-    def respond(r: Reply) -> None:
-        r.sock.sendall(frame(0x1, r.stream, hpack.Encoder().encode([(b"x-" + b"a" * 300 + b"\xc3", b"v")]),
-                             flags=0x4))  # HEADERS, END_HEADERS  # fmt: skip
+    def reason_for(name_length: int) -> str:
+        name = b"x-" + b"a" * name_length + b"\xc3"  # not a valid header name
 
-    with serving(tmp_path, h2_server(respond)) as server:
-        e = failure(server.path)
-    start = "the answer is not valid HTTP/2 (Illegal character"
-    assert e.code == "INTERNAL" and e.details.startswith(start) and e.details.endswith("aaa...)"), e
-    assert len(e.details) == len("the answer is not valid HTTP/2 (") + 200 + len("...)")
+        def respond(r: Reply) -> None:
+            r.sock.sendall(frame(0x1, r.stream, hpack.Encoder().encode([(name, b"v")]), flags=0x4))  # HEADERS
+
+        with serving(tmp_path, h2_server(respond)) as server:
+            e = failure(server.path)
+        assert e.code == "INTERNAL" and e.details.startswith(opening + "Illegal character") and e.details[-1] == ")"
+        return e.details[len(opening) : -1]
+
+    whole = reason_for(10)
+    assert whole.endswith("aaa\\xc3'"), whole  # h2 quotes the name
+    fits = 10 + 200 - len(whole)  # the name length that makes the reason exactly 200 characters
+    assert reason_for(fits).endswith("aaa\\xc3'") and len(reason_for(fits)) == 200
+    cut = reason_for(fits + 10)
+    assert cut.endswith("aaa...") and len(cut) == 203, cut
 
 
 # -- a kubelet that is stuck -----------------------------------------------------------------------
