@@ -38,7 +38,22 @@ def nvml(fake_nvml_lib: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(SCENARIO_ENV, str(scenario.path))
     import pynvml
 
+    from gpu_exporter.sources.nvml import NvmlBackend
+
+    # A backend a test leaves open keeps its XID thread waiting on the driver for the rest of the
+    # run (each wake-up allocates, which disturbed tracemalloc measurements in later tests): close
+    # every backend this test opened, as the daemon does when it stops.
+    opened: list[NvmlBackend] = []
+    real_open = NvmlBackend.open
+
+    def open_and_remember(self: NvmlBackend) -> Any:
+        opened.append(self)
+        return real_open(self)
+
+    monkeypatch.setattr(NvmlBackend, "open", open_and_remember)
     yield pynvml
+    for backend in opened:
+        backend.close()
     while True:
         try:
             pynvml.nvmlShutdown()
