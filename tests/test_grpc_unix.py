@@ -49,6 +49,13 @@ def failure(path: Path, **kwargs: object) -> RpcError:
     return caught.value
 
 
+def timed_failure(path: Path, **kwargs: object) -> tuple[RpcError, float]:
+    """The failure of a call, and how long it took to come."""
+    t0 = time.monotonic()
+    e = failure(path, **kwargs)
+    return e, time.monotonic() - t0
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -237,9 +244,7 @@ def test_a_method_the_server_does_not_have_is_unimplemented(tmp_path: Path) -> N
 def test_a_hanging_server_costs_the_timeout_and_no_more(tmp_path: Path) -> None:
     with fake_kubelet(tmp_path) as kubelet:
         kubelet.hang = math.inf
-        t0 = time.monotonic()
-        e = failure(kubelet.socket_path, timeout=0.5)
-        elapsed = time.monotonic() - t0
+        e, elapsed = timed_failure(kubelet.socket_path, timeout=0.5)
         kubelet.release()
     # grpcio's server reads the grpc-timeout header and gives up first, as a kubelet does.
     assert e.code == "DEADLINE_EXCEEDED"
@@ -377,9 +382,7 @@ def test_a_server_that_closes_at_once_is_unavailable(tmp_path: Path) -> None:
 def test_a_server_that_never_speaks_costs_the_timeout(tmp_path: Path) -> None:
     done = threading.Event()
     with serving(tmp_path, lambda sock: done.wait(5)) as server:
-        t0 = time.monotonic()
-        e = failure(server.path, timeout=0.4)
-        elapsed = time.monotonic() - t0
+        e, elapsed = timed_failure(server.path, timeout=0.4)
         done.set()
     assert (e.code, e.details) == ("DEADLINE_EXCEEDED", "no answer within 0.4 s (waiting for the answer)")
     assert 0.35 <= elapsed < 1.4
@@ -396,9 +399,7 @@ def test_a_trickling_answer_is_cut_off_at_the_timeout_not_per_read(tmp_path: Pat
             time.sleep(0.02)
 
     with serving(tmp_path, h2_server(trickle)) as server:
-        t0 = time.monotonic()
-        e = failure(server.path, timeout=0.5)
-        elapsed = time.monotonic() - t0
+        e, elapsed = timed_failure(server.path, timeout=0.5)
     assert (e.code, e.details) == ("DEADLINE_EXCEEDED", "no answer within 0.5 s (waiting for the answer)")
     assert 0.45 <= elapsed < 1.5
 
@@ -710,9 +711,7 @@ def test_an_http1_reply_is_named_however_its_first_bytes_arrive(tmp_path: Path, 
 
     done = threading.Event()
     with serving(tmp_path, http1) as server:
-        t0 = time.monotonic()
-        e = failure(server.path, timeout=1.0)
-        elapsed = time.monotonic() - t0
+        e, elapsed = timed_failure(server.path, timeout=1.0)
         done.set()
     assert e.code == "INTERNAL" and "does not speak HTTP/2" in e.details, e
     assert elapsed < 0.8
@@ -843,9 +842,7 @@ def test_a_kubelet_that_stops_reading_costs_the_timeout_and_no_more(tmp_path: Pa
                 sock.sendall(conn.data_to_send())
 
     with serving(tmp_path, pings_unread) as server:
-        t0 = time.monotonic()
-        e = failure(server.path, timeout=1.0)
-        elapsed = time.monotonic() - t0
+        e, elapsed = timed_failure(server.path, timeout=1.0)
     assert (e.code, e.details) == ("DEADLINE_EXCEEDED", "no answer within 1 s (sending)")
     assert 0.9 <= elapsed < 2.0
 
