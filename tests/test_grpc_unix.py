@@ -117,8 +117,12 @@ def serving(
 class Reply:
     """The server side of one HTTP/2 connection, after the client's request has arrived whole."""
 
-    def __init__(self, sock: socket.socket, conn: h2.connection.H2Connection, stream: int) -> None:
+    def __init__(
+        self, sock: socket.socket, conn: h2.connection.H2Connection, stream: int,
+        request_headers: dict[str, str], request_body: bytes,
+    ) -> None:  # fmt: skip
         self.sock, self.conn, self.stream = sock, conn, stream
+        self.request_headers, self.request_body = request_headers, request_body
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -163,7 +167,8 @@ def h2_server(respond: Callable[[Reply], None]) -> Callable[..., None]:
             conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
             conn.initiate_connection()
             sock.sendall(conn.data_to_send())
-        stream, ended = 0, False
+        headers: dict[str, str] = {}
+        body, stream, ended = bytearray(), 0, False
         while not ended:
             data = sock.recv(65536)
             if not data:
@@ -171,9 +176,12 @@ def h2_server(respond: Callable[[Reply], None]) -> Callable[..., None]:
             for event in conn.receive_data(data):
                 if isinstance(event, h2.events.RequestReceived):
                     stream = event.stream_id
+                    headers = {k.decode(): v.decode() for k, v in event.headers}
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
                 ended = ended or isinstance(event, h2.events.StreamEnded)
             sock.sendall(conn.data_to_send())
-        respond(Reply(sock, conn, stream))
+        respond(Reply(sock, conn, stream, headers, bytes(body)))
 
     return handle
 
@@ -585,24 +593,11 @@ class Capture:
         self.body = b""
 
     def __call__(self, sock: socket.socket) -> None:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        conn.initiate_connection()
-        sock.sendall(conn.data_to_send())
-        body, stream, ended = bytearray(), 0, False
-        while not ended:
-            data = sock.recv(65536)
-            if not data:
-                return
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.RequestReceived):
-                    stream = event.stream_id
-                    self.headers = {k.decode(): v.decode() for k, v in event.headers}
-                elif isinstance(event, h2.events.DataReceived):
-                    body += event.data
-                ended = ended or isinstance(event, h2.events.StreamEnded)
-            sock.sendall(conn.data_to_send())
-        self.body = bytes(body)
-        grpc_answer(framed(b""), OK)(Reply(sock, conn, stream))
+        h2_server(self._answer)(sock)
+
+    def _answer(self, r: Reply) -> None:
+        self.headers, self.body = r.request_headers, r.request_body
+        grpc_answer(framed(b""), OK)(r)
 
 
 def test_the_kubelet_gets_a_request_that_grpc_go_accepts(tmp_path: Path) -> None:
