@@ -513,7 +513,7 @@ def test_the_oldest_bindings_are_the_oldest_the_project_allows() -> None:
 # the exporter's own struct, whose metric array is longer than any.
 BINDINGS_CHECK = """
 import ctypes, json, time, pynvml as N
-from gpu_exporter.sources import nvml as ours
+from gpu_exporter.sources.nvml import profiling as ours
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
 support = N.nvmlGpmQueryDeviceSupport(h).isSupportedDevice

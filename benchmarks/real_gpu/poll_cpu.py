@@ -25,14 +25,17 @@ def main() -> None:
     poller.poll()
     real_read_gpu = backend.read_gpu
 
-    real_process_utilization = backend._process_utilization
+    readers = backend._readers
+    assert readers.processes is not None
+    real_process_utilization = readers.processes.utilization
 
     def without(static: GpuStatic) -> GpuReading:
-        backend._process_utilization = lambda dev, processes: processes  # type: ignore[method-assign]
+        assert readers.processes is not None
+        readers.processes.utilization = lambda dev, processes: processes  # type: ignore[method-assign]
         try:
             return real_read_gpu(dataclasses.replace(static, gpm_supported=False))
         finally:
-            backend._process_utilization = real_process_utilization  # type: ignore[method-assign]
+            readers.processes.utilization = real_process_utilization  # type: ignore[method-assign]
 
     cpu: dict[str, list[float]] = {"with": [], "without": []}
     wall: dict[str, list[float]] = {"with": [], "without": []}

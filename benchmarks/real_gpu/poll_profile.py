@@ -18,6 +18,7 @@ from typing import Any
 import pynvml
 
 from gpu_exporter.sources import nvml
+from gpu_exporter.sources.nvml.device import Device
 from gpu_exporter.sources.poller import Poller
 
 
@@ -30,7 +31,7 @@ def thread_cpu_s(tid: int) -> float:
 def main() -> None:
     polls = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     per_call: dict[str, list[float]] = defaultdict(list)
-    real_call = nvml._Device.call
+    real_call = Device.call
 
     def timed_call(self: Any, what: str, fn: Any, *args: Any) -> Any:
         t = time.thread_time()
@@ -39,7 +40,7 @@ def main() -> None:
         finally:
             per_call[what.split("(", 1)[0]].append(time.thread_time() - t)
 
-    nvml._Device.call = timed_call  # type: ignore[method-assign]
+    Device.call = timed_call  # type: ignore[method-assign]
     backend = nvml.NvmlBackend(lambda f, e: None, profiling_interval=0.1)
     for method in ("_process_utilization", "_gpm_activity", "_processes", "_fields"):
         real = getattr(backend, method)

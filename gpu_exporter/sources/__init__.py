@@ -1,6 +1,6 @@
 """Sources: where readings come from, turned into snapshots.
 
-The backend interface (``backend``), the NVML backend (``nvml``, the only module that knows
+The backend interface (``backend``), the NVML backend (``nvml``, the only package that knows
 pynvml), the simulated backend (``simulated``) and the poller that reads every GPU in parallel and
 publishes one immutable :class:`~gpu_exporter.snapshot.NodeSnapshot` per poll.
 

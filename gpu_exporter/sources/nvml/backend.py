@@ -1,0 +1,162 @@
+"""The NVML backend: NVML's session, the GPUs it knows, and one poll of each.
+
+What a poll reads is in ``reads`` (with ``fields``, ``processes``, ``mig`` and ``profiling``),
+the static facts in ``static``, XID events in ``xid``; this module ties them to the
+:class:`~gpu_exporter.sources.backend.Backend` interface.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import pynvml
+
+from ...snapshot import GpuReading, GpuStatic
+from ..backend import ErrorSink, GpuLost, SystemInfo
+from .device import Baton, Device
+from .errors import DRIVER_GONE, error_name, try_call, unavailable
+from .fields import pcie_rates
+from .processes import ProcessReader
+from .profiling import GpmReader
+from .reads import Readers, read_quick
+from .static import read_static
+from .xid import XidWatcher
+
+
+def _cuda_version(v: int | None) -> str | None:
+    return None if v is None else f"{v // 1000}.{v % 1000 // 10}"
+
+
+class NvmlBackend:
+    """Reads GPUs through the real NVML library (libnvidia-ml.so.1) via nvidia-ml-py."""
+
+    def __init__(
+        self,
+        errors: ErrorSink,
+        *,
+        profiling_interval: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
+        disabled: frozenset[str] = frozenset(),
+    ) -> None:
+        self._errors = errors
+        # Collectors switched off: their queries are never made (and their series are absent).
+        # GPM and per-process utilization are re-read every ``profiling_interval``: the driver's
+        # own CPU cost of them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200)
+        # dwarfs everything else a poll does, so they get their own, slower cadence.
+        self._nvlink = "nvlink" not in disabled
+        self._gpm = GpmReader(profiling_interval, monotonic)
+        self._readers = Readers(
+            clocks="clocks" not in disabled,
+            ecc="ecc" not in disabled,
+            processes=ProcessReader(profiling_interval, monotonic) if "processes" not in disabled else None,
+            gpm=self._gpm if "profiling" not in disabled else None,
+        )
+        self._devices: dict[int, Device] = {}
+        self._lock = threading.Lock()
+        self._baton = Baton()
+        self._xids = XidWatcher(errors)
+        self._open = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> SystemInfo:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise unavailable(e) from e
+        self._open = True
+        driver = try_call(pynvml.nvmlSystemGetDriverVersion)
+        cuda = try_call(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as e:
+            self.close()
+            raise unavailable(e) from e
+        self._xids.start(count)
+        return SystemInfo(driver_version=driver, cuda_version=_cuda_version(cuda), gpu_count=count)
+
+    def count(self) -> int | None:
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as e:
+            if e.value in DRIVER_GONE:
+                raise unavailable(e) from e
+            self._errors("nvmlDeviceGetCount", error_name(e.value))
+            return None
+
+    def close(self) -> None:
+        self._xids.stop()
+        with self._lock:
+            devices = list(self._devices.values())
+            self._devices.clear()
+        for dev in devices:
+            self._gpm.free(dev)
+        if self._open:
+            self._open = False
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+
+    # -- static facts -------------------------------------------------------------------------
+    def read_static(self, index: int) -> GpuStatic:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as e:
+            self._errors("nvmlDeviceGetHandleByIndex", error_name(e.value))
+            raise GpuLost(f"GPU {index}: {e}") from e
+        dev = Device(index, handle, self._errors)
+        uuid = dev.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)
+        if uuid is None:
+            raise GpuLost(f"GPU {index}: its UUID cannot be read")
+        static = read_static(dev, uuid, clocks=self._readers.clocks, nvlink=self._nvlink, gpm=self._readers.gpm)
+        with self._lock:
+            old = self._devices.get(index)
+            self._devices[index] = dev
+        if old is not None:
+            if old.uuid_seen == uuid and not old.lost:
+                self._carry_over(old, dev)
+            else:
+                self._gpm.free(old)
+        dev.uuid_seen = uuid
+        return static
+
+    @staticmethod
+    def _carry_over(old: Device, dev: Device) -> None:
+        """A static refresh of the same GPU keeps its GPM samples and PCIe counts, so activity and
+        throughput have no gap."""
+        dev.gpm, dev.mig_gpm = old.gpm, old.mig_gpm
+        dev.pcie_counted, dev.pcie_rates = old.pcie_counted, old.pcie_rates
+        old.gpm, old.mig_gpm = None, {}
+        for pair in [dev.gpm, *dev.mig_gpm.values()]:
+            if pair is not None:
+                pair.unsupported.clear()  # asked again after each static refresh, as other queries are
+        if dev.gpm is not None and dev.gpm.closed:
+            dev.gpm = None
+        dev.mig_gpm = {k: v for k, v in dev.mig_gpm.items() if not v.closed}
+
+    # -- per poll -------------------------------------------------------------------------------
+    def read_gpu(self, static: GpuStatic) -> GpuReading:
+        with self._lock:
+            dev = self._devices.get(static.index)
+        if dev is None:
+            raise GpuLost(f"GPU {static.index} has not been discovered")
+        # The quick calls one GPU at a time: each ctypes call lets go of the GIL, and eight readers
+        # doing them at once hand it to each other on every call (a thread switch each, which
+        # cost more than the calls).  Only the blocking PCIe reads below run side by side.
+        with self._baton.hold():
+            reading = read_quick(dev, static, self._readers, self._xids.counts(static.index))
+        rates = pcie_rates(dev)
+        if rates is not None:
+            return replace(reading, pcie_tx_bytes_per_second=rates[0], pcie_rx_bytes_per_second=rates[1])
+        N = pynvml
+        c = dev.call
+        # No counters to take a rate from (the first poll, an older card, a wrapped counter): the
+        # driver's own sample, each blocking ~20 ms (and 0.7 ms of CPU on an H200) while it watches the link.
+        tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
+        rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
+        if tx is None and rx is None:
+            return reading
+        return replace(reading, pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
+                       pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None)  # fmt: skip

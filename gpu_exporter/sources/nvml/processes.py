@@ -1,0 +1,111 @@
+"""The processes on a GPU or MIG device: who they are (pid, name, user), the memory they hold, and
+their share of the SMs and memory from the driver's per-process samples."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pynvml
+
+from ...snapshot import ProcessReading
+from ..procfs import process_user
+from .device import Device, raise_error
+
+_NO_UTIL: tuple[float | None, float | None] = (None, None)
+
+
+class ProcessReader:
+    """Reads process lists every poll, and per-process utilization every ``interval`` seconds: the
+    driver spends about 2 ms of CPU per read on an H200, so it gets its own, slower cadence."""
+
+    def __init__(self, interval: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval
+        self._mono = monotonic
+
+    def processes(
+        self,
+        dev: Device,
+        names: dict[int, str],
+        users: dict[int, str | None],
+        util: dict[int, tuple[float | None, float | None]] | None = None,
+    ) -> tuple[ProcessReading, ...]:
+        """Compute and graphics processes; ``names`` and ``users`` are those already looked up, by pid,
+        ``util`` the per-process utilization last read."""
+        found: dict[int, ProcessReading] = {}
+        for kind, fn in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
+                         ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):  # fmt: skip
+            for p in dev.call(f"nvmlDeviceGet{kind.title()}RunningProcesses", fn) or ():
+                if p.pid in found:
+                    continue
+                name = names.get(p.pid) or process_name(p.pid)
+                user = users[p.pid] if p.pid in users else process_user(p.pid)
+                sm, mem = util.get(p.pid, _NO_UTIL) if util else _NO_UTIL
+                found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind,
+                                              user=user, sm_utilization_ratio=sm,
+                                              memory_utilization_ratio=mem)  # fmt: skip
+        return tuple(found.values())
+
+    def utilization(self, dev: Device, processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:
+        """Per-process SM and memory utilization, from the driver's samples since the previous read.
+
+        A process without a sample was idle since then (the driver keeps samples only of busy
+        processes), so it reads 0; where the call is not supported, the fields stay None.
+        """
+        what = "nvmlDeviceGetProcessUtilization"
+        if what in dev.unsupported:
+            return _without_util(processes) if dev.process_util else processes
+        now = self._mono()
+        if dev.process_util_at is not None and now - dev.process_util_at < self._interval:
+            # Not due: ``processes`` filled in the values read last time (a new process waits).
+            return processes
+        dev.process_util_at = now
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
+        except pynvml.NVMLError as e:
+            # NOT_FOUND: no process was busy since the last read.  nvidia-ml-py raises even on
+            # SUCCESS when the driver had nothing to report.
+            if e.value not in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                dev.call(what, raise_error, e)  # counts it, and remembers NOT_SUPPORTED, as every query does
+                return _without_util(processes)
+            samples = []
+        latest: dict[int, Any] = {}
+        for sample in samples:
+            seen = latest.get(sample.pid)
+            if seen is None or sample.timeStamp > seen.timeStamp:
+                latest[sample.pid] = sample
+            dev.process_util_seen = max(dev.process_util_seen, int(sample.timeStamp))
+        out = []
+        dev.process_util = {}
+        for p in processes:
+            sample = latest.get(p.pid)
+            sm = dev.ratio(what, sample.smUtil) if sample is not None else 0.0
+            mem = dev.ratio(what, sample.memUtil) if sample is not None else 0.0
+            dev.process_util[p.pid] = (sm, mem)
+            out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
+        return tuple(out)
+
+
+def _without_util(processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:
+    return tuple(replace(p, sm_utilization_ratio=None, memory_utilization_ratio=None) for p in processes)
+
+
+def process_name(pid: int) -> str:
+    """The process's name from /proc when this container can see it, else as NVML knows it."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+        if name:
+            return name
+    except OSError:
+        pass
+    try:
+        full = pynvml.nvmlSystemGetProcessName(pid)
+    except pynvml.NVMLError:
+        return "unknown"
+    if isinstance(full, bytes):
+        full = full.decode(errors="replace")
+    return os.path.basename(full.split(" ", 1)[0]) or "unknown"

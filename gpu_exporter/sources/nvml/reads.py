@@ -1,0 +1,192 @@
+"""One poll of one GPU: every value that changes, in base units.
+
+Units are converted here, once: PCIe throughput arrives in KB/s, NVLink counters in KiB, power in
+mW, energy in mJ, clocks in MHz.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import pynvml
+
+from ...snapshot import GpuReading, GpuStatic, NvLinkReading
+from .device import Device
+from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_PCIE_TX, read_fields
+from .mig import read_migs
+from .processes import ProcessReader
+from .profiling import GpmReader
+from .static import CLOCKS
+
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+    "display_clock_setting": 0x100,
+}
+# The names under which each link's state query is remembered: built once, not per link and poll.
+_NVLINK_STATE = tuple(f"nvmlDeviceGetNvLinkState({link})" for link in range(pynvml.NVML_NVLINK_MAX_LINKS))
+
+
+@dataclass(frozen=True)
+class Readers:
+    """What a poll reads besides the plain queries: ``None`` where that collector is off."""
+
+    clocks: bool
+    ecc: bool
+    processes: ProcessReader | None
+    gpm: GpmReader | None
+
+
+def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[int, int]) -> GpuReading:
+    """Everything but the PCIe throughput, which blocks."""
+    N = pynvml
+    c = dev.call
+    util = c("nvmlDeviceGetUtilizationRates", N.nvmlDeviceGetUtilizationRates)
+    enc = c("nvmlDeviceGetEncoderUtilization", N.nvmlDeviceGetEncoderUtilization)
+    dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
+    total, used, free, reserved = _memory(dev)
+    temperature = c("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU)
+    fields = read_fields(dev, static)
+    temps = {"gpu": float(temperature)} if temperature is not None else {}
+    if (mt := fields.get((FI_MEMORY_TEMP, 0))) is not None:
+        temps["memory"] = float(mt)
+    fans = _fans(dev, static)
+    power = c("nvmlDeviceGetPowerUsage", N.nvmlDeviceGetPowerUsage)
+    limit = c("nvmlDeviceGetEnforcedPowerLimit", N.nvmlDeviceGetEnforcedPowerLimit)
+    energy = c("nvmlDeviceGetTotalEnergyConsumption", N.nvmlDeviceGetTotalEnergyConsumption)
+    clocks = {
+        name: mhz * 1e6
+        for name, kind in CLOCKS.items()
+        if readers.clocks and (mhz := c(f"nvmlDeviceGetClockInfo({name})", N.nvmlDeviceGetClockInfo, kind)) is not None
+    }
+    pstate = c("nvmlDeviceGetPerformanceState", N.nvmlDeviceGetPerformanceState) if readers.clocks else None
+    reasons = (
+        c("nvmlDeviceGetCurrentClocksEventReasons", N.nvmlDeviceGetCurrentClocksEventReasons)
+        if readers.clocks
+        else None
+    )
+    gen = c("nvmlDeviceGetCurrPcieLinkGeneration", N.nvmlDeviceGetCurrPcieLinkGeneration)
+    width = c("nvmlDeviceGetCurrPcieLinkWidth", N.nvmlDeviceGetCurrPcieLinkWidth)
+    replay = c("nvmlDeviceGetPcieReplayCounter", N.nvmlDeviceGetPcieReplayCounter)
+    ecc = {
+        kind: n
+        for kind, etype in (("corrected", N.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                            ("uncorrected", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+        if readers.ecc and (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
+                   N.NVML_AGGREGATE_ECC)) is not None
+    }  # fmt: skip
+    rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows) if readers.ecc else None
+    nvlinks = tuple(
+        NvLinkReading(
+            link=link,
+            up=None if (st := c(_NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
+            else st == N.NVML_FEATURE_ENABLED,
+            tx_bytes_total=_kib(fields.get((FI_NVLINK_TX, link))),
+            rx_bytes_total=_kib(fields.get((FI_NVLINK_RX, link))),
+        )
+        for link in range(static.nvlink_count)
+    )  # fmt: skip
+    mig_mode = static.mig_mode == "enabled"
+    proc = readers.processes
+    processes = proc.processes(dev, dev.process_names, dev.process_users,
+                               dev.process_util if not mig_mode else None) if proc else ()  # fmt: skip
+    # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
+    dev.process_names = {p.pid: p.name for p in processes}
+    dev.process_users = {p.pid: p.user for p in processes}
+    if proc and processes and not mig_mode:
+        processes = proc.utilization(dev, processes)
+    gpm = readers.gpm if static.gpm_supported else None
+    activity = gpm.gpu_activity(dev) if gpm else None
+    return GpuReading(
+        index=static.index,
+        uuid=static.uuid,
+        up=True,
+        static=static,
+        utilization_ratio=dev.ratio("nvmlDeviceGetUtilizationRates", util.gpu if util else None),
+        memory_copy_utilization_ratio=dev.ratio("nvmlDeviceGetUtilizationRates", util.memory if util else None),
+        encoder_utilization_ratio=dev.ratio("nvmlDeviceGetEncoderUtilization", enc[0] if enc else None),
+        decoder_utilization_ratio=dev.ratio("nvmlDeviceGetDecoderUtilization", dec[0] if dec else None),
+        memory_total_bytes=total,
+        memory_used_bytes=used,
+        memory_free_bytes=free,
+        memory_reserved_bytes=reserved,
+        temperature_celsius=MappingProxyType(temps),
+        fan_speed_ratio=MappingProxyType(fans),
+        power_usage_watts=power / 1000 if power is not None else None,
+        power_limit_watts=limit / 1000 if limit is not None else None,
+        energy_consumed_joules_total=energy / 1000 if energy is not None else None,
+        clock_hertz=MappingProxyType(clocks),
+        performance_state=int(pstate) if pstate is not None and pstate != N.NVML_PSTATE_UNKNOWN else None,
+        clock_event_active=MappingProxyType(
+            {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
+        ),
+        pcie_tx_bytes_total=_int(fields.get((FI_PCIE_TX, 0))),
+        pcie_rx_bytes_total=_int(fields.get((FI_PCIE_RX, 0))),
+        pcie_link_generation=gen,
+        pcie_link_width=width,
+        pcie_replay_errors_total=replay,
+        nvlinks=nvlinks,
+        ecc_errors_total=MappingProxyType(ecc),
+        remapped_rows_total=MappingProxyType(
+            {} if rows is None else {"correctable": rows[0], "uncorrectable": rows[1]}
+        ),
+        row_remap_pending=bool(rows[2]) if rows is not None else None,
+        row_remap_failure=bool(rows[3]) if rows is not None else None,
+        xid_errors_total=xids,
+        processes=processes,
+        migs=read_migs(dev, proc, gpm) if mig_mode else (),
+        activity=activity,
+    )
+
+
+def _fans(dev: Device, static: GpuStatic) -> dict[str, float]:
+    """Each fan's speed; an older driver without per-fan calls (``fan_count`` -1) reads one fan."""
+    N = pynvml
+    c = dev.call
+    fans = {
+        str(i): r
+        for i in range(static.fan_count)
+        if (r := dev.ratio("nvmlDeviceGetFanSpeed_v2",
+                           c(f"nvmlDeviceGetFanSpeed_v2({i})", N.nvmlDeviceGetFanSpeed_v2, i))) is not None
+    }  # fmt: skip
+    if (
+        static.fan_count < 0
+        and (r := dev.ratio("nvmlDeviceGetFanSpeed", c("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed))) is not None
+    ):
+        fans["0"] = r
+    return fans
+
+
+def _memory(dev: Device) -> tuple[int | None, int | None, int | None, int | None]:
+    """Memory through the v2 struct, whose ``used`` excludes driver-reserved memory.
+
+    Drivers before R510 lack v2; their v1 ``used`` includes the reserved part.
+    """
+    v2 = dev.call("nvmlDeviceGetMemoryInfo(v2)", _memory_v2)
+    if v2 is not None:
+        return v2.total, v2.used, v2.free, v2.reserved
+    v1 = dev.call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo)
+    if v1 is not None:
+        return v1.total, v1.used, v1.free, None
+    return None, None, None, None
+
+
+def _memory_v2(handle: Any) -> Any:
+    return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+
+
+def _kib(v: int | float | None) -> int | None:
+    return None if v is None else int(v) * 1024
+
+
+def _int(v: int | float | None) -> int | None:
+    return None if v is None else int(v)
