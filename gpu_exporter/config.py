@@ -13,9 +13,18 @@ import os
 import re
 import ssl
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -27,6 +36,8 @@ from pydantic_settings import (
 from .accounting.settings import AccountingSettings, PricingSettings
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
+from .metric_defs import COLLECTOR_HELP, Collector
+from .serving.http_server import parse_listen_address
 from .serving.http_server import parse_listen_address
 from .yamlfile import YamlFileError, clip, read_mapping, short
 
@@ -88,28 +99,32 @@ class KubernetesSettings(BaseModel):
         return os.path.exists(self.pod_resources_socket) or "KUBERNETES_SERVICE_HOST" in os.environ
 
 
-class CollectorSettings(BaseModel):
+class _CollectorSwitches(BaseModel):
     """Which groups of series are collected (the ``collectors:`` key; ``--[no-]collector.<name>``).
 
     A collector that is off costs nothing: its series are absent and its NVML queries are not made.
+    One boolean per collector of :mod:`gpu_exporter.metric_defs`, where they are declared.
     """
 
     model_config = ConfigDict(extra="forbid")
-    nvlink: bool = Field(True, description="per-link NVLink state and traffic (54 series on an H100)")
-    processes: bool = Field(True, description="per-process memory and utilization, and process counts")
-    clocks: bool = Field(True, description="clocks, their maxima, clock event reasons and the P-state")
-    ecc: bool = Field(True, description="ECC error counters and remapped rows")
-    profiling: bool = Field(True, description="GPM activity: SM, tensor, DRAM and pipe activity (Hopper+)")
 
     def disabled(self) -> frozenset[str]:
-        return frozenset(name for name in type(self).model_fields if not getattr(self, name))
+        return frozenset(name for name, on in self.model_dump().items() if not on)
 
 
+if TYPE_CHECKING:
+    CollectorSettings = _CollectorSwitches
+else:  # the fields come from the declarations, so a new collector needs no edit here
+    CollectorSettings = create_model(
+        "CollectorSettings",
+        __base__=_CollectorSwitches,
+        **{c.value: (bool, Field(True, description=text)) for c, text in COLLECTOR_HELP.items()},
+    )
 COLLECTORS = tuple(CollectorSettings.model_fields)
 # Rules that would misjudge without a collector's data: switched off with it.  GpuIdle means "no
 # processes and low utilization", GpuUnderutilized "processes hold memory, activity low"; without
 # the process list neither can tell.  The others just have nothing to say (no data, no alert).
-RULES_NEEDING = {"GpuIdle": "processes", "GpuUnderutilized": "processes"}
+RULES_NEEDING = {"GpuIdle": Collector.PROCESSES, "GpuUnderutilized": Collector.PROCESSES}
 
 
 class Settings(BaseSettings):

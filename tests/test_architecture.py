@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # The parts: subpackages, and the shared model.  The wiring at the top (cli, daemon, config, once,
 # logs) may import any part.
-PARTS = ("snapshot", "sources", "alerting", "serving", "kubernetes", "accounting", "report")
+PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "accounting", "report", "web")
 WIRING = ("cli", "daemon", "config", "once", "logs", "__main__")
 HELPERS = ("durations", "yamlfile")  # parsing helpers with no dependencies, usable anywhere
 
@@ -85,16 +85,21 @@ def part_of(module: str, package: str = PACKAGE) -> str | None:
 # part -> the parts of the package it must never import.
 FORBIDDEN: dict[str, set[str]] = {
     "snapshot": {*PARTS, *WIRING, *HELPERS} - {"snapshot"},
+    # The declaration of every metric reads snapshots, and nothing else.
+    "metric_defs": {*PARTS, *WIRING, *HELPERS} - {"snapshot", "metric_defs"},
     "durations": {*PARTS, *WIRING},
     "yamlfile": {*PARTS, *WIRING, "durations"},
-    "sources": {"serving", "alerting", "kubernetes", "accounting", "report", *WIRING},
-    "alerting": {"serving", "sources", "kubernetes", "accounting", "report", *WIRING},
-    "serving": {"sources", "kubernetes", "report", *WIRING},
-    "kubernetes": {"sources", "serving", "alerting", "accounting", "report", *WIRING, *HELPERS},
+    "sources": {"serving", "alerting", "kubernetes", "accounting", "report", "web", *WIRING},
+    "alerting": {"serving", "sources", "kubernetes", "accounting", "report", "web", *WIRING},
+    # What is shown knows nothing of how it is served: the wiring hands the pages to the server.
+    "serving": {"sources", "kubernetes", "report", "web", *WIRING},
+    "kubernetes": {"sources", "serving", "alerting", "accounting", "report", "metric_defs", "web", *WIRING, *HELPERS},
     # The books read snapshots; the idle threshold comes from the wiring, not from alerting.
-    "accounting": {"sources", "serving", "alerting", "kubernetes", "report", *WIRING},
+    "accounting": {"sources", "serving", "alerting", "kubernetes", "report", "web", *WIRING},
     # The report reads a Prometheus API: it never sees a snapshot, let alone a GPU.
-    "report": {"snapshot", "sources", "serving", "alerting", "kubernetes", *WIRING},
+    "report": {"snapshot", "metric_defs", "sources", "serving", "alerting", "kubernetes", "web", *WIRING},
+    # The web server knows HTTP, TLS and basic auth, and is given its pages: nothing of what it serves.
+    "web": {*PARTS, *WIRING} - {"web"},
 }
 # Libraries a part must never use, though another may.
 FORBIDDEN_LIBRARIES: dict[str, set[str]] = {
@@ -105,6 +110,8 @@ FORBIDDEN_LIBRARIES: dict[str, set[str]] = {
 OWNED_LIBRARIES = {
     "pynvml": f"{PACKAGE}.sources.nvml",  # one package is the only place that knows NVML
     "h2": f"{PACKAGE}.kubernetes.grpc_unix",  # HTTP/2 for the kubelet's gRPC, in one module
+    "asyncio.sslproto": f"{PACKAGE}.web.tls",  # asyncio's private TLS protocol, behind one adapter
+    "bcrypt": f"{PACKAGE}.web.auth",  # password checks, bounded in one place
 }
 # Libraries only the tests use: the fake kubelet serves gRPC with grpcio and protobuf, while the
 # exporter speaks it without them (about 17 MiB less resident memory).
@@ -217,6 +224,10 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             "alerting must not import serving",
         ),
         ({"serving/metrics.py": "import pynvml\n"}, "only gpu_exporter.sources.nvml may use pynvml"),
+        (
+            {"metric_defs.py": "from .serving import metrics\n", "serving/metrics.py": ""},
+            "metric_defs must not import serving",
+        ),
         ({"sources/poller.py": "import pynvml\n"}, "only gpu_exporter.sources.nvml may use pynvml"),
         ({"once.py": "from .daemon import Daemon\n", "daemon.py": ""}, "nothing imports gpu_exporter.daemon"),
         ({"serving/page.py": "from gpu_exporter import cli\n", "cli.py": ""}, "nothing imports gpu_exporter.cli"),
@@ -225,6 +236,16 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             "accounting must not import sources",
         ),
         ({"accounting/ledger.py": "import http.server\n"}, "accounting must not use http"),
+        (
+            {"serving/pages.py": "from ..web.server import HttpServer\n", "web/server.py": ""},
+            "serving must not import web",
+        ),
+        ({"web/server.py": "from ..serving import pages\n", "serving/pages.py": ""}, "web must not import serving"),
+        (
+            {"web/server.py": "from ..alerting.engine import Alert\n", "alerting/engine.py": ""},
+            "web must not import alerting",
+        ),
+        ({"web/table.py": "import asyncio.sslproto\n"}, "only gpu_exporter.web.tls may use asyncio.sslproto"),
         (
             {"accounting/ledger.py": "from prometheus_client import Counter\n"},
             "accounting must not use prometheus_client",

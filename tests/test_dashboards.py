@@ -31,7 +31,7 @@ from grafana_foundation_sdk.models import prometheus as sdk_prometheus
 from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel, VariableModel
 
 from gpu_exporter.alerting.settings import RulesSettings
-from gpu_exporter.serving.metrics import METRICS
+from gpu_exporter.metric_defs import METRICS, series_names
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import FakePod, fake_kubelet, pod
@@ -120,21 +120,8 @@ def variable_selectors(dash: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 # -- the metrics reference -------------------------------------------------------------------------------
 def reference_labels() -> dict[str, set[str]]:
-    """The metrics reference (docs/metrics.md): metric name -> its labels."""
-    section = (ROOT / "docs" / "metrics.md").read_text().split("# Metrics reference", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_0-9]+)` \| \w+ \| ([^|]*) \|", section, flags=re.MULTILINE)
-    return {name: set(re.findall(r"`(\w+)`", labels)) for name, labels in rows}
-
-
-def series_names() -> dict[str, str]:
-    """Every series name a query may select -> the metric it belongs to (histograms have three)."""
-    out = {}
-    for name, d in METRICS.items():
-        out[name] = name
-        if d.type == "histogram":
-            for suffix in ("_bucket", "_sum", "_count"):
-                out[name + suffix] = name
-    return out
+    """Metric name -> its labels, from the declarations (docs/metrics.md's table is generated from them)."""
+    return {name: set(d.all_labels) for name, d in METRICS.items()}
 
 
 def selectors(expr: pp.Expr) -> list[pp.VectorSelector]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.serving.metrics import METRICS
+from gpu_exporter.metric_defs import METRICS
 from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml.presets import preset
 

@@ -12,7 +12,7 @@ from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.accounting.pricing import PriceBook
 from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.serving.accounting_metrics import accounting_families
-from gpu_exporter.serving.metrics import METRICS
+from gpu_exporter.metric_defs import METRICS, Scope
 from tests.exporter_helpers import make_poller, names_for_gpu, samples_of, value, wait_for
 from tests.fakenvml import Counter, Err, Scenario
 from tests.fakenvml.presets import preset
@@ -249,8 +249,9 @@ def test_metric_table_covers_every_emitted_name(scenario: Scenario, nvml: Any, l
     )
     books.observe(snapshot)
     emitted |= {s.name for fam in accounting_families(books.view()) for s in fam.samples}
-    # MIG devices and pod attribution have their own tests (test_exporter_mig, test_pod_attribution).
-    gpu_metrics = {n for n in METRICS if not n.startswith(("gpu_exporter_", "gpu_mig_")) and n != "gpu_pod_info"}
+    # Every per-GPU and per-process declaration; MIG devices and pod attribution have their own tests
+    # (test_exporter_mig, test_pod_attribution), the exporter's health its own.
+    gpu_metrics = {n for n, d in METRICS.items() if d.scope in (Scope.GPU, Scope.PROCESS) and not d.pods}
     assert emitted == gpu_metrics
     poller.close()
 

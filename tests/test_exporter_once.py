@@ -11,7 +11,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpu_exporter.serving.metrics import METRICS
+from gpu_exporter.metric_defs import METRICS
 from tests.fakenvml import Scenario, subprocess_env
 from tests.fakenvml.presets import MIB, preset
 

@@ -1,24 +1,40 @@
-"""The README's first commands, and the metrics reference (docs/metrics.md), which lists exactly the metrics the code
-can emit."""
+"""The README's first commands, and the metrics reference (docs/metrics.md), generated from the metric declarations."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
-from gpu_exporter.serving.metrics import METRICS
+from gpu_exporter.metric_defs import METRICS, reference_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 METRICS_DOC = README.parent / "docs" / "metrics.md"
 
 
-def test_metrics_reference_matches_the_code() -> None:
+def test_metrics_reference_is_generated_from_the_declarations() -> None:
+    """docs/metrics.md's table is written by docs/generate.py; a stale one fails here (and so in CI)."""
+    out = subprocess.run([sys.executable, str(README.parent / "docs" / "generate.py"), "--check"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
     section = METRICS_DOC.read_text().split("# Metrics reference", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z_0-9]+)` \| (\w+) \| [^|]* \| (.*) \|$", section, flags=re.MULTILINE)
-    documented = {name: (mtype, meaning) for name, mtype, meaning in rows}
-    assert len(rows) == len(documented), "a metric is listed twice"
-    assert documented.keys() == METRICS.keys()
-    assert documented == {n: (d.type, d.help) for n, d in METRICS.items()}
+    rows = re.findall(r"^\| `([a-z_0-9]+)` \| (\w+) \|", section, flags=re.MULTILINE)
+    assert [name for name, _ in rows] == list(METRICS), "every declared metric, once, in declaration order"
+    assert all(mtype == METRICS[name].type for name, mtype in rows)
+
+
+def test_a_stale_reference_is_caught(tmp_path: Path) -> None:
+    """The check compares the whole table: one changed help text makes it fail."""
+    spec = importlib.util.spec_from_file_location("generate", README.parent / "docs" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = f"intro\n{gen.BEGIN}| `gpu_up` | gauge | old words |\n{gen.END}after\n"
+    fresh = gen.generated(text, reference_table())
+    assert fresh != text and fresh.startswith("intro\n") and fresh.endswith(f"{gen.END}after\n")
+    assert gen.generated(fresh, reference_table()) == fresh
 
 
 def first_commands() -> list[str]:

@@ -15,8 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..accounting.ledger import AccountingView, GpuAccount
+from ..metric_defs import METRICS
 from ..snapshot import pod_label_values
-from .metrics import GPU_LABELS, METRICS, RenderOptions
+from .metrics import RenderOptions
 
 
 def accounting_families(view: AccountingView, opts: RenderOptions | None = None) -> Iterator[Metric]:
@@ -25,16 +26,15 @@ def accounting_families(view: AccountingView, opts: RenderOptions | None = None)
     def base(a: GpuAccount) -> list[str]:
         return [str(a.index), a.uuid, *(pod_label_values(a.pods) if pod_names else ())]
 
-    def gauge(name: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, METRICS[name].help, labels=[*GPU_LABELS, *pod_names, *extra])
+    def gauge(name: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, METRICS[name].help, labels=list(METRICS[name].series_labels(pod_names)))
 
-    name = "gpu_state_seconds_total"
-    seconds = CounterMetricFamily(name.removesuffix("_total"), METRICS[name].help,
-                                  labels=[*GPU_LABELS, *pod_names, "user", "state"])  # fmt: skip
+    d = METRICS["gpu_state_seconds_total"]
+    seconds = CounterMetricFamily(d.family_name, d.help, labels=list(d.series_labels(pod_names)))
     last_active = gauge("gpu_last_active_timestamp_seconds")
     peak = gauge("gpu_memory_used_max_bytes")
-    price = gauge("gpu_price_per_hour", ("currency",))
-    energy = gauge("gpu_energy_price_per_kwh", ("currency",))
+    price = gauge("gpu_price_per_hour")
+    energy = gauge("gpu_energy_price_per_kwh")
     currency = view.currency or ""
     for a in view.gpus:
         for (namespace, pod, container, user), state, value in a.seconds:

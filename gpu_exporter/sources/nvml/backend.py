@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pynvml
 
+from ...metric_defs import Collector
 from ...snapshot import GpuReading, GpuStatic
 from ..backend import ErrorSink, GpuLost, SystemInfo
 from .device import Baton, Device
@@ -47,13 +48,13 @@ class NvmlBackend:
         # GPM and per-process utilization are re-read every ``profiling_interval``: the driver's
         # own CPU cost of them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200)
         # dwarfs everything else a poll does, so they get their own, slower cadence.
-        self._nvlink = "nvlink" not in disabled
+        self._nvlink = Collector.NVLINK not in disabled
         self._gpm = GpmReader(profiling_interval, monotonic)
         self._readers = Readers(
-            clocks="clocks" not in disabled,
-            ecc="ecc" not in disabled,
-            processes=ProcessReader(profiling_interval, monotonic) if "processes" not in disabled else None,
-            gpm=self._gpm if "profiling" not in disabled else None,
+            clocks=Collector.CLOCKS not in disabled,
+            ecc=Collector.ECC not in disabled,
+            processes=ProcessReader(profiling_interval, monotonic) if Collector.PROCESSES not in disabled else None,
+            gpm=self._gpm if Collector.PROFILING not in disabled else None,
         )
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()

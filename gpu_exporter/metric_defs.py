@@ -1,0 +1,290 @@
+"""Every metric the exporter can emit, declared once.
+
+A declaration gives the metric's name, type, unit, help, labels, the snapshot value it renders,
+its collector (``--[no-]collector.<name>``) and, where there is more to say than the help, a doc
+note.  ``/metrics`` (``serving.metrics``), the ``--once`` JSON (built from the same families), the
+collector switches (``config``, ``cli`` and which NVML queries the backend makes) and the
+reference table in ``docs/metrics.md`` (written by ``docs/generate.py``; CI fails when it is stale)
+all derive from this table.
+
+Adding a per-GPU value is three steps: a field in :class:`~gpu_exporter.snapshot.GpuReading`,
+the query that fills it (``sources/nvml/reads.py``), and one :class:`MetricDef` here whose
+``value`` reads that field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+from .snapshot import GpuReading
+
+
+class Collector(StrEnum):
+    """Groups of series that can be switched off, with what is left out when they are."""
+
+    NVLINK = "nvlink"
+    PROCESSES = "processes"
+    CLOCKS = "clocks"
+    ECC = "ecc"
+    PROFILING = "profiling"
+
+
+COLLECTOR_HELP: Mapping[Collector, str] = {
+    Collector.NVLINK: "per-link NVLink state and traffic (54 series on an H100)",
+    Collector.PROCESSES: "per-process memory and utilization, and process counts",
+    Collector.CLOCKS: "clocks, their maxima, clock event reasons, time held back by each policy and the P-state",
+    Collector.ECC: "ECC error counters and remapped rows",
+    Collector.PROFILING: "GPM activity: SM, tensor, DRAM and pipe activity (Hopper+)",
+}
+
+
+class Scope(StrEnum):
+    """What one series describes, which decides its leading labels and what ``value`` reads."""
+
+    GPU = "gpu"  # gpu, uuid (+ pod labels); value(GpuReading)
+    PROCESS = "process"  # gpu, uuid (+ pod labels), pid, process, user; value(ProcessReading)
+    MIG = "mig"  # gpu, uuid (+ pod labels), mig_uuid, gpu_instance_id, compute_instance_id, mig_profile
+    MIG_PROCESS = "mig_process"  # the MIG labels, then pid, process, user; value(ProcessReading)
+    EXPORTER = "exporter"  # the exporter's own health: no GPU labels
+
+
+SCOPE_LABELS: Mapping[Scope, tuple[str, ...]] = {
+    Scope.GPU: ("gpu", "uuid"),
+    Scope.PROCESS: ("gpu", "uuid", "pid", "process", "user"),
+    Scope.MIG: ("gpu", "uuid", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile"),
+    Scope.MIG_PROCESS: ("gpu", "uuid", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile",
+                        "pid", "process", "user"),
+    Scope.EXPORTER: (),
+}  # fmt: skip
+# Where the pod labels go (with pod attribution on): right after gpu and uuid; their default names.
+POD_LABELS_AT = 2
+DEFAULT_POD_LABELS = ("namespace", "pod", "container")
+
+Number = float | int | bool | None
+# value(reading) -> a number, or None where the GPU does not have it (left out, never 0).  A
+# metric with one label beyond its scope's returns (label value, number) pairs instead.
+Reader = Callable[[Any], Number | Iterable[tuple[str, Number]]]
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str  # as exposed; counters end in _total
+    type: Literal["gauge", "counter", "histogram"]
+    unit: str  # the base unit the name ends with ("ratio", "bytes", ...); "" for counts, states and info
+    help: str
+    scope: Scope = Scope.GPU
+    labels: tuple[str, ...] = ()  # beyond the scope's own
+    value: Reader | None = None  # None: rendered by its own code (gpu_up, info series, the books, health)
+    collector: Collector | None = None  # None: always on
+    doc: str = ""  # more for docs/metrics.md: where it comes from, which cards have it
+    pods: bool = False  # it always carries the pod labels (exists only with pod attribution on)
+
+    def series_labels(self, pod_labels: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The labels of its series, given the pod labels' names where pod attribution is on."""
+        scope = SCOPE_LABELS[self.scope]
+        return (*scope[:POD_LABELS_AT], *pod_labels, *scope[POD_LABELS_AT:], *self.labels)
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        """Its labels as documented: the pod labels (default names) only where it always has them."""
+        return self.series_labels(DEFAULT_POD_LABELS if self.pods else ())
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client's families take: counters without _total."""
+        return self.name.removesuffix("_total") if self.type == "counter" else self.name
+
+
+def _activity(field: str) -> Reader:
+    return lambda r: getattr(r.activity, field) if r.activity is not None else None
+
+
+def _static(field: str) -> Callable[[GpuReading], Any]:
+    return lambda g: getattr(g.static, field) if g.static is not None else None
+
+
+def _links(field: str) -> Callable[[GpuReading], Iterable[tuple[str, Number]]]:
+    return lambda g: ((str(n.link), getattr(n, field)) for n in g.nvlinks)
+
+
+_GPM = "from GPM (0-1; Hopper and newer)"
+# Activity (GPM) metric name stems, the snapshot field each reads, and what it means.
+ACTIVITY_METRICS = (
+    ("graphics_active", "graphics", f"Fraction of time any graphics or compute engine was active since the previous poll, {_GPM}."),
+    ("sm_active", "sm", f"Fraction of SMs with at least one warp resident, averaged since the previous poll, {_GPM}."),
+    ("sm_occupancy", "sm_occupancy", f"Resident warps as a fraction of the SMs' maximum, averaged since the previous poll, {_GPM}."),
+    ("tensor_active", "tensor", f"Fraction of time any tensor pipe was active since the previous poll, {_GPM}."),
+    ("dram_active", "dram", f"DRAM bandwidth used as a fraction of the peak since the previous poll, {_GPM}."),
+    ("fp64_active", "fp64", f"Fraction of time the FP64 (non-tensor) pipe was active since the previous poll, {_GPM}."),
+    ("fp32_active", "fp32", f"Fraction of time the FP32 (non-tensor) pipe was active since the previous poll, {_GPM}."),
+    ("fp16_active", "fp16", f"Fraction of time the FP16 (non-tensor) pipe was active since the previous poll, {_GPM}."),
+)  # fmt: skip
+
+_G: Final = "gauge"
+_C: Final = "counter"
+_H: Final = "histogram"
+_PROC, _NVL, _CLK, _ECC, _PRF = (Collector.PROCESSES, Collector.NVLINK, Collector.CLOCKS, Collector.ECC,
+                                 Collector.PROFILING)  # fmt: skip
+_CAPPED = "capped like gpu_process_memory_used_bytes"
+
+_DEFS: tuple[MetricDef, ...] = (
+    MetricDef("gpu_up", _G, "", "1 when the GPU answered the last poll, 0 when it is lost or unreadable."),
+    MetricDef("gpu_info", _G, "", "Constant 1; the labels describe the GPU and its driver.",
+              labels=("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode")),
+    MetricDef("gpu_utilization_ratio", _G, "ratio", "Fraction of the last sample period in which a kernel ran (0-1).",
+              value=lambda g: g.utilization_ratio),
+    MetricDef("gpu_memory_copy_utilization_ratio", _G, "ratio", "Fraction of the last sample period in which memory was read or written (0-1).",
+              value=lambda g: g.memory_copy_utilization_ratio),
+    MetricDef("gpu_encoder_utilization_ratio", _G, "ratio", "Video encoder utilization (0-1).",
+              value=lambda g: g.encoder_utilization_ratio),
+    MetricDef("gpu_decoder_utilization_ratio", _G, "ratio", "Video decoder utilization (0-1).",
+              value=lambda g: g.decoder_utilization_ratio),
+    *(MetricDef(f"gpu_{stem}_ratio", _G, "ratio", text, value=_activity(field), collector=_PRF)
+      for stem, field, text in ACTIVITY_METRICS),
+    MetricDef("gpu_memory_total_bytes", _G, "bytes", "Total installed GPU memory in bytes.",
+              value=lambda g: g.memory_total_bytes),
+    MetricDef("gpu_memory_used_bytes", _G, "bytes", "GPU memory allocated by processes, in bytes (excludes driver-reserved memory where the driver reports it separately).",
+              value=lambda g: g.memory_used_bytes),
+    MetricDef("gpu_memory_free_bytes", _G, "bytes", "GPU memory free for allocation, in bytes.",
+              value=lambda g: g.memory_free_bytes),
+    MetricDef("gpu_memory_reserved_bytes", _G, "bytes", "GPU memory reserved by the driver and firmware, in bytes.",
+              value=lambda g: g.memory_reserved_bytes),
+    MetricDef("gpu_temperature_celsius", _G, "celsius", "Temperature in degrees Celsius, by sensor (gpu die, memory).",
+              labels=("sensor",), value=lambda g: g.temperature_celsius.items()),
+    MetricDef("gpu_temperature_threshold_celsius", _G, "celsius", "Temperature thresholds in degrees Celsius (slowdown, shutdown, gpu_max, mem_max).",
+              labels=("threshold",),
+              value=lambda g: g.static.temperature_thresholds_celsius.items() if g.static else ()),
+    MetricDef("gpu_fan_speed_ratio", _G, "ratio", "Fan speed as a fraction of its maximum (0-1), per fan.",
+              labels=("fan",), value=lambda g: g.fan_speed_ratio.items()),
+    MetricDef("gpu_power_usage_watts", _G, "watts", "Power draw in watts.", value=lambda g: g.power_usage_watts),
+    MetricDef("gpu_power_limit_watts", _G, "watts", "Enforced power limit in watts.", value=lambda g: g.power_limit_watts),
+    MetricDef("gpu_energy_consumed_joules_total", _C, "joules", "Energy consumed since the driver was loaded, in joules.",
+              value=lambda g: g.energy_consumed_joules_total),
+    MetricDef("gpu_clock_hertz", _G, "hertz", "Current clock frequency in hertz, per clock domain.",
+              labels=("clock",), value=lambda g: g.clock_hertz.items(), collector=_CLK),
+    MetricDef("gpu_clock_max_hertz", _G, "hertz", "Maximum clock frequency in hertz, per clock domain.",
+              labels=("clock",), value=lambda g: g.static.clock_max_hertz.items() if g.static else (), collector=_CLK),
+    MetricDef("gpu_performance_state", _G, "", "Performance state (0 = P0, the fastest, up to 15).",
+              value=lambda g: g.performance_state, collector=_CLK),
+    MetricDef("gpu_clock_event_active", _G, "", "1 while a clock event reason (throttling) is active, per reason.",
+              labels=("reason",), value=lambda g: g.clock_event_active.items(), collector=_CLK),
+    MetricDef("gpu_pcie_tx_bytes_per_second", _G, "bytes_per_second", "PCIe transmit throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
+              value=lambda g: g.pcie_tx_bytes_per_second),
+    MetricDef("gpu_pcie_rx_bytes_per_second", _G, "bytes_per_second", "PCIe receive throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
+              value=lambda g: g.pcie_rx_bytes_per_second),
+    MetricDef("gpu_pcie_tx_bytes_total", _C, "bytes", "PCIe bytes transmitted (may wrap).", value=lambda g: g.pcie_tx_bytes_total),
+    MetricDef("gpu_pcie_rx_bytes_total", _C, "bytes", "PCIe bytes received (may wrap).", value=lambda g: g.pcie_rx_bytes_total),
+    MetricDef("gpu_pcie_link_generation", _G, "", "Current PCIe link generation (idle cards may train down).",
+              value=lambda g: g.pcie_link_generation),
+    MetricDef("gpu_pcie_link_max_generation", _G, "", "Maximum PCIe link generation of the card and slot.",
+              value=_static("pcie_max_generation")),
+    MetricDef("gpu_pcie_link_width", _G, "", "Current PCIe link width in lanes.", value=lambda g: g.pcie_link_width),
+    MetricDef("gpu_pcie_link_max_width", _G, "", "Maximum PCIe link width in lanes.", value=_static("pcie_max_width")),
+    MetricDef("gpu_pcie_link_max_bytes_per_second", _G, "bytes_per_second", "Usable bandwidth of one direction of the link at its current generation and width: transfer rate per lane (2.5/5/8/16/32/64 GT/s) x line-code efficiency (8b/10b for Gen1-2, 128b/130b for Gen3-5, 242/256 for Gen6) / 8 x lanes.",
+              value=lambda g: g.pcie_link_max_bytes_per_second),
+    MetricDef("gpu_pcie_replay_errors_total", _C, "", "PCIe replay counter (link-level retransmissions).",
+              value=lambda g: g.pcie_replay_errors_total),
+    MetricDef("gpu_nvlink_tx_bytes_total", _C, "bytes", "NVLink data bytes transmitted, per link (NVML KiB x 1024).",
+              labels=("link",), value=_links("tx_bytes_total"), collector=_NVL),
+    MetricDef("gpu_nvlink_rx_bytes_total", _C, "bytes", "NVLink data bytes received, per link (NVML KiB x 1024).",
+              labels=("link",), value=_links("rx_bytes_total"), collector=_NVL),
+    MetricDef("gpu_nvlink_up", _G, "", "1 when the NVLink link is active, per link.",
+              labels=("link",), value=_links("up"), collector=_NVL),
+    MetricDef("gpu_ecc_errors_total", _C, "", "ECC memory errors over the device lifetime, by type (corrected, uncorrected).",
+              labels=("type",), value=lambda g: g.ecc_errors_total.items(), collector=_ECC),
+    MetricDef("gpu_remapped_rows_total", _C, "", "Memory rows remapped, by cause (correctable, uncorrectable).",
+              labels=("cause",), value=lambda g: g.remapped_rows_total.items(), collector=_ECC),
+    MetricDef("gpu_row_remap_pending", _G, "", "1 when a row remap is pending and the GPU needs a reset.",
+              value=lambda g: g.row_remap_pending, collector=_ECC),
+    MetricDef("gpu_row_remap_failure", _G, "", "1 when a row remap has failed.",
+              value=lambda g: g.row_remap_failure, collector=_ECC),
+    MetricDef("gpu_xid_errors_total", _C, "", "XID error events seen since the exporter started, by XID code.",
+              labels=("xid",), value=lambda g: ((str(x), n) for x, n in sorted(g.xid_errors_total.items()))),
+    MetricDef("gpu_processes", _G, "", "Processes using the GPU, all of them (also those beyond the per-GPU series cap).",
+              value=lambda g: len(g.processes), collector=_PROC),
+    MetricDef("gpu_process_memory_used_bytes", _G, "bytes", "GPU memory used by a process, in bytes (the processes using the most memory, up to the configured cap per GPU).",
+              scope=Scope.PROCESS, value=lambda p: p.used_memory_bytes, collector=_PROC),
+    MetricDef("gpu_process_sm_utilization_ratio", _G, "ratio", f"SM utilization of a process in the driver's latest sample since the previous poll (0-1; 0 when idle since then; {_CAPPED}).",
+              scope=Scope.PROCESS, value=lambda p: p.sm_utilization_ratio, collector=_PROC),
+    MetricDef("gpu_process_memory_utilization_ratio", _G, "ratio", f"Memory (frame buffer) utilization of a process in the driver's latest sample since the previous poll (0-1; {_CAPPED}).",
+              scope=Scope.PROCESS, value=lambda p: p.memory_utilization_ratio, collector=_PROC),
+    MetricDef("gpu_pod_info", _G, "", "Constant 1 for every Kubernetes container holding the GPU or one of its MIG devices (device_uuid), from the kubelet; present only with pod attribution on.",
+              labels=("device_uuid",), pods=True),
+    MetricDef("gpu_mig_info", _G, "", "Constant 1 for each MIG device of a GPU in MIG mode; the labels give its UUID, GPU and compute instance ids and profile.",
+              scope=Scope.MIG, value=lambda m: 1),
+    MetricDef("gpu_mig_memory_total_bytes", _G, "bytes", "Memory of a MIG device, in bytes.",
+              scope=Scope.MIG, value=lambda m: m.memory_total_bytes),
+    MetricDef("gpu_mig_memory_used_bytes", _G, "bytes", "Memory used on a MIG device, in bytes.",
+              scope=Scope.MIG, value=lambda m: m.memory_used_bytes),
+    MetricDef("gpu_mig_memory_free_bytes", _G, "bytes", "Memory free on a MIG device, in bytes.",
+              scope=Scope.MIG, value=lambda m: m.memory_free_bytes),
+    *(MetricDef(f"gpu_mig_{stem}_ratio", _G, "ratio", f"Like gpu_{stem}_ratio, for one MIG GPU instance, from GPM (0-1).",
+                scope=Scope.MIG, value=_activity(field), collector=_PRF)
+      for stem, field, _ in ACTIVITY_METRICS),
+    MetricDef("gpu_mig_process_memory_used_bytes", _G, "bytes", f"Memory used by a process on a MIG device, in bytes ({_CAPPED}).",
+              scope=Scope.MIG_PROCESS, value=lambda p: p.used_memory_bytes, collector=_PROC),
+    # The accounting's books (serving/accounting_metrics.py renders them from the ledger, not a snapshot).
+    MetricDef("gpu_state_seconds_total", _C, "seconds", "Seconds each GPU spent in each state (busy, allocated_idle, idle, down), by holder: the pod with pod attribution, else the user whose processes hold memory; a shared GPU's time is split between its holders.",
+              labels=("user", "state")),
+    MetricDef("gpu_last_active_timestamp_seconds", _G, "seconds", "Unix time the GPU was last busy (activity at or above the idle threshold); absent until it has been busy since the exporter started."),
+    MetricDef("gpu_memory_used_max_bytes", _G, "bytes", "Highest GPU memory used seen by the polls over the memory peak window (default 5 min), in bytes."),
+    MetricDef("gpu_price_per_hour", _G, "", "Price of the GPU per hour in the configured currency, from the pricing settings; absent where no price is configured.",
+              labels=("currency",)),
+    MetricDef("gpu_energy_price_per_kwh", _G, "", "Price of one kWh of energy in the configured currency, from the pricing settings; absent where none is configured.",
+              labels=("currency",)),
+    # The exporter's own health.
+    MetricDef("gpu_exporter_build_info", _G, "", "Constant 1; labels give the exporter's version.",
+              scope=Scope.EXPORTER, labels=("version", "python_version", "nvidia_ml_py_version")),
+    MetricDef("gpu_exporter_nvml_up", _G, "", "1 when NVML is initialised and answering.", scope=Scope.EXPORTER),
+    MetricDef("gpu_exporter_poll_duration_seconds", _H, "seconds", "Wall time of one poll of all GPUs.", scope=Scope.EXPORTER),
+    MetricDef("gpu_exporter_last_poll_success_timestamp_seconds", _G, "seconds", "Unix time of the last poll in which NVML answered.",
+              scope=Scope.EXPORTER),
+    MetricDef("gpu_exporter_alerts", _G, "", "Pending and firing alerts, like Prometheus's ALERTS: the number of alerts with these labels.",
+              scope=Scope.EXPORTER, labels=("alertname", "alertstate", "severity", "gpu", "uuid")),
+    MetricDef("gpu_exporter_notifications_total", _C, "", "Alert notifications by receiver and outcome (sent, retried, rejected, dropped).",
+              scope=Scope.EXPORTER, labels=("receiver", "outcome")),
+    MetricDef("gpu_exporter_notification_queue_length", _G, "", "Alerts waiting for a receiver that is slow or down (to an Alertmanager: not yet delivered; to a webhook: in groups with an undelivered change).",
+              scope=Scope.EXPORTER, labels=("receiver",)),
+    MetricDef("gpu_exporter_kubelet_refreshes_total", _C, "", "Refreshes of pod attribution from the kubelet's PodResources API, by outcome (ok, error, missing).",
+              scope=Scope.EXPORTER, labels=("outcome",)),
+    MetricDef("gpu_exporter_pod_attribution_expired_total", _C, "", "Times the last good pod attribution was dropped because the kubelet had not answered for kubernetes.keep_last_good_for.",
+              scope=Scope.EXPORTER),
+    MetricDef("gpu_exporter_nvml_errors_total", _C, "", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh).",
+              scope=Scope.EXPORTER, labels=("function", "error")),
+)  # fmt: skip
+
+METRICS: Mapping[str, MetricDef] = {d.name: d for d in _DEFS}
+
+
+# The metric names each collector contributes; every other metric is always on.
+COLLECTOR_METRICS: Mapping[str, frozenset[str]] = {
+    c.value: frozenset(d.name for d in _DEFS if d.collector == c) for c in Collector
+}
+
+
+def series_names() -> dict[str, str]:
+    """Every series name a query may select -> the metric it belongs to (histograms have three)."""
+    out = {}
+    for d in _DEFS:
+        out[d.name] = d.name
+        if d.type == "histogram":
+            out |= {d.name + suffix: d.name for suffix in ("_bucket", "_sum", "_count")}
+    return out
+
+
+def gpu_metrics(scope: Scope) -> tuple[MetricDef, ...]:
+    """The declarations of one scope that read a snapshot (those with a ``value``)."""
+    return tuple(d for d in _DEFS if d.scope == scope and d.value is not None)
+
+
+def reference_table() -> str:
+    """docs/metrics.md's reference table, one row per metric."""
+    rows = ["| metric | type | unit | labels | collector | meaning |", "|---|---|---|---|---|---|"]
+    for d in _DEFS:
+        labels = ", ".join(f"`{label}`" for label in d.all_labels)
+        meaning = f"{d.help} {d.doc}".strip().replace("|", "\\|")
+        rows.append(f"| `{d.name}` | {d.type} | {d.unit or '-'} | {labels} | {d.collector or '-'} | {meaning} |")
+    return "\n".join(rows) + "\n"
