@@ -9,7 +9,6 @@ from typing import Any
 
 import pynvml
 
-from ...snapshot import GpuStatic
 from ..backend import GpuLost
 from . import bindings
 from .device import Device
@@ -63,11 +62,9 @@ def _field_value(fv: Any) -> int | float:
     return read(fv.value) if read is not None else int(fv.value.ullVal)
 
 
-def read_fields(dev: Device, static: GpuStatic) -> dict[tuple[int, int], int | float]:
-    """(field id, scope) -> value, for the fields this GPU has; sets ``dev.pcie_counts``."""
-    wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
-    for link in range(static.nvlink_count):
-        wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
+def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], int | float]:
+    """(field id, scope) -> value, of the ``wanted`` ones this GPU has, in one call; sets
+    ``dev.pcie_counts`` when the PCIe byte counters are among them."""
     key = tuple(w for w in wanted if w not in dev.unsupported_fields)
     if not key:
         return {}

@@ -55,7 +55,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
     total, used, free, reserved = _memory(dev)
     temperature = c("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU)
-    fields = read_fields(dev, static)
+    fields = read_fields(dev, _wanted_fields(static))
     temps = {"gpu": float(temperature)} if temperature is not None else {}
     if (mt := fields.get((FI_MEMORY_TEMP, 0))) is not None:
         temps["memory"] = float(mt)
@@ -146,6 +146,14 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         migs=read_migs(dev, proc, gpm) if mig_mode else (),
         activity=activity,
     )
+
+
+def _wanted_fields(static: GpuStatic) -> list[tuple[int, int]]:
+    """The field values a poll reads: (field id, scope id), scope being the NVLink link."""
+    wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
+    for link in range(static.nvlink_count):
+        wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
+    return wanted
 
 
 def _fans(dev: Device, static: GpuStatic) -> dict[str, float]:
