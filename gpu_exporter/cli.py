@@ -22,6 +22,7 @@ from .serving.web_config import WebConfigError
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.gpm import MIN_INTERVAL_S
+from .web.config import WebConfigError
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -246,8 +247,8 @@ def run_once(settings: Settings, fmt: str) -> int:
     from .alerting.engine import node_name
     from .once import as_json, as_table, cost_now, exit_status, findings
     from .serving.metrics import RenderOptions
-    from .serving.web_config import load_web_config
     from .sources.poller import Poller
+    from .web.config import load_web_config
 
     try:
         load_web_config(settings.web_config_file)  # what the daemon would refuse, --once refuses too
@@ -287,7 +288,7 @@ def _close_without_waiting(close: Callable[[], None], limit_s: float = 1.5) -> N
 def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None) -> int:
     """The daemon, until SIGTERM or SIGINT; SIGHUP applies ``reread()`` (the config file again)."""
     from .daemon import Daemon
-    from .serving.connections import raise_fd_limit
+    from .web.fds import raise_fd_limit
 
     wake = threading.Event()
     stop = threading.Event()

@@ -39,6 +39,7 @@ from .durations import parse_duration
 from .metric_defs import COLLECTOR_HELP, Collector
 from .serving.http_server import parse_listen_address
 from .serving.http_server import parse_listen_address
+from .web.address import parse_listen_address
 from .yamlfile import YamlFileError, clip, read_mapping, short
 
 DEFAULT_PORT = 9445

@@ -24,10 +24,14 @@ from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
 from .serving.http_server import HttpServer
 from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
+from .serving.pages import pages
 from .serving.web_config import WebConfigWatcher, load_web_config
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend
 from .sources.poller import Poller
+from .web.config import load_web_config
+from .web.server import HttpServer
+from .web.watcher import WebConfigWatcher
 
 if TYPE_CHECKING:
     from .kubernetes.kubelet import PodResourcesWatcher
@@ -191,9 +195,10 @@ class Daemon:
         return {g.uuid: g.static.name for g in snap.gpus if g.static is not None}
 
     def start(self) -> None:
-        self._http = HttpServer(self.settings.listen_address, self.exposition, self.readiness, self.engine.active,
-                                web=self.web, max_requests=self.settings.web_max_requests,
-                                node=node_name(self.settings.node_name), gpu_models=self.gpu_models)  # fmt: skip
+        served = pages(self.exposition, self.readiness, self.engine.active, node=node_name(self.settings.node_name),
+                       gpu_models=self.gpu_models)  # fmt: skip
+        self._http = HttpServer(self.settings.listen_address, served, web=self.web,
+                                max_requests=self.settings.web_max_requests)  # fmt: skip
         self._http.start()
         self.notifier.start()
         if self.watcher is not None:
@@ -209,7 +214,7 @@ class Daemon:
         )
         self._scheduler.start()
         log.info("listening", address=self.settings.listen_address, port=self._http.port,
-                 poll_interval_s=self.settings.poll_interval, tls=self.web.current().ssl_context is not None,
+                 poll_interval_s=self.settings.poll_interval, tls=self.web.current().tls is not None,
                  basic_auth=self.web.current().auth_required)  # fmt: skip
 
     def reload(self, new: Settings) -> None:
@@ -252,7 +257,7 @@ class Daemon:
         for name in pinned:
             log.warning("setting_needs_restart", setting=name, reason="longer than the windows the daemon started with")
         log.info("config_reloaded", receivers=[r.name for r in receivers], web_config_file=str(new.web_config_file),
-                 tls=web.ssl_context is not None, basic_auth=web.auth_required)  # fmt: skip
+                 tls=web.tls is not None, basic_auth=web.auth_required)  # fmt: skip
 
     @property
     def port(self) -> int:

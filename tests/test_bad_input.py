@@ -16,7 +16,7 @@ import pytest
 import trustme
 import yaml
 
-from gpu_exporter.serving.web_config import WebConfigError, load_web_config
+from gpu_exporter.web.config import WebConfigError, load_web_config
 from tests.web_helpers import hashed, tls_files
 
 BILLION_LAUGHS = """\

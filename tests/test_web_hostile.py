@@ -26,8 +26,9 @@ import pytest
 import trustme
 import yaml
 
-from gpu_exporter.serving.http_server import HttpServer, host_key
-from gpu_exporter.serving.web_config import WebConfig, WebConfigWatcher, load_web_config
+from gpu_exporter.web.auth import Passwords, host_key
+from gpu_exporter.web.config import WebConfig, load_web_config
+from gpu_exporter.web.server import HttpServer
 from tests.exporter_helpers import wait_for
 from tests.web_helpers import basic, client_context, get, hashed, open_fds, proc_status, server, tls_files
 
@@ -285,14 +286,14 @@ def test_stalled_handshakes_cannot_hold_every_handshake_slot(tmp_path: Path, ca:
 def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path: Path) -> None:
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump({"basic_auth_users": {"prom": hashed("right", rounds=10)}}))
-    watcher = WebConfigWatcher(path)
+    passwords = Passwords()
     config = load_web_config(path)
 
     def cost(user: str) -> float:
         times = []
         for attempt in range(3):  # a new guess each time: answers already given are remembered
             t0 = time.perf_counter()
-            assert not watcher.check_basic_auth(config, basic(user, f"wrong{attempt}")["Authorization"])
+            assert not passwords.check(config, basic(user, f"wrong{attempt}")["Authorization"])
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
@@ -301,21 +302,21 @@ def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path: Path) -> No
     assert unknown > 0.5 * known, (known, unknown)
     # A repeated guess is answered from memory, for known and unknown users alike.
     t0 = time.perf_counter()
-    assert not watcher.check_basic_auth(config, basic("mallory", "wrong0")["Authorization"])
+    assert not passwords.check(config, basic("mallory", "wrong0")["Authorization"])
     assert time.perf_counter() - t0 < 0.5 * known
 
 
-class CountingWatcher(WebConfigWatcher):
-    """The real watcher, checking with real bcrypt, that counts the checks running at once.  While
-    ``gate`` is clear each check waits before bcrypt, so that the places fill up deterministically."""
+class CountingPasswords(Passwords):
+    """The real checker, with real bcrypt, that counts the checks running at once.  While ``gate``
+    is clear each check waits before bcrypt, so that the places fill up deterministically."""
 
-    def __init__(self, path: Path | None, gate: threading.Event | None = None) -> None:
-        super().__init__(path)
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        super().__init__()
         self.gate = gate
         self.running = self.most = self.checks = 0
         self._count = threading.Lock()
 
-    def check_basic_auth(self, config: WebConfig, header: str | None) -> bool:
+    def check(self, config: WebConfig, header: str | None) -> bool:
         with self._count:
             self.running += 1
             self.checks += 1
@@ -323,7 +324,7 @@ class CountingWatcher(WebConfigWatcher):
         try:
             if self.gate is not None:
                 assert self.gate.wait(60)
-            return super().check_basic_auth(config, header)
+            return super().check(config, header)
         finally:
             with self._count:
                 self.running -= 1
@@ -331,15 +332,10 @@ class CountingWatcher(WebConfigWatcher):
 
 @contextmanager
 def counted_server(tmp_path: Path, web: dict[str, Any], gate: threading.Event | None = None,
-                   **kw: Any) -> Iterator[tuple[HttpServer, CountingWatcher]]:  # fmt: skip
-    made: list[CountingWatcher] = []
-
-    def watcher(path: Path | None) -> CountingWatcher:
-        made.append(CountingWatcher(path, gate))
-        return made[-1]
-
-    with server(tmp_path, web, watcher=watcher, **kw) as srv:
-        yield srv, made[0]
+                   **kw: Any) -> Iterator[tuple[HttpServer, CountingPasswords]]:  # fmt: skip
+    passwords = CountingPasswords(gate)
+    with server(tmp_path, web, passwords=passwords, **kw) as srv:
+        yield srv, passwords
 
 
 Answer = tuple[int, dict[str, str], bytes]
@@ -460,14 +456,14 @@ def test_a_scraper_not_yet_remembered_gets_in_during_a_flood(tmp_path: Path) -> 
     web = {"basic_auth_users": {"prom": hashed("pw", rounds=8)}}
     with counted_server(tmp_path, web) as (srv, watcher), password_flood(srv.port):
         scraper = basic("prom", "pw")
-        assert watcher.remembered(watcher.current(), scraper["Authorization"]) is None
+        assert watcher.remembered(srv.web.current(), scraper["Authorization"]) is None
         for _ in range(3):
             served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"), limit_s=5.0)
         # Rotated: the same password, hashed again (a new salt), as htpasswd does.
         rehashed = hashed("pw", rounds=8)
         (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prom": rehashed}}))
-        wait_for(lambda: watcher.current().users["prom"] == rehashed.encode(), timeout=10, what="the reload")
-        assert watcher.remembered(watcher.current(), scraper["Authorization"]) is None
+        wait_for(lambda: srv.web.current().users["prom"] == rehashed.encode(), timeout=10, what="the reload")
+        assert watcher.remembered(srv.web.current(), scraper["Authorization"]) is None
         for _ in range(3):
             served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"), limit_s=5.0)
         # A reload that leaves the user's entry as it was keeps what was learnt: no bcrypt at all.
@@ -476,8 +472,8 @@ def test_a_scraper_not_yet_remembered_gets_in_during_a_flood(tmp_path: Path) -> 
             "http_server_config": {"headers": {"X-Frame-Options": "deny"}},
         }
         (tmp_path / "web.yml").write_text(yaml.safe_dump(same_entry))
-        wait_for(lambda: bool(watcher.current().headers), timeout=10, what="the second reload")
-        assert watcher.remembered(watcher.current(), scraper["Authorization"]) is True
+        wait_for(lambda: bool(srv.web.current().headers), timeout=10, what="the second reload")
+        assert watcher.remembered(srv.web.current(), scraper["Authorization"]) is True
         served_promptly(lambda: get(srv.port, headers=scraper, timeout=10, source="127.0.0.2"))
 
 

@@ -18,8 +18,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.serving.http_server import HttpServer
-from gpu_exporter.serving.web_config import WebConfigError, load_web_config
+from gpu_exporter.web.config import WebConfigError, load_web_config
+from gpu_exporter.web.server import HttpServer
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
@@ -109,7 +109,7 @@ def test_web_config_file_is_reloaded(tmp_path: Path) -> None:
     [
         ({"basic_auth_users": {"prom": "plaintext"}}, "must be a bcrypt hash"),
         ({"tls_server_config": {"cert_file": "missing.crt", "key_file": "missing.key"}}, "cannot load TLS certificate"),
-        ({"tls_server_config": {"cert_file": "a", "key_file": "b", "min_version": "TLS10"}}, "min_version"),
+        ({"tls_server_config": {"cert_file": "a", "key_file": "b", "max_version": "TLS11"}}, "max_version"),
         ({"basic_auth_userz": {}}, "basic_auth_userz: unknown key"),
         ({"http_server_config": {"headers": {"Content-Type": "x"}}}, "cannot be set"),
         ({"tls_server_config": {"cert_file": "a", "key_file": "b", "client_auth_type": "RequestClientCert"}},
@@ -262,7 +262,7 @@ def test_the_kubernetes_tls_and_auth_example(tmp_path: Path, ca: trustme.CA) -> 
     (tmp_path / "web.yml").write_text((example / "web.yml").read_text())
     tls_files(tmp_path, ca, "tls")
     config = load_web_config(tmp_path / "web.yml")
-    assert config.ssl_context is not None and set(config.users) == {"prometheus"}
+    assert config.tls is not None and set(config.users) == {"prometheus"}
 
 
 @pytest.mark.parametrize(

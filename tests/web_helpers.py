@@ -18,8 +18,9 @@ import yaml
 from prometheus_client import CollectorRegistry, Gauge
 
 from gpu_exporter.serving.exposition import Exposition
-from gpu_exporter.serving.http_server import HttpServer
-from gpu_exporter.serving.web_config import WebConfigWatcher
+from gpu_exporter.serving.pages import pages
+from gpu_exporter.web.server import HttpServer
+from gpu_exporter.web.watcher import WebConfigWatcher
 
 
 def hashed(password: str, rounds: int = 4) -> str:
@@ -45,7 +46,7 @@ def server(tmp_path: Path, web: Mapping[str, Any] | None = None, *, series: int 
     if web is not None:
         path = tmp_path / "web.yml"
         path.write_text(yaml.safe_dump(web))
-    srv = HttpServer("127.0.0.1:0", expo, lambda: (True, "ready"), web=watcher(path), **kw)
+    srv = HttpServer("127.0.0.1:0", pages(expo, lambda: (True, "ready")), web=watcher(path), **kw)
     srv.start()
     try:
         yield srv

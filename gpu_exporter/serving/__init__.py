@@ -1,11 +1,11 @@
 """Serving: what is shown to the world over HTTP.
 
-Metric families and collectors (``metrics``), the exposition writer (``exposition``), the hardened
-HTTP server (``http_server``) and its bounded connection table (``connections``), the
-exporter-toolkit web config (``web_config``) and the alerts page (``alerts_page``).
+Metric families and collectors (``metrics``), the exposition writer (``exposition``), the alerts
+page (``alerts_page``) and the pages themselves (``pages``: /metrics, the probes, the alerts, a
+landing page), which the wiring hands to the web server (``web``) to serve.
 
 May import: ``snapshot``, ``alerting`` (to show alerts), ``accounting`` (to render its books) and
 the helpers at the top.
 Never: ``sources`` (rendering never calls NVML; a scrape only reads the last snapshot),
-``kubernetes``, ``report`` or the wiring.
+``kubernetes``, ``report``, ``web`` (what is shown knows nothing of how it is served) or the wiring.
 """

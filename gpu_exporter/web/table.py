@@ -1,4 +1,4 @@
-"""The HTTP server's sockets: a bounded table, TLS handshakes on our terms, bounded buffers.
+"""Every open connection of the HTTP server: places, who is closed to make room, TLS handshake slots.
 
 What one client can take from the others is bounded here, whatever it does:
 
@@ -18,12 +18,10 @@ What one client can take from the others is bounded here, whatever it does:
   handshake whose client has sent nothing for ``handshake_preempt`` is cut off.  Waiting clients
   are taken newest first: under a flood, the old ones time out and a client that just came is
   served at once.  Each TLS connection reads through a 16 KiB buffer instead of asyncio's 256 KiB
-  one (0.04 instead of 0.28 MiB per idle connection).
-- **Buffers.** A connection buffers at most ``limit`` bytes of request (reading pauses beyond), and
-  hands the response to the transport 256 KiB at a time, waiting while 64 KiB are unsent (smaller
-  pieces cost 40 ms of delayed ACKs per TLS scrape).  At most ``max_stalled`` connections may wait
-  on clients that do not read; one more closes the one that has waited longest.  So a client that
-  does not read stalls only itself, and all of them together hold at most ~20 MiB.
+  one (0.04 instead of 0.28 MiB per idle connection; ``tls``).
+- **Stalled writers.** At most ``max_stalled`` connections may wait on clients that do not read;
+  one more closes the one that has waited longest.  So a client that does not read stalls only
+  itself, and all of them together hold at most ~20 MiB.
 - **Memory back.** After every 256 closed connections (or 64 fewer open than at the peak), their
   reference cycles are collected, and at most every 5 s glibc is asked to return free memory to the
   system (``malloc_trim``): without both, RSS climbs under churn and stays at its peak after.
@@ -32,247 +30,25 @@ What one client can take from the others is bounded here, whatever it does:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import gc
 import select
-import ssl
 import time
-from asyncio import sslproto
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
 
+from .connection import BUSY, CLOSE_GRACE, HANDSHAKE, IDLE, READING, SILENT, TLS_QUEUED, TLS_WAIT, Connection
+from .tls import Handshake
+
 log = structlog.get_logger(__name__)
 
-WRITE_CHUNK = 256 * 1024
-_WRITE_HIGH = 64 * 1024
-_TLS_READ = 16 * 1024
-_FIRST_TLS_BYTES = 4096
-_CLOSE_GRACE = 2.0
 _SWEEP_EVERY = 0.5
 _COLLECT_AFTER = 256  # connections closed before their reference cycles are collected
 _COLLECT_AFTER_DROP = 64  # or this many fewer open than at the peak
 _TRIM_EVERY = 5.0
-
-# Connection states.  SILENT ones are closed first to make room; BUSY (a request being answered,
-# bounded by the request slots) never.
-TLS_WAIT, TLS_QUEUED, HANDSHAKE, IDLE, READING, BUSY, WRITING = (
-    "tls_wait", "tls_queued", "handshake", "idle", "reading", "busy", "writing")  # fmt: skip
-SILENT = frozenset({TLS_WAIT, IDLE})
-
-
-class HeadTooLarge(Exception):
-    pass
-
-
-class _SSLProtocol(sslproto.SSLProtocol):
-    # asyncio allocates (and touches) max_size bytes per TLS connection for reads; 256 KiB by
-    # default.  One TLS record is at most 16 KiB, so a smaller buffer only means more reads.
-    max_size = _TLS_READ
-    heard_at = 0.0  # when the client last sent something: a stalled handshake can be told apart
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.heard_at = time.monotonic()
-        super().buffer_updated(nbytes)
-
-
-def _feed(protocol: asyncio.BufferedProtocol, data: bytes) -> None:
-    """Hand bytes already read to a buffered protocol, as a transport would."""
-    view = memoryview(data)
-    while view:
-        buf = memoryview(protocol.get_buffer(len(view)))
-        n = min(len(buf), len(view))
-        buf[:n] = view[:n]
-        protocol.buffer_updated(n)
-        view = view[n:]
-
-
-class Connection(asyncio.BufferedProtocol):
-    """One client socket, from accept to close.  The HTTP handler reads and writes through it."""
-
-    def __init__(self, table: ConnectionTable, tls: ssl.SSLContext | None) -> None:
-        self._table = table
-        self.tls = tls
-        self.raw: asyncio.Transport | None = None  # TCP
-        self.transport: asyncio.Transport | None = None  # what HTTP uses: TCP, or TLS over it
-        self.state = TLS_WAIT if tls is not None else IDLE
-        self.spoke = False  # sent a request, or completed a TLS handshake
-        self.since = self.accepted_at = time.monotonic()
-        self.early = b""  # the start of the ClientHello, read before the handshake began
-        self._buf = bytearray()
-        self._eof = False
-        self.lost = False
-        self._reading_paused = False
-        self._write_paused = False
-        self._read_waiter: asyncio.Future[None] | None = None
-        self._drain_waiter: asyncio.Future[None] | None = None
-        self._abort_handle: asyncio.TimerHandle | None = None
-
-    # -- asyncio protocol callbacks -----------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        if self.raw is None:
-            self.raw = transport
-            self._table.admit(self)
-            if self.tls is not None:
-                return  # wait for the ClientHello before spending a handshake slot on it
-        self._open(transport)  # plain TCP at once, or TLS once the handshake is done
-
-    def _open(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
-        transport.set_write_buffer_limits(high=_WRITE_HIGH)
-        self._table.set_state(self, IDLE)
-        self._table.opened(self)
-
-    @property
-    def peer(self) -> str:
-        """The client's IP address ("" if the socket has none, e.g. already gone)."""
-        name = self.raw.get_extra_info("peername") if self.raw is not None else None
-        return str(name[0]) if isinstance(name, tuple) and name else ""
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self.transport is None:
-            return self._table.scratch[:_FIRST_TLS_BYTES]
-        room = self._table.limit - len(self._buf)
-        return self._table.scratch[: max(room, 256)]  # never empty: TLS would take that for EOF
-
-    def buffer_updated(self, nbytes: int) -> None:
-        data = self._table.scratch[:nbytes]
-        if self.transport is None:  # the first bytes of a TLS client
-            if self.state == TLS_WAIT and self.raw is not None:
-                self.early = bytes(data)
-                self.raw.pause_reading()
-                self._table.request_handshake(self)
-            return
-        self._buf += data
-        if len(self._buf) >= self._table.limit and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-        self._wake_reader()
-
-    def eof_received(self) -> bool:
-        self._eof = True
-        self._wake_reader()
-        # Keep a half-closed TCP connection open to answer its last request; TLS cannot.
-        return self.tls is None and self.transport is not None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        self._eof = True
-        self._wake_reader()
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
-        if self._abort_handle is not None:
-            self._abort_handle.cancel()
-        self._table.forget(self)
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
-
-    # -- reading --------------------------------------------------------------------------------------
-    def _wake_reader(self) -> None:
-        if self._read_waiter is not None and not self._read_waiter.done():
-            self._read_waiter.set_result(None)
-
-    async def _more(self) -> None:
-        if self._eof:
-            raise ConnectionError("the client closed the connection")
-        self._read_waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._read_waiter
-        finally:
-            self._read_waiter = None
-
-    def _consumed(self, n: int) -> bytes:
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        if self._reading_paused and len(self._buf) < self._table.limit and self.transport is not None:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        return out
-
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    async def wait_for_request(self, timeout: float) -> bool:
-        """Wait for the first byte of a request; False if the client closed the connection."""
-        async with asyncio.timeout(timeout):
-            while not self._buf:
-                if self._eof:
-                    return False
-                await self._more()
-        return True
-
-    async def read_until(self, separator: bytes, timeout: float) -> bytes:
-        """Everything up to and including ``separator``, which must come within ``limit`` bytes."""
-        async with asyncio.timeout(timeout):
-            while True:
-                end = self._buf.find(separator)
-                if end >= 0:
-                    return self._consumed(end + len(separator))
-                if len(self._buf) >= self._table.limit:
-                    raise HeadTooLarge
-                await self._more()
-
-    async def discard(self, n: int, timeout: float) -> None:
-        """Read and drop ``n`` bytes (a request body nobody needs)."""
-        async with asyncio.timeout(timeout):
-            while n > 0:
-                if not self._buf:
-                    await self._more()
-                take = min(n, len(self._buf))
-                self._consumed(take)
-                n -= take
-
-    # -- writing --------------------------------------------------------------------------------------
-    async def send(self, head: bytes, body: bytes, timeout: float) -> None:
-        """Write a response in pieces, so that little of it waits in memory for a slow client."""
-        transport = self.transport
-        assert transport is not None
-        async with asyncio.timeout(timeout):
-            view = memoryview(body)
-            first = max(WRITE_CHUNK - len(head), 0)
-            chunks: list[bytes | memoryview] = [head + view[:first]]
-            chunks += (view[i : i + WRITE_CHUNK] for i in range(first, len(view), WRITE_CHUNK))
-            for chunk in chunks:  # the head goes with the start of the body: one packet for small answers
-                if self.lost:
-                    raise ConnectionError("the client went away")
-                transport.write(chunk)
-                if self._write_paused and not self.lost:
-                    self._table.stalled(self, True)
-                    try:
-                        while self._write_paused and not self.lost:
-                            self._drain_waiter = asyncio.get_running_loop().create_future()
-                            await self._drain_waiter
-                    finally:
-                        self._table.stalled(self, False)
-            if self.lost:
-                raise ConnectionError("the client went away")
-
-    # -- closing --------------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Flush what is written and close; a client that does not take it is cut off soon after."""
-        if self.lost:
-            return
-        if self.transport is not None:
-            self.transport.close()
-        elif self.raw is not None:
-            self.raw.close()
-        if self._abort_handle is None:
-            self._abort_handle = asyncio.get_running_loop().call_later(_CLOSE_GRACE, self.abort)
-
-    def abort(self) -> None:
-        """Close at once, dropping anything unsent (a TLS connection without its close_notify)."""
-        if not self.lost and self.raw is not None:
-            self.raw.abort()
 
 
 class ConnectionTable:
@@ -309,7 +85,7 @@ class ConnectionTable:
         self._silent: OrderedDict[Connection, None] = OrderedDict()
         self._active: OrderedDict[Connection, None] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._handshaking: dict[Connection, _SSLProtocol] = {}
+        self._handshaking: dict[Connection, Handshake] = {}
         self._handshake_queue: deque[Connection] = deque()
         self.counts: dict[str, int] = {}  # why connections were cut off, for the debug log
         self.accepted = 0
@@ -413,29 +189,22 @@ class ConnectionTable:
         if not self._handshake_queue:
             return
         now = time.monotonic()
-        for conn, protocol in list(self._handshaking.items()):
+        for conn, handshake in list(self._handshaking.items()):
             # Quiet as far as we know; but a busy loop may not have read what has arrived.
-            if now - protocol.heard_at >= self.handshake_preempt and not _pending_input(conn.raw):
+            if now - handshake.heard_at >= self.handshake_preempt and not _pending_input(conn.raw):
                 self._count("handshake_preempted")
                 conn.abort()
 
     def _start_tls(self, conn: Connection) -> None:
-        loop = asyncio.get_running_loop()
         raw, tls = conn.raw, conn.tls
         assert raw is not None and tls is not None
-        waiter: asyncio.Future[None] = loop.create_future()
-        protocol = _SSLProtocol(loop, conn, tls, waiter, server_side=True, call_connection_made=True,
-                                ssl_handshake_timeout=self.handshake_timeout,  # type: ignore[arg-type]
-                                ssl_shutdown_timeout=_CLOSE_GRACE)  # fmt: skip
-        protocol.heard_at = time.monotonic()
-        self._handshaking[conn] = protocol
+        handshake = Handshake(conn, raw, tls.context, handshake_timeout=self.handshake_timeout,
+                              shutdown_timeout=CLOSE_GRACE,
+                              done=lambda fut: self._handshake_done(conn, fut))  # fmt: skip
+        self._handshaking[conn] = handshake
         self.set_state(conn, HANDSHAKE)
-        raw.set_protocol(protocol)
-        protocol.connection_made(raw)
         early, conn.early = conn.early, b""
-        _feed(protocol, early)
-        raw.resume_reading()
-        waiter.add_done_callback(lambda fut: self._handshake_done(conn, fut))
+        handshake.start(early)
 
     def _handshake_done(self, conn: Connection, fut: asyncio.Future[None]) -> None:
         failed = fut.cancelled() or fut.exception() is not None or conn.transport is None
@@ -443,9 +212,15 @@ class ConnectionTable:
             self._next_handshake()
         if failed:
             # Before the handshake completes, the TLS layer does not report the loss to us.
-            self._count("handshake_failed")
+            if not conn.refused:
+                self._count("handshake_failed")
             conn.abort()
             self.forget(conn)
+
+    def refuse(self, conn: Connection) -> None:
+        """A client whose certificate names no allowed SAN: closed before it is served."""
+        self._count("client_san_refused")
+        conn.abort()
 
     # -- housekeeping -------------------------------------------------------------------------------------
     def _count(self, why: str) -> None:
@@ -519,25 +294,3 @@ def _libc() -> Any:
         return libc
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft limit on open files to the hard one; returns the soft limit now in force."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft
-
-
-def connection_cap(requested: int, reserve: int = 64) -> int:
-    """At most ``requested`` connections, and few enough that ``accept`` never runs out of files."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return requested
-    return max(16, min(requested, soft - reserve))
