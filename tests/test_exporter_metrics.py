@@ -31,6 +31,8 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     g.clocks(graphics=1755, sm=1760, memory=2619, video=1500, max_graphics=1980, max_sm=1985, max_memory=2620,
              max_video=1755)  # fmt: skip
     g.pstate(2).clocks_event_reasons("sw_power_cap", "hw_thermal")
+    g.violations(power=12_500_000_000, thermal=250_000_000, sync_boost=0, board_limit=1, low_utilization=3 * 10**18,
+                 reliability=Err("NOT_SUPPORTED"))  # fmt: skip
     g.pcie(gen=4, max_gen=5, width=8, max_width=16, tx_kbps=123_456, rx_kbps=654_321, sample_ms=1, replay=17,
            tx_bytes=1111, rx_bytes=2222)  # fmt: skip
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
@@ -93,10 +95,16 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         ("gpu_nvlink_up", "link"): {"0": 1, "1": 0},
         ("gpu_ecc_errors_total", "type"): {"corrected": 5, "uncorrected": 1},
         ("gpu_remapped_rows_total", "cause"): {"correctable": 3, "uncorrectable": 1},
+        # nanoseconds / 1e9; past 2^53 ns (104 days) the float keeps 15 digits
+        ("gpu_violation_seconds_total", "policy"): {"power": 12.5, "thermal": 0.25, "sync_boost": 0,
+                                                    "board_limit": 1e-9, "low_utilization": 3e9},
     }  # fmt: skip
     for (name, label), want_map in labelled.items():
         for key, want in want_map.items():
             assert value(s, name, **g, **{label: key}) == pytest.approx(want), (name, key)
+    policies = {dict(ls)["policy"] for (n, ls) in s if n == "gpu_violation_seconds_total"}
+    assert policies == {"power", "thermal", "sync_boost", "board_limit", "low_utilization"}  # reliability: unsupported
+    assert errors.counts[("nvmlDeviceGetFieldValues", "not_supported")] == 1
     reasons = {k: value(s, "gpu_clock_event_active", **g, reason=k) for k in ("sw_power_cap", "hw_thermal", "gpu_idle")}
     assert reasons == {"sw_power_cap": 1, "hw_thermal": 1, "gpu_idle": 0}
     info = [dict(ls) for (n, ls) in s if n == "gpu_info"]

@@ -111,6 +111,8 @@ enum {
     K_CLOCK_MAX0 = K_CLOCK0 + NVML_CLOCK_COUNT,
     K_PSTATE = K_CLOCK_MAX0 + NVML_CLOCK_COUNT,
     K_EVENT_REASONS,
+    K_VIOLATION0, /* [NVML_FI_DEV_PERF_POLICY_POWER ... _RELIABILITY - 74], nanoseconds */
+    K_VIOLATION_LAST = K_VIOLATION0 + 5,
     /* PCIe */
     K_PCIE_TX_KBPS,
     K_PCIE_RX_KBPS,
@@ -174,6 +176,9 @@ static const char *const threshold_names[NVML_TEMPERATURE_THRESHOLD_COUNT] = {
     "shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr",
 };
 static const char *const clock_names[NVML_CLOCK_COUNT] = {"graphics", "sm", "memory", "video"};
+/* nvmlPerfPolicyType_t 0-5, in field-id order (NVML_FI_DEV_PERF_POLICY_POWER = 74 ... _RELIABILITY = 79). */
+static const char *const violation_names[] = {"power", "thermal", "sync_boost", "board_limit", "low_utilization",
+                                              "reliability"};
 
 static void init_keys(void)
 {
@@ -216,6 +221,8 @@ static void init_keys(void)
     }
     def_key(K_PSTATE, KT_NUM, SCOPE_GPU, "pstate");
     def_key(K_EVENT_REASONS, KT_NUM, SCOPE_GPU, "clocks_event_reasons");
+    for (int i = 0; i <= K_VIOLATION_LAST - K_VIOLATION0; i++)
+        def_key(K_VIOLATION0 + i, KT_NUM, SCOPE_GPU, "violation.%s_ns", violation_names[i]);
     def_key(K_PCIE_TX_KBPS, KT_NUM, SCOPE_GPU, "pcie.tx_kbps");
     def_key(K_PCIE_RX_KBPS, KT_NUM, SCOPE_GPU, "pcie.rx_kbps");
     def_key(K_PCIE_SAMPLE_MS, KT_NUM, SCOPE_GPU, "pcie.sample_ms");
@@ -1750,6 +1757,18 @@ static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now
     case NVML_FI_DEV_ENERGY:
         fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
         fv->nvmlReturn = get_ull(d, K_ENERGY, &ull);
+        fv->value.ullVal = ull;
+        break;
+    /* The perf-policy counters (nvml.h: "Perf Policy Counter for ... Policy"; the clocks-event-reason
+     * counters that share ids 74 and 76 are "in nanoseconds"), as unsigned long long. */
+    case NVML_FI_DEV_PERF_POLICY_POWER:
+    case NVML_FI_DEV_PERF_POLICY_THERMAL:
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST:
+    case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT:
+    case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION:
+    case NVML_FI_DEV_PERF_POLICY_RELIABILITY:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->nvmlReturn = get_ull(d, K_VIOLATION0 + (int)(fv->fieldId - NVML_FI_DEV_PERF_POLICY_POWER), &ull);
         fv->value.ullVal = ull;
         break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER:

@@ -62,6 +62,7 @@ EVENT_XID_CRITICAL = 0x8
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
 CLOCKS = ("graphics", "sm", "memory", "video")
 # GPM metrics a scenario can set, in percent, by their key names in the file (gpm.<name>).
+VIOLATION_POLICIES = ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability")
 GPM_METRICS = ("graphics_util", "sm_util", "sm_occupancy", "integer_util", "any_tensor_util", "dfma_tensor_util",
                "hmma_tensor_util", "dmma_tensor_util", "imma_tensor_util", "dram_bw_util", "fp64_util", "fp32_util",
                "fp16_util")  # fmt: skip
@@ -315,6 +316,15 @@ class Gpu(Device):
                 raise ValueError(f"unknown clock event reason {n!r}; known: {sorted(CLOCK_EVENT_REASONS)}")
             mask |= CLOCK_EVENT_REASONS[n]
         return self.set("clocks_event_reasons", f"0x{mask:x}")
+
+    def violations(self, **nanoseconds: int | Counter | Err) -> Gpu:
+        """NVML's perf-policy counters (field values 74-79): nanoseconds the clocks were held back, per
+        policy (power, thermal, sync_boost, board_limit, low_utilization, reliability)."""
+        for k, v in nanoseconds.items():
+            if k not in VIOLATION_POLICIES:
+                raise ValueError(f"unknown violation policy {k!r}; known: {VIOLATION_POLICIES}")
+            self.set(f"violation.{k}_ns", v)
+        return self
 
     def pcie(
         self,

@@ -32,6 +32,10 @@ CLOCK_EVENT_REASONS = {
     "hw_power_brake": 0x80,
     "display_clock_setting": 0x100,
 }
+# NVML's perf-policy counters (nvml.h NVML_FI_DEV_PERF_POLICY_*, in ns): the field values that
+# nvmlDeviceGetViolationStatus (deprecated in 13.0) reads, for every driver since R4xx.
+VIOLATION_FIELDS = {74: "power", 75: "thermal", 76: "sync_boost", 77: "board_limit", 78: "low_utilization",
+                    79: "reliability"}  # fmt: skip
 # The names under which each link's state query is remembered: built once, not per link and poll.
 _NVLINK_STATE = tuple(f"nvmlDeviceGetNvLinkState({link})" for link in range(pynvml.NVML_NVLINK_MAX_LINKS))
 
@@ -55,7 +59,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
     total, used, free, reserved = _memory(dev)
     temperature = c("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU)
-    fields = read_fields(dev, _wanted_fields(static))
+    fields = read_fields(dev, _wanted_fields(static, readers.clocks))
     temps = {"gpu": float(temperature)} if temperature is not None else {}
     if (mt := fields.get((FI_MEMORY_TEMP, 0))) is not None:
         temps["memory"] = float(mt)
@@ -126,6 +130,9 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         energy_consumed_joules_total=energy / 1000 if energy is not None else None,
         clock_hertz=MappingProxyType(clocks),
         performance_state=int(pstate) if pstate is not None and pstate != N.NVML_PSTATE_UNKNOWN else None,
+        violation_seconds_total=MappingProxyType(
+            {policy: ns / 1e9 for fid, policy in VIOLATION_FIELDS.items() if (ns := fields.get((fid, 0))) is not None}
+        ),
         clock_event_active=MappingProxyType(
             {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
         ),
@@ -148,9 +155,11 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     )
 
 
-def _wanted_fields(static: GpuStatic) -> list[tuple[int, int]]:
+def _wanted_fields(static: GpuStatic, clocks: bool) -> list[tuple[int, int]]:
     """The field values a poll reads: (field id, scope id), scope being the NVLink link."""
     wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
+    if clocks:
+        wanted += [(fid, 0) for fid in VIOLATION_FIELDS]
     for link in range(static.nvlink_count):
         wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
     return wanted
