@@ -11,8 +11,8 @@ import pytest
 from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.accounting.pricing import PriceBook
 from gpu_exporter.accounting.settings import PricingSettings
-from gpu_exporter.serving.accounting_metrics import accounting_families
 from gpu_exporter.metric_defs import METRICS, Scope
+from gpu_exporter.serving.accounting_metrics import accounting_families
 from tests.exporter_helpers import make_poller, names_for_gpu, samples_of, value, wait_for
 from tests.fakenvml import Counter, Err, Scenario
 from tests.fakenvml.presets import preset
