@@ -1,4 +1,5 @@
-"""A real Prometheus (Debian's package), started by a test on 127.0.0.1 to scrape the daemon."""
+"""A real Prometheus (Debian's package), started by a test on 127.0.0.1 to scrape the daemon; and a real
+VictoriaMetrics (Debian's too), the second engine the report is checked against."""
 
 from __future__ import annotations
 
@@ -111,6 +112,91 @@ def prometheus_with_config(config: dict[str, Any], workdir: Path) -> Iterator[Pr
                 raise AssertionError(f"Prometheus did not start:\n{prom.log()}")
             time.sleep(0.1)
         yield prom
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@dataclass
+class VictoriaMetrics:
+    """Debian's VictoriaMetrics single-node, started by a test on 127.0.0.1: a second engine that
+    answers the same query API (``url``), fed by ``load`` (samples as OpenMetrics text, as promtool
+    backfills Prometheus) or by scraping."""
+
+    port: int
+    workdir: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def load(self, openmetrics: str) -> None:
+        """Samples written as ``name{labels} value unix_seconds`` lines; VictoriaMetrics imports the
+        Prometheus text format with millisecond timestamps."""
+        lines = []
+        for line in openmetrics.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            head, ts = line.rsplit(" ", 1)
+            lines.append(f"{head} {round(float(ts) * 1000)}")
+        body = ("\n".join(lines) + "\n").encode()
+        req = urllib.request.Request(self.url + "/api/v1/import/prometheus", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=600) as r:
+            r.read()
+        self.flush()
+
+    def flush(self) -> None:
+        with urllib.request.urlopen(self.url + "/internal/force_flush", timeout=60) as r:
+            r.read()
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = urllib.parse.urlencode({"query": expr}).encode()
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/api/v1/query", data=data), timeout=60) as r:
+            doc = json.loads(r.read())
+        assert doc["status"] == "success", doc
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
+    def log(self) -> str:
+        return (self.workdir / "victoria-metrics.log").read_text(errors="replace")
+
+
+@contextmanager
+def victoria_metrics(workdir: Path, scrape_config: dict[str, Any] | None = None) -> Iterator[VictoriaMetrics]:
+    """VictoriaMetrics on 127.0.0.1 keeping ten years (the tests' histories lie in the past), scraping
+    ``scrape_config`` (a prometheus.yml) where one is given.  ``-search.latencyOffset=0s``: by default it
+    hides the last 30 s from queries, which a test of the last minute would miss."""
+    binary = shutil.which("victoria-metrics")
+    assert binary, "VictoriaMetrics is missing: apt-get install victoria-metrics (bash .ci/setup does it)"
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    args = [binary, f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
+            "-retentionPeriod=10y", "-search.latencyOffset=0s"]  # fmt: skip
+    if scrape_config is not None:
+        (workdir / "scrape.yml").write_text(yaml.safe_dump(scrape_config))
+        args.append(f"-promscrape.config={workdir / 'scrape.yml'}")
+    log = open(workdir / "victoria-metrics.log", "ab")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(args, stdout=log, stderr=log)
+    vm = VictoriaMetrics(port, workdir, proc)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(vm.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"VictoriaMetrics did not start:\n{vm.log()}")
+            time.sleep(0.1)
+        yield vm
     finally:
         proc.terminate()
         try:
