@@ -22,6 +22,7 @@ from .alerting.rules import Check
 from .alerting.settings import RulesSettings
 from .serving.metrics import GPU_LABELS, RenderOptions, gpu_families
 from .snapshot import GpuReading, NodeSnapshot, ProcessReading
+from .untrusted import for_terminal
 
 GIB = 1024**3
 
@@ -334,4 +335,6 @@ def as_table(snapshot: NodeSnapshot, found: Sequence[Finding], cost: CostNow | N
                 f"{cost.currency}/h", ""]  # fmt: skip
     out.append("Findings:" if found else "Findings: none")
     out += [f"  - {f.line()}" for f in found]
-    return "\n".join(out)
+    # Process, user and pod names are chosen by whoever runs them: an ESC or a newline in one
+    # must not drive the terminal or break a row.
+    return "\n".join(for_terminal(line) for line in out)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # logs) may import any part.
 PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "accounting", "report", "web")
 WIRING = ("cli", "daemon", "config", "once", "logs", "__main__")
-HELPERS = ("durations", "yamlfile")  # parsing helpers with no dependencies, usable anywhere
+HELPERS = ("durations", "yamlfile", "untrusted")  # parsing helpers with no dependencies, usable anywhere
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,14 @@ FORBIDDEN: dict[str, set[str]] = {
     "metric_defs": {*PARTS, *WIRING, *HELPERS} - {"snapshot", "metric_defs"},
     "durations": {*PARTS, *WIRING},
     "yamlfile": {*PARTS, *WIRING, "durations"},
+    "untrusted": {*PARTS, *WIRING, "durations", "yamlfile"},
     "sources": {"serving", "alerting", "kubernetes", "accounting", "report", "web", *WIRING},
     "alerting": {"serving", "sources", "kubernetes", "accounting", "report", "web", *WIRING},
     # What is shown knows nothing of how it is served: the wiring hands the pages to the server.
     "serving": {"sources", "kubernetes", "report", "web", *WIRING},
-    "kubernetes": {"sources", "serving", "alerting", "accounting", "report", "metric_defs", "web", *WIRING, *HELPERS},
+    # The kubelet's answers are decoded here; of the helpers, only the one for text from outside.
+    "kubernetes": {"sources", "serving", "alerting", "accounting", "report", "metric_defs", "web", *WIRING, *HELPERS}
+    - {"untrusted"},
     # The books read snapshots; the idle threshold comes from the wiring, not from alerting.
     "accounting": {"sources", "serving", "alerting", "kubernetes", "report", "web", *WIRING},
     # The report reads a Prometheus API: it never sees a snapshot, let alone a GPU.

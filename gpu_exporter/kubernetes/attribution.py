@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from .. import untrusted
 from ..snapshot import GpuReading, PodRef, ProcessReading
 
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
@@ -35,19 +36,20 @@ class ProcInfo:
     hostname: str | None = None
 
 
-def read_proc(pid: int) -> ProcInfo:
+def read_proc(pid: int, proc_root: str = "/proc") -> ProcInfo:
     try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            cgroup = f.read()
+        # Bytes: a cgroup's path is named by whoever made it, and need not be UTF-8.
+        with open(f"{proc_root}/{pid}/cgroup", "rb") as f:
+            cgroup = untrusted.text(f.read())
     except OSError:
         return ProcInfo(visible=False)
     m = _POD_UID.search(cgroup)
     hostname = None
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
             for item in f.read().split(b"\0"):
                 if item.startswith(b"HOSTNAME="):
-                    hostname = item[9:].decode(errors="replace")
+                    hostname = untrusted.text(item[9:])
                     break
     except OSError:
         pass

@@ -13,6 +13,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
+from ..untrusted import LABEL_MAX, label, text
+
 # render_text writes the classic text format; say so, whatever newer version the library advertises.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -79,6 +81,8 @@ def _value(v: float) -> str:
 
 
 def _escape(v: str) -> str:
+    if len(v) > LABEL_MAX:  # a 100 KB pod name would make every scrape 100 KB longer per series
+        v = label(v)
     if "\\" in v or '"' in v or "\n" in v:
         return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
     return v
@@ -105,4 +109,10 @@ def render_text(registry: CollectorRegistry) -> bytes:
             if s.timestamp is not None:
                 line += f" {int(float(s.timestamp) * 1000)}"
             append(line + "\n")
-    return "".join(out).encode()
+    page = "".join(out)
+    try:
+        return page.encode()
+    except UnicodeEncodeError:
+        # A value from outside that was not decoded leniently where it was read: one bad value
+        # must not cost every scrape (the values themselves are made safe in gpu_exporter.untrusted).
+        return text(page).encode()

@@ -11,14 +11,17 @@ from __future__ import annotations
 import functools
 import pwd
 
+from .. import untrusted
+
 
 def process_uid(pid: int, proc_root: str = "/proc") -> int | None:
     """The real uid of ``pid``, or None where /proc does not show the process (another PID
     namespace, gone, no permission)."""
     try:
-        with open(f"{proc_root}/{pid}/status") as f:
+        # Bytes: the file's Name: line is the process's own name, which need not be UTF-8.
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
             for line in f:
-                if line.startswith("Uid:"):
+                if line.startswith(b"Uid:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         return None
@@ -27,9 +30,10 @@ def process_uid(pid: int, proc_root: str = "/proc") -> int | None:
 
 @functools.lru_cache(maxsize=4096)
 def user_name(uid: int) -> str:
-    """The passwd name of ``uid``, else its number."""
+    """The passwd name of ``uid``, else its number.  A name that is not UTF-8 (a Latin-1 passwd
+    entry, which ``pwd`` hands over with surrogate escapes) is decoded leniently."""
     try:
-        return pwd.getpwuid(uid).pw_name
+        return untrusted.text(pwd.getpwuid(uid).pw_name)
     except (KeyError, OverflowError):
         return str(uid)
 

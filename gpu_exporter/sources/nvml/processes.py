@@ -11,6 +11,7 @@ from typing import Any
 
 import pynvml
 
+from ... import untrusted
 from ...snapshot import ProcessReading
 from ..procfs import process_user
 from .device import Device, raise_error
@@ -94,18 +95,23 @@ def _without_util(processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading
 
 
 def process_name(pid: int) -> str:
-    """The process's name from /proc when this container can see it, else as NVML knows it."""
+    """The process's name from /proc when this container can see it, else as NVML knows it.
+
+    Its owner chose it: the bytes need not be UTF-8 (the kernel cuts a name at 15 bytes, in the
+    middle of a character if need be), so they are decoded leniently, here and for NVML's answer.
+    """
     try:
-        with open(f"/proc/{pid}/comm") as f:
-            name = f.read().strip()
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            name = untrusted.text(f.read().strip())
         if name:
             return name
     except OSError:
         pass
     try:
-        full = pynvml.nvmlSystemGetProcessName(pid)
+        full: str | bytes = pynvml.nvmlSystemGetProcessName(pid)
     except pynvml.NVMLError:
         return "unknown"
-    if isinstance(full, bytes):
-        full = full.decode(errors="replace")
+    except UnicodeDecodeError as e:  # the bindings decode strictly; the bytes they read are in the error
+        full = e.object
+    full = untrusted.text(full)
     return os.path.basename(full.split(" ", 1)[0]) or "unknown"
