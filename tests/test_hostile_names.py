@@ -200,3 +200,17 @@ def test_terminal_and_markdown_escapes() -> None:
     assert untrusted.for_terminal("a\rb\tc\x9bd\u2028") == "a\\rb\\tc\\x9bd\\u2028"
     cell = untrusted.for_markdown("a|b\r\n<script>x</script> *b* `c` [l](u) &amp;")
     assert cell == "a\\|b \\<script\\>x\\</script\\> \\*b\\* \\`c\\` \\[l\\](u) \\&amp;"
+
+
+def test_an_nvml_string_that_is_not_utf8_is_read_leniently(scenario: Scenario, nvml: Any) -> None:
+    """nvidia-ml-py decodes the driver's strings strictly; a bad byte in one must not lose the GPU."""
+    g = scenario.add_gpu().identity("NVIDIA H100 NAMEBYTES", "GPU-11111111-2222-3333-4444-555555555555")
+    g.utilization(50, 10).memory(80 * GIB, 10 * GIB)
+    path = scenario.write()
+    path.write_bytes(path.read_bytes().replace(b"NAMEBYTES", b"caf\xe9"))
+    poller, _ = make_poller()
+    snap = poller.poll()
+    poller.close()
+    (gpu,) = snap.gpus
+    assert gpu.up and gpu.static is not None, gpu.error
+    assert gpu.static.name == "NVIDIA H100 caf\ufffd"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pynvml
 import structlog
 
+from ... import untrusted
 from ..backend import ErrorSink, GpuLost
 from .errors import DRIVER_GONE, SENTINELS, UNSUPPORTED, error_name, unavailable
 
@@ -68,6 +69,9 @@ class Device:
                 self.errors(what.split("(", 1)[0], "out_of_range")
                 return None
             return value
+        except UnicodeDecodeError as e:
+            # The bindings decode a string answer strictly; the driver's bytes are in the error.
+            return untrusted.text(e.object)  # type: ignore[return-value]
         except pynvml.NVMLError as e:
             function = what.split("(", 1)[0]
             if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
