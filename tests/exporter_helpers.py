@@ -22,6 +22,7 @@ from gpu_exporter.snapshot import NodeSnapshot
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.poller import Poller
 from tests.fakenvml import start
+from tests.timing import LATE_S, NEVER_S
 
 
 @dataclass
@@ -70,18 +71,20 @@ def names_for_gpu(samples: Samples, gpu: str) -> set[str]:
 
 
 def wait_for(predicate: object, timeout: float = 15.0, interval: float = 0.05, what: str = "condition") -> None:
+    """Waits until ``predicate()`` holds; fails after ``timeout`` + LATE_S (a busy machine is slower,
+    and a wait for what does happen ends when it does, so the margin costs nothing then)."""
     assert callable(predicate)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout + LATE_S
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} + {LATE_S} s waiting for {what}")
         time.sleep(interval)
 
 
 def http_get(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=NEVER_S) as r:
             return r.status, dict(r.headers), r.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
@@ -138,11 +141,11 @@ def run_daemon(scenario: Path, *args: str, library_dir: Path | None = None,
     drain = threading.Thread(target=_drain, args=(proc, log), daemon=True)
     drain.start()
     try:
-        yield RunningDaemon(proc, _listening_port(proc, log, timeout=30), log)
+        yield RunningDaemon(proc, _listening_port(proc, log, timeout=NEVER_S), log)
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.wait(timeout=10)
-        drain.join(timeout=5)
+        proc.wait(timeout=NEVER_S)
+        drain.join(timeout=NEVER_S)
         if proc.stdout is not None:
             proc.stdout.close()

@@ -7,9 +7,23 @@ import signal
 import time
 from pathlib import Path
 
-from tests.exporter_helpers import http_get, parse_exposition, run_daemon, value, wait_for
+from tests.exporter_helpers import RunningDaemon, http_get, parse_exposition, run_daemon, value, wait_for
 from tests.fakenvml import Scenario, install_library
 from tests.fakenvml.presets import preset
+from tests.timing import LATE_S, NEVER_S
+
+# Daemon.stop(): "within a couple of seconds even if a poll is stuck in the driver".
+STOP_S = 2.0
+
+
+def wait_for_a_stuck_poll(d: RunningDaemon) -> None:
+    """Until no poll has succeeded for five intervals of 200 ms: one is stuck in the driver."""
+
+    def stuck() -> bool:
+        last = value(d.metrics(), "gpu_exporter_last_poll_success_timestamp_seconds")
+        return last is not None and time.time() - last > 1.0
+
+    wait_for(stuck, what="a poll stuck in the driver")
 
 
 def test_scrape_change_scenario_see_change_and_sigterm(scenario: Scenario) -> None:
@@ -24,10 +38,8 @@ def test_scrape_change_scenario_see_change_and_sigterm(scenario: Scenario) -> No
         wait_for(lambda: value(d.metrics(), "gpu_utilization_ratio", gpu="2") == 0.12, what="the new utilization")
         status, _, body = http_get(d.url + "/readyz")
         assert status == 200, body
-        t0 = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(timeout=5) == 0
-        assert time.monotonic() - t0 < 2.0
+        assert d.proc.wait(timeout=STOP_S + LATE_S) == 0
 
 
 def test_http_endpoints(scenario: Scenario) -> None:
@@ -51,34 +63,34 @@ def test_http_endpoints(scenario: Scenario) -> None:
 
 
 def test_a_scrape_never_waits_on_nvml(scenario: Scenario) -> None:
-    """With every NVML call hanging for seconds, /metrics still answers at once from the last poll."""
+    """With every NVML call hanging, /metrics still answers at once from the last poll.
+
+    Each call hangs for NEVER_S: a scrape that waited on the driver would take that long, not LATE_S."""
     s = preset("h100-8x-training", scenario.path)
     s.write()
-    with run_daemon(s.path, "--poll.interval", "200ms", "--poll.gpu-timeout", "30s") as d:
+    with run_daemon(s.path, "--poll.interval", "200ms", "--poll.gpu-timeout", f"{10 * NEVER_S:.0f}s") as d:
         wait_for(lambda: value(d.metrics(), "gpu_up", gpu="0") == 1, what="first poll")
         for g in s.gpus:
-            g.delay(3000)
+            g.delay(NEVER_S * 1000)
         s.write()
-        time.sleep(0.5)  # let a poll get stuck in the driver
+        wait_for_a_stuck_poll(d)
         for _ in range(5):
             t0 = time.monotonic()
             samples = d.metrics()
-            assert time.monotonic() - t0 < 0.5
+            assert time.monotonic() - t0 < LATE_S, "the scrape waited on the driver"
             assert value(samples, "gpu_up", gpu="0") == 1
 
 
 def test_sigterm_is_prompt_even_with_a_gpu_stuck_in_the_driver(scenario: Scenario) -> None:
     s = preset("pcie-degraded", scenario.path)
     s.write()
-    with run_daemon(s.path, "--poll.interval", "200ms", "--poll.gpu-timeout", "30s") as d:
+    with run_daemon(s.path, "--poll.interval", "200ms", "--poll.gpu-timeout", f"{10 * NEVER_S:.0f}s") as d:
         wait_for(lambda: value(d.metrics(), "gpu_up", gpu="0") == 1, what="first poll")
-        s.gpu(0).delay(20_000)
+        s.gpu(0).delay(NEVER_S * 1000)
         s.write()
-        time.sleep(0.6)  # a poll is now stuck in the driver for 20 s
-        t0 = time.monotonic()
+        wait_for_a_stuck_poll(d)  # for NEVER_S: a stop that waited for it would miss STOP_S + LATE_S
         d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(timeout=10) == 0
-        assert time.monotonic() - t0 < 2.0
+        assert d.proc.wait(timeout=STOP_S + LATE_S) == 0
 
 
 def test_nvml_missing_at_start_then_the_driver_appears(scenario: Scenario, tmp_path: Path) -> None:
