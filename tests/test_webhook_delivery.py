@@ -15,14 +15,45 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, WebhookReceiver
+from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, Receiver, WebhookReceiver
 from gpu_exporter.alerting.engine import RESOLVED
 from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import wait_for
 from tests.test_alert_delivery import T0, FakeClock, Outcomes, alert
+from tests.timing import LATE_S, NEVER_S
 
 GENERATOR = "http://node-a:9445/alerts"
+
+
+class Backoffs(threading.Condition):
+    """A receiver's condition that records each backoff its thread waits out (the only ``wait_for``
+    with a timeout), and when the wait began: what the backoff is, without timing this machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[tuple[float, float]] = []  # (monotonic start, seconds)
+
+    def wait_for(self, predicate: Any, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            self.waits.append((time.monotonic(), timeout))
+        return super().wait_for(predicate, timeout)
+
+    @property
+    def seconds(self) -> list[float]:
+        return [s for _, s in self.waits]
+
+
+def record_backoffs(r: Receiver) -> Backoffs:
+    """Before ``r.start()``."""
+    r._cond = Backoffs()
+    return r._cond
+
+
+def assert_waited_out(backoffs: Backoffs) -> None:
+    """Each retry came only after the backoff before it (a lower bound: a busy machine is later)."""
+    for (began, seconds), (next_began, _) in zip(backoffs.waits, backoffs.waits[1:], strict=False):
+        assert next_began - began >= seconds, (seconds, next_began - began)
 
 
 def receiver(url: str, outcomes: Outcomes, clock: Any = time.time, **settings: Any) -> WebhookReceiver:
@@ -71,20 +102,20 @@ def test_failures_back_off_exponentially_and_a_success_starts_the_backoff_again(
         hook.status = 503
         r = receiver(hook.url, outcomes, group_interval=3600)
         r.min_backoff, r.max_backoff = 0.05, 3.0
+        backoffs = record_backoffs(r)
         r.start()
         r.submit([alert(gpu="0")], time.time())
-        time.sleep(2.0)
-        tries = outcomes.count("retried")
-        # 0.05 + 0.1 + 0.2 + 0.4 + 0.8 + 1.6 ...: about 6 in 2 s; without backoff, 40.
-        assert 3 <= tries <= 12, tries
+        wait_for(lambda: len(backoffs.waits) >= 5, what="five backoffs")
         hook.status = 200
         wait_for(lambda: outcomes.count("sent") == 1, timeout=10, what="delivery once the receiver answers")
+        assert backoffs.seconds[:5] == [0.05, 0.1, 0.2, 0.4, 0.8]
+        assert_waited_out(backoffs)
         hook.status = 503
-        failed_at = time.monotonic()
+        before = len(backoffs.waits)
         r.submit([alert("GpuXidError")], time.time())  # a new group: due at once, and it fails
-        wait_for(lambda: outcomes.count("retried") >= tries + 2, timeout=10, what="the first retry")
-        # The first retry came after the minimum backoff again, not after the 3.2 s doubling would reach.
-        assert time.monotonic() - failed_at < 2.0
+        wait_for(lambda: len(backoffs.waits) > before, what="the backoff after the next failure")
+        # The minimum backoff again, not the doubling of the one before the success.
+        assert backoffs.seconds[before] == 0.05, backoffs.seconds
         r.stop()
 
 
@@ -122,17 +153,23 @@ def test_an_idle_receiver_sleeps() -> None:
 
 
 def test_stop_ends_the_thread_promptly_even_with_a_request_hanging() -> None:
+    """stop() waits 1 s for the thread; the request hangs for its timeout of NEVER_S, so a stop that
+    waited for it would miss 1 s + LATE_S."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    listener.listen(1)  # accepts the connection, never answers
+    listener.listen(1)
+    listener.settimeout(NEVER_S)
     try:
-        r = am(f"http://127.0.0.1:{listener.getsockname()[1]}", Outcomes())
+        r = AlertmanagerReceiver(ReceiverSettings(url=f"http://127.0.0.1:{listener.getsockname()[1]}",
+                                                  timeout=NEVER_S),
+                                 Outcomes(), queue_size=10, valid_for=60, generator_url=lambda: GENERATOR)  # fmt: skip
         r.start()
         r.submit([alert()], T0)
-        time.sleep(0.3)  # the request is in flight, waiting for an answer that never comes
+        conn, _ = listener.accept()  # the request is in flight, waiting for an answer that never comes
         started = time.monotonic()
         r.stop()
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 1.0 + LATE_S
+        conn.close()
     finally:
         listener.close()
     idle = am("http://127.0.0.1:9/am", Outcomes())
@@ -171,11 +208,15 @@ def test_a_failing_alertmanager_is_retried_with_backoff_not_in_a_loop() -> None:
         outcomes = Outcomes()
         r = am(hook.url, outcomes)
         r.min_backoff, r.max_backoff = 0.05, 3.0
+        backoffs = record_backoffs(r)
         r.start()
         r.submit([alert()], T0)
-        time.sleep(2.0)
+        wait_for(lambda: len(backoffs.waits) >= 5, what="five backoffs")
         r.stop()
-    assert 3 <= outcomes.count("retried") <= 12  # 0.05 + 0.1 + 0.2 + ...: about 6; in a loop, hundreds
+    # 0.05, 0.1, 0.2, ...: each try after the backoff before it; in a loop, hundreds a second.
+    assert backoffs.seconds[:5] == [0.05, 0.1, 0.2, 0.4, 0.8]
+    assert_waited_out(backoffs)
+    assert outcomes.count("retried") <= len(backoffs.waits) + 1
 
 
 def test_successive_alerts_are_delivered_without_waiting_a_backoff() -> None:
@@ -183,13 +224,13 @@ def test_successive_alerts_are_delivered_without_waiting_a_backoff() -> None:
         outcomes = Outcomes()
         r = am(hook.url, outcomes)
         r.min_backoff = 0.5
+        backoffs = record_backoffs(r)
         r.start()
-        started = time.monotonic()
         for i in range(5):
             r.submit([alert(gpu=str(i))], T0 + i)
             wait_for(lambda i=i: outcomes.count("sent") == i + 1, what=f"delivery {i}")
         r.stop()
-    assert time.monotonic() - started < 3.0  # a backoff after each success would take 0.5 + 1 + 2 + 4 s
+    assert backoffs.waits == [], "a backoff after a success"
 
 
 def test_over_queue_size_the_alert_updated_longest_ago_goes_first() -> None:
