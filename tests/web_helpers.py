@@ -85,8 +85,9 @@ def raw(port: int, data: bytes, timeout: float = 5) -> bytes:
     return b"".join(chunks)
 
 
-def tls_files(tmp_path: Path, ca: trustme.CA, name: str = "server") -> tuple[Path, Path]:
-    cert = ca.issue_cert("127.0.0.1", "localhost")
+def tls_files(tmp_path: Path, ca: trustme.CA, name: str = "server", *,
+              key_type: trustme.KeyType = trustme.KeyType.ECDSA) -> tuple[Path, Path]:  # fmt: skip
+    cert = ca.issue_cert("127.0.0.1", "localhost", key_type=key_type)
     crt, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
     cert.private_key_and_cert_chain_pem.write_to_path(str(key))
     cert.cert_chain_pems[0].write_to_path(str(crt))
@@ -110,3 +111,63 @@ def proc_status(pid: int) -> dict[str, int]:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return {"rss_kib": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"]),
             "fds": len(os.listdir(f"/proc/{pid}/fd"))}  # fmt: skip
+
+
+def client_cert_pem(ca: trustme.CA, *identities: str, uris: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+    """A client certificate (PEM) signed by ``ca``, with these SANs (DNS, IP, e-mail, and URIs, which
+    trustme cannot write), and its key (PEM)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
+    names: list[x509.GeneralName] = []
+    for identity in identities:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(identity)))
+        except ValueError:
+            names.append(x509.RFC822Name(identity) if "@" in identity else x509.DNSName(identity))
+    names += [x509.UniformResourceIdentifier(u) for u in uris]
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "client")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())  # fmt: skip
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def tls_client(port: int, context: ssl.SSLContext, request: bytes = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+               timeout: float = 10) -> tuple[tuple[str, str, int] | None, bytes]:  # fmt: skip
+    """A TLS connection: the cipher it agreed and what the server answered to ``request`` (b"" if it
+    closed the connection first)."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=timeout) as plain,
+        context.wrap_socket(plain, server_hostname="127.0.0.1") as s,
+    ):
+        cipher = s.cipher()
+        answer = b""
+        try:
+            s.sendall(request)
+            while chunk := s.recv(65536):
+                answer += chunk
+                if b"\r\n\r\n" in answer:
+                    break
+        except (ssl.SSLError, ConnectionError, TimeoutError):
+            pass
+        return cipher, answer

@@ -63,8 +63,9 @@ class TokenBucket:
 
     def take(self, now: float) -> float:
         """0 if a token was taken; else how many seconds until the next one."""
-        self._tokens = min(float(self.limit.burst), self._tokens + max(now - self._at, 0.0) / self.limit.interval)
-        self._at = now
+        if now > self._at:  # a clock behind the last look adds nothing
+            self._tokens = min(float(self.limit.burst), self._tokens + (now - self._at) / self.limit.interval)
+            self._at = now
         if self._tokens >= 1:
             self._tokens -= 1
             return 0.0
