@@ -78,6 +78,8 @@ enum {
     K_CUDA_VERSION,
     K_INIT_ERROR,
     K_GPM_METRICS_VERSION,
+    K_DRIVER_BRANCH,
+    K_UNKNOWN_FIELD,
     /* identity */
     K_NAME,
     K_UUID,
@@ -100,6 +102,7 @@ enum {
     /* thermal, power, clocks */
     K_TEMP_GPU,
     K_TEMP_MEMORY,
+    K_TEMP_MEMORY_TYPE,
     K_THRESHOLD0,
     K_FAN_COUNT = K_THRESHOLD0 + NVML_TEMPERATURE_THRESHOLD_COUNT,
     K_FAN0,
@@ -124,7 +127,10 @@ enum {
     K_PCIE_WIDTH,
     K_PCIE_MAX_WIDTH,
     K_PCIE_REPLAY,
+    K_PCIE_COUNTER_BITS,
     /* NVLink */
+    K_NVLINK_COUNT,
+    K_NVLINK_BEYOND,
     K_NVLINK_STATE0,
     K_NVLINK_TX0 = K_NVLINK_STATE0 + MAX_LINKS,
     K_NVLINK_RX0 = K_NVLINK_TX0 + MAX_LINKS,
@@ -150,6 +156,14 @@ enum {
     K_LOST_AFTER,
     K_LOST_UNTIL,
     K_DELAY_MS,
+    /* quirks of real drivers (README: "Driver profiles and quirks") */
+    K_FIELDS_ACCUMULATE,
+    K_EVENTS_WAIT_LOST,
+    K_GPM_PARENT_IN_MIG,
+    K_PROC_UTIL_RACE,
+    K_PROCS_COMPUTE,
+    K_PROCS_GRAPHICS,
+    K_MIG_HANDLE,
     NKEYS
 };
 
@@ -187,6 +201,8 @@ static void init_keys(void)
     def_key(K_CUDA_VERSION, KT_NUM, SCOPE_SYS, "cuda_version");
     def_key(K_INIT_ERROR, KT_NUM, SCOPE_SYS, "init_error");
     def_key(K_GPM_METRICS_VERSION, KT_NUM, SCOPE_SYS, "gpm_metrics_version");
+    def_key(K_DRIVER_BRANCH, KT_NUM, SCOPE_SYS, "driver_branch");
+    def_key(K_UNKNOWN_FIELD, KT_NUM, SCOPE_SYS, "unknown_field");
     def_key(K_NAME, KT_STR, SCOPE_DEV, "name");
     def_key(K_UUID, KT_STR, SCOPE_DEV, "uuid");
     def_key(K_SERIAL, KT_STR, SCOPE_GPU, "serial");
@@ -206,6 +222,7 @@ static void init_keys(void)
     def_key(K_MEM_RESERVED, KT_NUM, SCOPE_DEV, "memory.reserved");
     def_key(K_TEMP_GPU, KT_NUM, SCOPE_GPU, "temperature.gpu");
     def_key(K_TEMP_MEMORY, KT_NUM, SCOPE_GPU, "temperature.memory");
+    def_key(K_TEMP_MEMORY_TYPE, KT_NUM, SCOPE_GPU, "temperature.memory_type");
     for (int i = 0; i < NVML_TEMPERATURE_THRESHOLD_COUNT; i++)
         def_key(K_THRESHOLD0 + i, KT_NUM, SCOPE_GPU, "temperature.threshold.%s", threshold_names[i]);
     def_key(K_FAN_COUNT, KT_NUM, SCOPE_GPU, "fan.count");
@@ -233,6 +250,9 @@ static void init_keys(void)
     def_key(K_PCIE_WIDTH, KT_NUM, SCOPE_GPU, "pcie.width");
     def_key(K_PCIE_MAX_WIDTH, KT_NUM, SCOPE_GPU, "pcie.max_width");
     def_key(K_PCIE_REPLAY, KT_NUM, SCOPE_GPU, "pcie.replay");
+    def_key(K_PCIE_COUNTER_BITS, KT_NUM, SCOPE_GPU, "pcie.counter_bits");
+    def_key(K_NVLINK_COUNT, KT_NUM, SCOPE_GPU, "nvlink.count");
+    def_key(K_NVLINK_BEYOND, KT_NUM, SCOPE_GPU, "nvlink.beyond");
     for (int i = 0; i < MAX_LINKS; i++) {
         def_key(K_NVLINK_STATE0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.state", i);
         def_key(K_NVLINK_TX0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.tx_kib", i);
@@ -260,6 +280,13 @@ static void init_keys(void)
     def_key(K_LOST_AFTER, KT_NUM, SCOPE_GPU, "lost_after_s");
     def_key(K_LOST_UNTIL, KT_NUM, SCOPE_GPU, "lost_until_s");
     def_key(K_DELAY_MS, KT_NUM, SCOPE_DEV, "delay_ms");
+    def_key(K_FIELDS_ACCUMULATE, KT_NUM, SCOPE_GPU, "fields.accumulate");
+    def_key(K_EVENTS_WAIT_LOST, KT_NUM, SCOPE_GPU, "events.wait_lost");
+    def_key(K_GPM_PARENT_IN_MIG, KT_NUM, SCOPE_GPU, "gpm.parent_in_mig");
+    def_key(K_PROC_UTIL_RACE, KT_NUM, SCOPE_GPU, "process_util.race");
+    def_key(K_PROCS_COMPUTE, KT_NUM, SCOPE_DEV, "processes.compute");
+    def_key(K_PROCS_GRAPHICS, KT_NUM, SCOPE_DEV, "processes.graphics");
+    def_key(K_MIG_HANDLE, KT_NUM, SCOPE_MIG, "handle");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -350,12 +377,46 @@ struct dev {
     int nxids, capxids;
     struct dev *mig[MAX_MIG];
     int nmig;
+    unsigned long long races_used; /* process_util.race: buffered calls refused so far */
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Driver profiles: what a driver branch knows.  A scenario's branch is `driver_branch`, else the
+ * major number of `driver_version`.  fi_max and nvlink_max are NVML_FI_MAX and
+ * NVML_NVLINK_MAX_LINKS of the nvidia-ml-py release made from that branch's nvml.h: 12.535.77 (197,
+ * 18), 12.550.89 (228, 18), 12.570.172 (269, 18; the first with NVML_VALUE_TYPE_UNSIGNED_SHORT) and
+ * 13.580.82 (274, 18).  A branch between two takes the older one's; one after 580 takes this
+ * header's; one before 535 takes 535's.
+ */
+struct profile {
+    unsigned int branch;
+    unsigned int fi_max;     /* a field id at or above it is unknown to the driver */
+    unsigned int nvlink_max; /* NvLink link indices the driver accepts at all */
+};
+
+static const struct profile profiles[] = {
+    {535, 197, 18},
+    {550, 228, 18},
+    {570, 269, 18},
+    {580, 274, 18},
+    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS},
+};
+
+/* Entry points a branch does not have yet, by the first branch whose nvidia-ml-py binds them; a
+ * driver without one answers NVML_ERROR_FUNCTION_NOT_FOUND, which is what nvidia-ml-py raises
+ * when the symbol is missing (tests that need the symbol itself gone use build.py's `hide`). */
+static const struct {
+    const char *fn;
+    unsigned int since;
+} introduced[] = {
+    {"nvmlDeviceGetTemperatureV", 570}, /* first bound by nvidia-ml-py 12.570 */
 };
 
 struct state {
     struct dev sys;
     struct dev *gpu[MAX_GPUS];
     int ngpus;
+    const struct profile *profile;
 };
 
 /* Handles are the addresses of these fixed structs, so they stay valid across reloads. */
@@ -857,6 +918,25 @@ static void derive_pcie_counters(struct dev *d, double now)
     }
 }
 
+static const struct profile *profile_of(const struct state *st)
+{
+    unsigned int branch = 0;
+    const struct slot *b = &st->sys.s[K_DRIVER_BRANCH], *v = &st->sys.s[K_DRIVER_VERSION];
+    if (b->set && !b->err)
+        branch = (unsigned int)b->base;
+    else if (v->set && !v->err && v->str)
+        branch = (unsigned int)strtoul(v->str, NULL, 10);
+    if (branch == 0)
+        branch = profiles[sizeof profiles / sizeof profiles[0] - 2].branch; /* the newest modelled */
+    const struct profile *p = &profiles[0];
+    for (size_t i = 0; i < sizeof profiles / sizeof profiles[0]; i++)
+        if (profiles[i].branch <= branch)
+            p = &profiles[i];
+    if (p->branch == 580 && branch > 580)
+        p = &profiles[sizeof profiles / sizeof profiles[0] - 1];
+    return p;
+}
+
 static char *read_file(const char *path, struct stat *st)
 {
     FILE *f = fopen(path, "rb");
@@ -937,6 +1017,7 @@ static int load(int first, char *msg, size_t msglen)
     }
     for (int i = 0; i < MAX_GPUS; i++)
         derive_pcie_counters(st->gpu[i], now);
+    st->profile = profile_of(st);
     if (cur) {
         for (int i = 0; i < MAX_GPUS; i++)
             carry_counters(st->gpu[i], cur->gpu[i], now);
@@ -995,6 +1076,15 @@ unsigned long long DECLDIR fakeNvmlCallCount(const char *prefix)
     return n;
 }
 
+/* NVML_ERROR_FUNCTION_NOT_FOUND where the scenario's driver branch predates `fn`. */
+static nvmlReturn_t function_missing(const char *fn)
+{
+    for (size_t i = 0; i < sizeof introduced / sizeof introduced[0]; i++)
+        if (strcmp(introduced[i].fn, fn) == 0 && cur->profile->branch < introduced[i].since)
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return NVML_SUCCESS;
+}
+
 /* Lock, count the call (fn NULL: a re-entry, not counted), reload if the file changed, and check
  * that the library is initialised. */
 static nvmlReturn_t enter_counted(const char *fn)
@@ -1009,6 +1099,8 @@ static nvmlReturn_t enter_counted(const char *fn)
     }
     load(0, msg, sizeof msg);
     nvmlReturn_t r = driver_error();
+    if (!r && fn)
+        r = function_missing(fn);
     if (r) {
         pthread_mutex_unlock(&lock);
         return r;
@@ -1542,12 +1634,13 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
 /* ---------------------------------------------------------------------------------------------
  * Thermal, power, clocks.
  */
-static nvmlReturn_t gpu_temperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int *temp)
+static nvmlReturn_t gpu_temperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int *temp,
+                                    const char *fn)
 {
     struct dev *d;
     if (!temp || sensorType != NVML_TEMPERATURE_GPU)
         return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t r = enter_dev(device, &d);
+    nvmlReturn_t r = enter_dev_counted(device, &d, fn);
     if (r)
         return r;
     return leave(get_uint(d, K_TEMP_GPU, temp));
@@ -1556,7 +1649,7 @@ static nvmlReturn_t gpu_temperature(nvmlDevice_t device, nvmlTemperatureSensors_
 nvmlReturn_t DECLDIR nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
                                               unsigned int *temp)
 {
-    return gpu_temperature(device, sensorType, temp);
+    return gpu_temperature(device, sensorType, temp, __func__);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
@@ -1566,7 +1659,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperat
         return NVML_ERROR_INVALID_ARGUMENT;
     if (temperature->version != nvmlTemperature_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    nvmlReturn_t r = gpu_temperature(device, temperature->sensorType, &t);
+    nvmlReturn_t r = gpu_temperature(device, temperature->sensorType, &t, __func__);
     if (!r)
         temperature->temperature = (int)t;
     return r;
@@ -1731,33 +1824,94 @@ DEVICE_UINT_GETTER(nvmlDeviceGetPcieReplayCounter, K_PCIE_REPLAY)
 /* ---------------------------------------------------------------------------------------------
  * Field values and NVLink.
  */
+/* How many NvLink links the GPU has (NVML_FI_DEV_NVLINK_LINK_COUNT, field 91): `nvlink.count`, else
+ * one past the highest link the scenario lists.  -1: the card answers field 91 with NOT_SUPPORTED. */
 static int nvlink_count(const struct dev *d)
 {
-    int n = 0;
+    unsigned int n = 0;
+    if (d->s[K_NVLINK_COUNT].set)
+        return get_uint(d, K_NVLINK_COUNT, &n) == NVML_SUCCESS ? (int)n : -1;
     for (int i = 0; i < MAX_LINKS; i++)
         if (d->s[K_NVLINK_STATE0 + i].set)
-            n = i + 1;
-    return n;
+            n = (unsigned int)i + 1;
+    return n ? (int)n : -1;
 }
 
+/* What a link the GPU does not have answers.  Past the driver's own bound (18 links through R580):
+ * INVALID_ARGUMENT (nvml.h: "if device or link is invalid").  Past the GPU's count: the same by
+ * default (TensorRT-LLM #17060: a GB200 with 18 links rejects 18..35 with INVALID_ARGUMENT), or,
+ * with `nvlink.beyond = 0`, an inactive link with zero counters (what the independent mock library
+ * of issue 26 answered for an A100's links 12-17 and every link of an L40S or T4).  A card whose
+ * field 91 is NOT_SUPPORTED (a GeForce) has no NVLink: every link answers NOT_SUPPORTED.  A link below the
+ * count that the scenario leaves out answers NOT_SUPPORTED: a gap, as the inactive ports of an H100
+ * NVL do (DataDog's NVML check, integrations-core nvlink handling). */
+static nvmlReturn_t nvlink_absent(const struct dev *d, unsigned int link, int *disabled)
+{
+    int n = nvlink_count(d);
+    *disabled = 0;
+    if (link >= cur->profile->nvlink_max || link >= MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (n < 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* no NVLink at all: nvml.h "doesn't support this feature" */
+    if ((int)link < n)
+        return NVML_SUCCESS; /* the link exists: its own keys answer */
+    const struct slot *b = &d->s[K_NVLINK_BEYOND];
+    if (b->set && !b->err) {
+        *disabled = 1;
+        return NVML_SUCCESS;
+    }
+    return b->set ? b->err : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* A value written as `valueType` says; with `fields.accumulate` set, added to what the caller's
+ * struct already held, as go-nvml #46 reports of a real driver ("18, 28, 38, 48 ... increase
+ * linearly" through one reused array): only a caller that zeroes its array reads true values. */
+static void put_value(const struct dev *d, nvmlFieldValue_t *fv, nvmlValueType_t type, long double v)
+{
+    int acc = d->s[K_FIELDS_ACCUMULATE].set && !d->s[K_FIELDS_ACCUMULATE].err && d->s[K_FIELDS_ACCUMULATE].base;
+    fv->valueType = type;
+    switch (type) {
+    case NVML_VALUE_TYPE_UNSIGNED_INT:
+        fv->value.uiVal = (acc ? fv->value.uiVal : 0) + (unsigned int)v;
+        break;
+    case NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        fv->value.usVal = (unsigned short)((acc ? fv->value.usVal : 0) + (unsigned short)v);
+        break;
+    default:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->value.ullVal = (acc ? fv->value.ullVal : 0) + (v >= 18446744073709551615.0L ? ULLONG_MAX
+                                                                                        : (unsigned long long)v);
+    }
+}
+
+/* One field of nvmlDeviceGetFieldValues.  Only `fieldId` and `scopeId` are read from the caller. */
 static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now_us)
 {
     unsigned int link = fv->scopeId;
-    unsigned long long ull;
-    unsigned int ui;
+    long double v = 0;
+    int k = -1, disabled = 0;
+    nvmlValueType_t type = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
     fv->timestamp = now_us;
     fv->latencyUsec = 0;
+    if (fv->fieldId >= cur->profile->fi_max) {
+        /* An id this branch's nvml.h does not define (fields 197/198 on R535): the per-entry answer
+         * is `unknown_field` of [system], INVALID_ARGUMENT unless a scenario says otherwise. */
+        const struct slot *u = &cur->sys.s[K_UNKNOWN_FIELD];
+        fv->nvmlReturn = u->set && u->err ? u->err : NVML_ERROR_INVALID_ARGUMENT;
+        return;
+    }
     switch (fv->fieldId) {
-    case NVML_FI_DEV_MEMORY_TEMP:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
-        fv->nvmlReturn = get_uint(d, K_TEMP_MEMORY, &ui);
-        fv->value.uiVal = ui;
+    case NVML_FI_DEV_MEMORY_TEMP: {
+        unsigned int t = NVML_VALUE_TYPE_UNSIGNED_INT;
+        k = K_TEMP_MEMORY;
+        if (d->s[K_TEMP_MEMORY_TYPE].set)
+            get_uint(d, K_TEMP_MEMORY_TYPE, &t);
+        type = (nvmlValueType_t)t;
         break;
+    }
     case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
     case NVML_FI_DEV_ENERGY:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        fv->nvmlReturn = get_ull(d, K_ENERGY, &ull);
-        fv->value.ullVal = ull;
+        k = K_ENERGY;
         break;
     /* The perf-policy counters (nvml.h: "Perf Policy Counter for ... Policy"; the clocks-event-reason
      * counters that share ids 74 and 76 are "in nanoseconds"), as unsigned long long. */
@@ -1767,41 +1921,49 @@ static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now
     case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT:
     case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION:
     case NVML_FI_DEV_PERF_POLICY_RELIABILITY:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        fv->nvmlReturn = get_ull(d, K_VIOLATION0 + (int)(fv->fieldId - NVML_FI_DEV_PERF_POLICY_POWER), &ull);
-        fv->value.ullVal = ull;
+        k = K_VIOLATION0 + (int)(fv->fieldId - NVML_FI_DEV_PERF_POLICY_POWER);
         break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        fv->nvmlReturn = get_ull(d, K_PCIE_REPLAY, &ull);
-        fv->value.ullVal = ull;
+        k = K_PCIE_REPLAY;
         break;
     case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
-    case NVML_FI_DEV_PCIE_COUNT_RX_BYTES:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        fv->nvmlReturn = get_ull(d, fv->fieldId == NVML_FI_DEV_PCIE_COUNT_TX_BYTES ? K_PCIE_TX_BYTES : K_PCIE_RX_BYTES, &ull);
-        fv->value.ullVal = ull;
-        break;
+    case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: {
+        /* nvml.h: "Value can be wrapped".  With pcie.counter_bits = 32 the counter wraps at 2^32 and
+         * is still answered as unsigned long long, as the readings in dcgm-exporter #721 (an L40S,
+         * all below 2^32) suggest. */
+        unsigned int bits = 64;
+        fv->nvmlReturn = get_num(d, fv->fieldId == NVML_FI_DEV_PCIE_COUNT_TX_BYTES ? K_PCIE_TX_BYTES : K_PCIE_RX_BYTES, &v);
+        if (fv->nvmlReturn == NVML_SUCCESS && d->s[K_PCIE_COUNTER_BITS].set && !get_uint(d, K_PCIE_COUNTER_BITS, &bits) &&
+            bits < 64)
+            v = (long double)((unsigned long long)v & ((1ULL << bits) - 1));
+        if (fv->nvmlReturn == NVML_SUCCESS)
+            put_value(d, fv, type, v);
+        return;
+    }
     case NVML_FI_DEV_NVLINK_LINK_COUNT: {
         int n = nvlink_count(d);
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
-        fv->nvmlReturn = n ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
-        fv->value.uiVal = (unsigned int)n;
-        break;
+        fv->nvmlReturn = n >= 0 ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        if (n >= 0)
+            put_value(d, fv, NVML_VALUE_TYPE_UNSIGNED_INT, n);
+        return;
     }
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        if (link >= MAX_LINKS) {
-            fv->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
-            break;
+        if ((fv->nvmlReturn = nvlink_absent(d, link, &disabled)) != NVML_SUCCESS)
+            return;
+        if (disabled) {
+            put_value(d, fv, type, 0);
+            return;
         }
-        fv->nvmlReturn = get_ull(d, (fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? K_NVLINK_TX0 : K_NVLINK_RX0) + (int)link, &ull);
-        fv->value.ullVal = ull;
+        k = (fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? K_NVLINK_TX0 : K_NVLINK_RX0) + (int)link;
         break;
     default:
         fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
     }
+    fv->nvmlReturn = get_num(d, k, &v);
+    if (fv->nvmlReturn == NVML_SUCCESS)
+        put_value(d, fv, type, v);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
@@ -1824,11 +1986,18 @@ nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int 
 {
     struct dev *d;
     unsigned int v;
-    if (!isActive || link >= MAX_LINKS)
+    int disabled;
+    if (!isActive)
         return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = enter_dev(device, &d);
     if (r)
         return r;
+    if ((r = nvlink_absent(d, link, &disabled)))
+        return leave(r);
+    if (disabled) {
+        *isActive = NVML_FEATURE_DISABLED;
+        return leave(NVML_SUCCESS);
+    }
     if (!(r = get_uint(d, K_NVLINK_STATE0 + (int)link, &v)))
         *isActive = v ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return leave(r);
@@ -1894,6 +2063,9 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, int graphics, unsigne
     if (r)
         return r;
     resolve(device, &d, &g);
+    const struct slot *refuse = &d->s[graphics ? K_PROCS_GRAPHICS : K_PROCS_COMPUTE];
+    if (refuse->set && refuse->err)
+        return leave(refuse->err);
     unsigned int n = 0;
     for (int i = 0; i < g->nprocs; i++)
         n += (unsigned int)proc_matches(&g->procs[i], graphics, device, d);
@@ -2007,6 +2179,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, un
     get_uint(d, K_MIG_MODE, &mode);
     if (!mode || index >= (unsigned int)d->nmig)
         return leave(NVML_ERROR_NOT_FOUND);
+    const struct slot *h = &d->mig[index]->s[K_MIG_HANDLE];
+    if (h->set && h->err)
+        return leave(h->err);
     *migDevice = &mig_handles[device->gpu][index];
     return leave(NVML_SUCCESS);
 }
@@ -2159,6 +2334,19 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now)
     return 0;
 }
 
+/* With the lock held: whether a GPU of this set with `events.wait_lost` has fallen off the bus.
+ * nvml.h on nvmlEventSetWait_v2: NVML_ERROR_GPU_IS_LOST "if a GPU has fallen off the bus or is
+ * otherwise inaccessible"; the events already due are delivered first. */
+static int lost_in_set(nvmlEventSet_t set, double now)
+{
+    for (int g = 0; g < cur->ngpus; g++) {
+        const struct slot *q = &cur->gpu[g]->s[K_EVENTS_WAIT_LOST];
+        if (set->mask[g] && q->set && !q->err && q->base && gpu_lost(cur->gpu[g], now))
+            return 1;
+    }
+    return 0;
+}
+
 nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
 {
     if (!data)
@@ -2173,6 +2361,8 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
         double now = mono_now();
         if (next_event(set, data, now))
             return leave(NVML_SUCCESS);
+        if (lost_in_set(set, now))
+            return leave(NVML_ERROR_GPU_IS_LOST);
         pthread_mutex_unlock(&lock);
         if (now >= deadline)
             return NVML_ERROR_TIMEOUT;
@@ -2228,6 +2418,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPr
     }
     if (!utilization || *processSamplesCount < n) {
         *processSamplesCount = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    /* `process_util.race = N`: the next N calls with a buffer find one sample more than the sizing
+     * call before them did, as when the driver takes a sample between nvidia-ml-py's two calls
+     * (nvml.h: the count "may differ from a previously read value"). */
+    unsigned int races = 0;
+    if (g->s[K_PROC_UTIL_RACE].set && !get_uint(g, K_PROC_UTIL_RACE, &races) && g->races_used < races) {
+        g->races_used++;
+        *processSamplesCount = n + 1;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
     }
     unsigned int j = 0;
@@ -2381,6 +2580,12 @@ nvmlReturn_t DECLDIR nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSa
         return r;
     if (!gpm_valid(gpmSample))
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    /* `gpm.parent_in_mig = !NOT_SUPPORTED`: the whole GPU's GPM refused while MIG mode is on (issue
+     * 26, point 6; nvml.h only says the call "supports the device handle and MIG device handle"). */
+    unsigned int mode = 0;
+    const struct slot *q = &d->s[K_GPM_PARENT_IN_MIG];
+    if (device->mig < 0 && q->set && q->err && get_uint(d, K_MIG_MODE, &mode) == NVML_SUCCESS && mode)
+        return leave(q->err);
     return leave(gpm_fill(device, d, device->mig, gpmSample));
 }
 

@@ -51,6 +51,7 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
         rx_kbps=3_200_000,
         replay=0,
     )
+    g.nvlinks(nvlinks)  # field 91: 18 on an H100 SXM
     for link in range(nvlinks):
         g.nvlink(link, True, tx_kib=Counter(0, 1_100_000), rx_kib=Counter(0, 1_050_000))
     g.ecc(corrected=0, uncorrected=0).remapped_rows()
@@ -58,6 +59,66 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
     # Hopper has GPM. A dense training step keeps most SMs and the tensor pipes busy.
     g.gpm_supported().gpm(**h100_activity(util))
     g.process_utilization(166)
+    return g
+
+
+def a100_sxm(g: Gpu, tag: str, i: int, *, util: int = 70, mem_used: int = 40 * GIB) -> Gpu:
+    """An A100 SXM4 80GB: 12 NVLink links (NVLink 3), HBM2e with a memory sensor, no GPM (before
+    Hopper), passively cooled, instantaneous power (nvml.h: "On GA100 and older architectures,
+    instantaneous power is returned")."""
+    g.identity("NVIDIA A100-SXM4-80GB", gpu_uuid(tag, i))
+    g.pci(f"00000000:{0x07 + 0x08 * i:02X}:00.0", device_id=0x20B210DE).serial(f"15632210{1000 + i:05d}")
+    g.utilization(util, util // 3).memory(81920 * MIB, mem_used, reserved=600 * MIB).codec(0, 0)
+    g.temperature(40 + util // 5, memory=48 + util // 5).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
+    g.power(90_000 + 3_000 * util, 400_000).energy(Counter(9_000_000, 90_000 + 3_000 * util))
+    g.clocks(graphics=1410, sm=1410, memory=1593, video=1275, max_graphics=1410, max_sm=1410, max_memory=1593,
+             max_video=1275)  # fmt: skip
+    g.pstate(0).clocks_event_reasons()
+    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=120_000, rx_kbps=640_000, replay=0)
+    g.nvlinks(12)
+    for link in range(12):
+        g.nvlink(link, True, tx_kib=Counter(0, 200_000), rx_kib=Counter(0, 190_000))
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()
+    g.mig_mode(False, max_devices=7)
+    g.gpm_supported(False).process_utilization(166)
+    return g
+
+
+def l40s(g: Gpu, tag: str, i: int, *, util: int = 60, mem_used: int = 20 * GIB) -> Gpu:
+    """An L40S (Ada): no NVLink (field 91 answers 0), GDDR6 without a memory sensor (NVML_FI_DEV_MEMORY_TEMP
+    is NOT_SUPPORTED on the Ada L4, DCGM #311), no GPM, passively cooled, power as a 1 s average
+    (nvml.h: Ampere and newer except GA100).  Its PCIe byte counters are modelled 32 bits wide: every
+    L40S reading posted in dcgm-exporter #721 is below 2^32."""
+    g.identity("NVIDIA L40S", gpu_uuid(tag, i))
+    g.pci(f"00000000:{0x41 + 0x08 * i:02X}:00.0", device_id=0x26B910DE).serial(f"13242230{2000 + i:05d}")
+    g.utilization(util, util // 4).memory(46068 * MIB, mem_used, reserved=480 * MIB).codec(0, 0)
+    g.temperature(45 + util // 5).thresholds(shutdown=95, slowdown=92, gpu_max=88)
+    g.power(80_000 + 2_500 * util, 350_000).energy(Counter(4_000_000, 80_000 + 2_500 * util))
+    g.clocks(graphics=2520, sm=2520, memory=9001, video=1965, max_graphics=2520, max_sm=2520, max_memory=9001,
+             max_video=1965)  # fmt: skip
+    g.pstate(0).clocks_event_reasons()
+    g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=90_000, rx_kbps=410_000, replay=0, counter_bits=32)
+    g.nvlinks(0)
+    g.ecc(corrected=0, uncorrected=0)
+    g.gpm_supported(False).process_utilization(166)
+    return g
+
+
+def t4(g: Gpu, tag: str, i: int, *, util: int = 30, mem_used: int = 4 * GIB) -> Gpu:
+    """A Tesla T4 (Turing): no NVLink (field 91 answers 0), GDDR6 without a memory sensor, no row
+    remapping (Turing retires pages instead), no GPM, passively cooled, instantaneous power."""
+    g.identity("Tesla T4", gpu_uuid(tag, i))
+    g.pci(f"00000000:{0x81 + 0x08 * i:02X}:00.0", device_id=0x1EB810DE).serial(f"13241190{3000 + i:05d}")
+    g.utilization(util, util // 3).memory(15360 * MIB, mem_used, reserved=250 * MIB).codec(0, 0)
+    g.temperature(38 + util // 5).thresholds(shutdown=96, slowdown=93, gpu_max=87)
+    g.power(20_000 + 400 * util, 70_000).energy(Counter(1_000_000, 20_000 + 400 * util))
+    g.clocks(graphics=1590, sm=1590, memory=5000, video=1470, max_graphics=1590, max_sm=1590, max_memory=5001,
+             max_video=1470)  # fmt: skip
+    g.pstate(0).clocks_event_reasons()
+    g.pcie(gen=3, max_gen=3, width=16, max_width=16, tx_kbps=20_000, rx_kbps=80_000, replay=0)
+    g.nvlinks(0)
+    g.ecc(corrected=0, uncorrected=0)
+    g.gpm_supported(False).process_utilization(166)
     return g
 
 
@@ -164,7 +225,7 @@ def gpu_lost() -> Scenario:
     for i in range(4):
         g = h100_sxm(s.add_gpu(), "lost", i, util=80 + i, mem_used=40 * GIB, power_mw=500000)
         g.add_process(20_000 + i, 39 * GIB, name="python3")
-    s.gpu(2).lost(after_s=30).add_xid(79, after_s=30)
+    s.gpu(2).lost(after_s=30).add_xid(79, after_s=30).events_wait_lost()
     return s
 
 
@@ -184,6 +245,7 @@ def a100_mig() -> Scenario:
     )
     g.pstate(0).clocks_event_reasons()
     g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=120_000, rx_kbps=640_000)
+    g.nvlinks(12)
     for link in range(12):
         g.nvlink(link, True, tx_kib=Counter(0, 200_000), rx_kib=Counter(0, 190_000))
     g.ecc(corrected=0, uncorrected=0).remapped_rows()
@@ -231,6 +293,16 @@ def h100_mig() -> Scenario:
     return s
 
 
+def four_cards() -> Scenario:
+    """One each of the cards the fake models, under one driver: what every fleet dashboard meets."""
+    s = Scenario(SCENARIO_DIR / "four-cards.scn", comment="An A100, an H100, an L40S and a T4 on driver 550.")
+    a100_sxm(s.add_gpu(), "cards", 0)
+    h100_sxm(s.add_gpu(), "cards", 1, util=80, mem_used=50 * GIB, power_mw=520_000)
+    l40s(s.add_gpu(), "cards", 2)
+    t4(s.add_gpu(), "cards", 3)
+    return s
+
+
 def scale_16() -> Scenario:
     s = Scenario(SCENARIO_DIR / "scale-16x.scn", comment="16 GPUs with 4 processes each, for scale tests.")
     for i in range(16):
@@ -247,6 +319,7 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
     "gpu-lost-midway": gpu_lost,
     "a100-mig": a100_mig,
     "h100-8x-mig": h100_mig,
+    "four-cards": four_cards,
     "scale-16x": scale_16,
 }
 

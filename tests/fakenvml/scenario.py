@@ -68,6 +68,14 @@ GPM_METRICS = ("graphics_util", "sm_util", "sm_occupancy", "integer_util", "any_
                "fp16_util")  # fmt: skip
 MAX_FANS = 8
 MAX_NVLINKS = 36
+# Driver branches the fake models (README: "Driver profiles"), each with a real release's driver,
+# NVML and CUDA versions: what nvmlSystemGet*Version answer for a scenario of that branch.
+DRIVER_PROFILES: dict[int, tuple[str, str, int]] = {
+    535: ("535.183.01", "12.535.183.01", 12020),
+    550: ("550.54.15", "12.550.54.15", 12040),
+    570: ("570.133.20", "12.570.133.20", 12080),
+    580: ("580.65.06", "13.580.65.06", 13000),
+}
 
 
 @dataclass(frozen=True)
@@ -216,6 +224,10 @@ class Device:
         """Every call on this device blocks this long first, like a hung driver call."""
         return self.set("delay_ms", ms)
 
+    def processes_refused(self, kind: Literal["compute", "graphics"], err: str | Err = "NOT_SUPPORTED") -> Self:
+        """nvmlDevice{Compute,Graphics}RunningProcesses fail with ``err`` on this device."""
+        return self.error(f"processes.{kind}", err)
+
     def gpm(self, **percent: float | Err | None) -> Self:
         """GPM activity in percent, held until changed: ``gpm(sm_util=40, dram_bw_util=12)``.
 
@@ -236,6 +248,11 @@ class Device:
 class MigDevice(Device):
     def instance(self, gpu_instance_id: int, compute_instance_id: int) -> MigDevice:
         self.set("gpu_instance_id", gpu_instance_id).set("compute_instance_id", compute_instance_id)
+        return self
+
+    def handle_error(self, err: str | Err) -> MigDevice:
+        """nvmlDeviceGetMigDeviceHandleByIndex fails with ``err`` for this slot."""
+        self.error("handle", err)
         return self
 
 
@@ -268,10 +285,13 @@ class Gpu(Device):
         self.set("decoder.util", decoder).set("decoder.period_us", period_us)
         return self
 
-    def temperature(self, gpu: int | Err, memory: int | Err | None = None) -> Gpu:
+    def temperature(self, gpu: int | Err, memory: int | Err | None = None, memory_value_type: int | None = None) -> Gpu:
+        """``memory_value_type``: the valueType field 82 answers with (NVML_VALUE_TYPE_*; 1 when unset)."""
         self.set("temperature.gpu", gpu)
         if memory is not None:
             self.set("temperature.memory", memory)
+        if memory_value_type is not None:
+            self.set("temperature.memory_type", memory_value_type)
         return self
 
     def thresholds(self, **celsius: int | Err) -> Gpu:
@@ -288,7 +308,7 @@ class Gpu(Device):
         for i in range(MAX_FANS):
             self.values.pop(f"fan.{i}", None)
         for i, p in enumerate(percent):
-            _check_range(f"fan.{i}", p, 0, 100)
+            _check_range(f"fan.{i}", p, 0, 1000)  # nvml.h: the speed "may exceed 100% in certain cases"
             self.set(f"fan.{i}", p)
         if percent:
             self.set("fan.count", len(percent))
@@ -339,8 +359,10 @@ class Gpu(Device):
         replay: int | Counter | Err | None = None,
         tx_bytes: int | Counter | Err | None = None,
         rx_bytes: int | Counter | Err | None = None,
+        counter_bits: int | None = None,
     ) -> Gpu:
-        """``tx_kbps``/``rx_kbps`` are what nvmlDeviceGetPcieThroughput returns: KB per second."""
+        """``tx_kbps``/``rx_kbps`` are what nvmlDeviceGetPcieThroughput returns: KB per second.
+        ``counter_bits=32``: the byte counters wrap at 2^32 (still answered as unsigned long long)."""
         given = {
             "gen": gen,
             "max_gen": max_gen,
@@ -352,6 +374,7 @@ class Gpu(Device):
             "replay": replay,
             "tx_bytes": tx_bytes,
             "rx_bytes": rx_bytes,
+            "counter_bits": counter_bits,
         }
         for k, v in given.items():
             if v is not None:
@@ -374,6 +397,36 @@ class Gpu(Device):
         if rx_kib is not None:
             self.set(f"nvlink.{link}.rx_kib", rx_kib)
         return self
+
+    def nvlinks(self, count: int | Err, beyond: int | Err | None = None) -> Gpu:
+        """The link count field 91 answers (A100 12, H100 18, L40S and T4 0), and what a link at or past
+        it answers: ``None`` INVALID_ARGUMENT, ``0`` an inactive link with zero counters, or an error."""
+        self.set("nvlink.count", count)
+        if beyond is None:
+            self.values.pop("nvlink.beyond", None)
+        else:
+            self.set("nvlink.beyond", beyond)
+        return self
+
+    def fields_accumulate(self, on: bool = True) -> Gpu:
+        """nvmlDeviceGetFieldValues adds each value to what the caller's struct held (go-nvml #46)."""
+        return self.set("fields.accumulate", int(on))
+
+    def events_wait_lost(self, on: bool = True) -> Gpu:
+        """While this GPU is lost, nvmlEventSetWait_v2 on a set holding it answers GPU_IS_LOST."""
+        return self.set("events.wait_lost", int(on))
+
+    def gpm_parent_in_mig(self, err: str | Err | None = "NOT_SUPPORTED") -> Gpu:
+        """In MIG mode, nvmlGpmSampleGet on the whole GPU fails with ``err`` (None: it works)."""
+        if err is None:
+            self.values.pop("gpm.parent_in_mig", None)
+            return self
+        return self.error("gpm.parent_in_mig", err)
+
+    def process_util_race(self, times: int = 1) -> Gpu:
+        """The next ``times`` reads of per-process utilization find a sample more than they were sized
+        for (INSUFFICIENT_SIZE on nvidia-ml-py's second call)."""
+        return self.set("process_util.race", times)
 
     def ecc(
         self,
@@ -485,8 +538,18 @@ class Scenario:
     nvml_version: str | Err = "12.550.54.15"
     cuda_version: int | Err = 12040
     init_error: str | None = None  # e.g. "DRIVER_NOT_LOADED", "NO_PERMISSION"
+    driver_branch: int | None = None  # the driver profile; None: the major number of driver_version
+    unknown_field: Err | None = None  # what a field id the branch does not know answers (INVALID_ARGUMENT)
     gpus: list[Gpu] = field(default_factory=list)
     comment: str = ""
+
+    def driver(self, branch: int) -> Self:
+        """A driver of ``branch`` (535, 550, 570, 580) with a real release's version strings."""
+        if branch not in DRIVER_PROFILES:
+            raise ValueError(f"no driver profile {branch}; known: {sorted(DRIVER_PROFILES)}")
+        self.driver_version, self.nvml_version, self.cuda_version = DRIVER_PROFILES[branch]
+        self.driver_branch = None
+        return self
 
     def add_gpu(self) -> Gpu:
         g = Gpu()
@@ -510,6 +573,10 @@ class Scenario:
         ]
         if self.init_error:
             out.append(f"init_error = {self.init_error}")
+        if self.driver_branch is not None:
+            out.append(f"driver_branch = {self.driver_branch}")
+        if self.unknown_field is not None:
+            out.append(f"unknown_field = {self.unknown_field}")
         for i, g in enumerate(self.gpus):
             out += ["", f"[gpu {i}]"]
             out += [f"{k} = {_render(v)}" for k, v in g.values.items()]
