@@ -24,6 +24,10 @@ from gpu_exporter.sources.poller import Poller
 from tests.fakenvml import start
 from tests.timing import LATE_S, NEVER_S
 
+# Daemon.stop(): "within a couple of seconds even if a poll is stuck in the driver"; a test waits
+# for the exit after SIGTERM this long + LATE_S.
+DAEMON_STOP_S = 2.0
+
 
 @dataclass
 class ErrorLog:

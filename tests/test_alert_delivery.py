@@ -23,9 +23,10 @@ from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, fingerprint, s
 from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings
 from tests.alerting_helpers import WebhookReceiver as Hook
 from tests.alerting_helpers import alertmanager, raw_receiver, webhook_receiver
-from tests.exporter_helpers import http_get, run_daemon, value, wait_for
+from tests.exporter_helpers import DAEMON_STOP_S, http_get, run_daemon, value, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
+from tests.timing import LATE_S, NEVER_S
 
 
 class FakeClock:
@@ -396,7 +397,7 @@ def test_alertmanager_outage_loses_nothing(scenario: Scenario, tmp_path: Path) -
                      what="the outage's resolution and new alert")  # fmt: skip
             assert value(d.metrics(), "gpu_exporter_notifications_total", outcome="dropped") == 0
             d.proc.send_signal(signal.SIGTERM)
-            assert d.proc.wait(timeout=5) == 0
+            assert d.proc.wait(timeout=DAEMON_STOP_S + LATE_S) == 0
 
 
 def _make_ca_and_server_cert(d: Path) -> tuple[Path, Path, Path]:
@@ -444,16 +445,16 @@ def test_a_hanging_receiver_blocks_neither_polls_nor_scrapes(scenario: Scenario,
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook"
-        cfg = write_config(tmp_path / "c.yaml", {"webhooks": [{"url": url, "timeout": "30s", **PROMPT}]},
+        # A send waits NEVER_S for the answer: polls held up by it would stall for longer than the
+        # wait for five more polls below (LATE_S + LATE_S).
+        cfg = write_config(tmp_path / "c.yaml", {"webhooks": [{"url": url, "timeout": f"{NEVER_S:.0f}s", **PROMPT}]},
                            rules={"GpuPcieLinkDegraded": {"for": "0s"}})  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
             wait_for(lambda: value(d.metrics(), "gpu_exporter_notification_queue_length") == 1,
                      what="a notification stuck in delivery")  # fmt: skip
             polls = value(d.metrics(), "gpu_exporter_poll_duration_seconds_count") or 0
-            t0 = time.monotonic()
             wait_for(lambda: (value(d.metrics(), "gpu_exporter_poll_duration_seconds_count") or 0) >= polls + 5,
-                     what="polls going on")  # fmt: skip
-            assert time.monotonic() - t0 < 5
+                     timeout=LATE_S, what="polls going on")  # fmt: skip
             healthy(s)
             s.write()
             wait_for(lambda: value(d.metrics(), "gpu_exporter_alerts", alertname="GpuPcieLinkDegraded") is None,

@@ -7,13 +7,18 @@ import signal
 import time
 from pathlib import Path
 
-from tests.exporter_helpers import RunningDaemon, http_get, parse_exposition, run_daemon, value, wait_for
+from tests.exporter_helpers import (
+    DAEMON_STOP_S,
+    RunningDaemon,
+    http_get,
+    parse_exposition,
+    run_daemon,
+    value,
+    wait_for,
+)
 from tests.fakenvml import Scenario, install_library
 from tests.fakenvml.presets import preset
 from tests.timing import LATE_S, NEVER_S
-
-# Daemon.stop(): "within a couple of seconds even if a poll is stuck in the driver".
-STOP_S = 2.0
 
 
 def wait_for_a_stuck_poll(d: RunningDaemon) -> None:
@@ -39,7 +44,7 @@ def test_scrape_change_scenario_see_change_and_sigterm(scenario: Scenario) -> No
         status, _, body = http_get(d.url + "/readyz")
         assert status == 200, body
         d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(timeout=STOP_S + LATE_S) == 0
+        assert d.proc.wait(timeout=DAEMON_STOP_S + LATE_S) == 0
 
 
 def test_http_endpoints(scenario: Scenario) -> None:
@@ -88,9 +93,9 @@ def test_sigterm_is_prompt_even_with_a_gpu_stuck_in_the_driver(scenario: Scenari
         wait_for(lambda: value(d.metrics(), "gpu_up", gpu="0") == 1, what="first poll")
         s.gpu(0).delay(NEVER_S * 1000)
         s.write()
-        wait_for_a_stuck_poll(d)  # for NEVER_S: a stop that waited for it would miss STOP_S + LATE_S
+        wait_for_a_stuck_poll(d)  # for NEVER_S: a stop that waited for it would miss DAEMON_STOP_S + LATE_S
         d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(timeout=STOP_S + LATE_S) == 0
+        assert d.proc.wait(timeout=DAEMON_STOP_S + LATE_S) == 0
 
 
 def test_nvml_missing_at_start_then_the_driver_appears(scenario: Scenario, tmp_path: Path) -> None:
