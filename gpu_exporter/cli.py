@@ -18,7 +18,6 @@ import structlog
 from . import __version__
 from .config import COLLECTORS, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
 from .logs import configure_logging
-from .serving.web_config import WebConfigError
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.gpm import MIN_INTERVAL_S

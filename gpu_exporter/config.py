@@ -37,8 +37,6 @@ from .accounting.settings import AccountingSettings, PricingSettings
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
 from .metric_defs import COLLECTOR_HELP, Collector
-from .serving.http_server import parse_listen_address
-from .serving.http_server import parse_listen_address
 from .web.address import parse_listen_address
 from .yamlfile import YamlFileError, clip, read_mapping, short
 
