@@ -95,6 +95,7 @@ class Daemon:
             attach=attach,
         )
         self.latest: NodeSnapshot | None = None
+        self._models: dict[str, str] = {}  # GPU UUID -> model name, as last read
         self._last_success: float | None = None  # monotonic
         self.listeners: list[Callable[[NodeSnapshot], None]] = []
         self._scheduler = BackgroundScheduler(timezone="UTC")
@@ -169,6 +170,9 @@ class Daemon:
         if snapshot.nvml_up:
             self._last_success = time.monotonic()
         self.latest = snapshot
+        models = {g.uuid: g.static.name for g in snapshot.gpus if g.static is not None and g.uuid}
+        if any(self._models.get(uuid) != name for uuid, name in models.items()):
+            self._models = {**self._models, **models}  # a new dict: the HTTP threads read the old one whole
         for listener in self.listeners:
             try:
                 listener(snapshot)
@@ -188,11 +192,9 @@ class Daemon:
         return True, f"ready: {len(snap.gpus)} GPUs, last poll {age:.1f} s ago"
 
     def gpu_models(self) -> dict[str, str]:
-        """GPU UUID -> model name, from the latest snapshot (for the /alerts page)."""
-        snap = self.collector.snapshot
-        if snap is None:
-            return {}
-        return {g.uuid: g.static.name for g in snap.gpus if g.static is not None}
+        """GPU UUID -> model name, as last read (for the /alerts page): a GPU lost since, or every GPU while
+        NVML is down, keeps the name read while it answered (one entry per GPU the node ever had)."""
+        return self._models
 
     def start(self) -> None:
         served = pages(self.exposition, self.readiness, self.engine.active, node=node_name(self.settings.node_name),
