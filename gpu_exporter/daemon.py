@@ -7,11 +7,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 import structlog
-from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from .accounting.ledger import Accountant
@@ -20,12 +18,11 @@ from .alerting.delivery import OUTCOMES, AlertmanagerReceiver, Notifier, Receive
 from .alerting.engine import RuleEngine, node_name
 from .config import Settings
 from .kubernetes.attribution import Attributor
+from .schedule import PollSchedule
 from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
-from .serving.http_server import HttpServer
 from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
 from .serving.pages import pages
-from .serving.web_config import WebConfigWatcher, load_web_config
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend
 from .sources.poller import Poller
@@ -98,7 +95,10 @@ class Daemon:
         self._models: dict[str, str] = {}  # GPU UUID -> model name, as last read
         self._last_success: float | None = None  # monotonic
         self.listeners: list[Callable[[NodeSnapshot], None]] = []
-        self._scheduler = BackgroundScheduler(timezone="UTC")
+        # A poll waits at most gpu_timeout for each GPU (in parallel); beyond twice that and a few
+        # intervals, polling itself is stuck and /healthz says so.
+        stalled_after = 2 * settings.gpu_timeout + 3 * settings.poll_interval + 10
+        self._schedule = PollSchedule(self._poll_job, settings.poll_interval, stalled_after=stalled_after)
         self._http: HttpServer | None = None
         self.exposition.invalidate()  # self-metrics are served even before the first poll ends
         # Loaded now, so that a broken web config stops the start (exit 2) before anything runs.
@@ -160,7 +160,7 @@ class Daemon:
                 self.accountant.observe(snapshot)
             except Exception:  # the books are an extra; the metrics and alerts go on without them
                 log.exception("accounting_failed")
-            self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.taken_at)
+            self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.steady_at)
         self.metrics.nvml_up.set(1 if snapshot.nvml_up else 0)
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
         if snapshot.nvml_up:
@@ -191,6 +191,13 @@ class Daemon:
             return False, f"not ready: the last successful poll was {age:.0f} s ago (limit {stale_after:g} s)"
         return True, f"ready: {len(snap.gpus)} GPUs, last poll {age:.1f} s ago"
 
+    def liveness(self) -> tuple[bool, str]:
+        """Alive unless polling has stalled: Kubernetes restarts a daemon whose polls stopped."""
+        stalled = self._schedule.stalled()
+        if stalled is not None:
+            return False, f"polling has stalled: {stalled:.0f} s without a poll finishing, past its bound"
+        return True, "ok"
+
     def gpu_models(self) -> dict[str, str]:
         """GPU UUID -> model name, as last read (for the /alerts page): a GPU lost since, or every GPU while
         NVML is down, keeps the name read while it answered (one entry per GPU the node ever had)."""
@@ -198,23 +205,14 @@ class Daemon:
 
     def start(self) -> None:
         served = pages(self.exposition, self.readiness, self.engine.active, node=node_name(self.settings.node_name),
-                       gpu_models=self.gpu_models)  # fmt: skip
+                       gpu_models=self.gpu_models, liveness=self.liveness)  # fmt: skip
         self._http = HttpServer(self.settings.listen_address, served, web=self.web,
                                 max_requests=self.settings.web_max_requests)  # fmt: skip
         self._http.start()
         self.notifier.start()
         if self.watcher is not None:
             self.watcher.start()
-        self._scheduler.add_job(
-            self._poll_job,
-            "interval",
-            seconds=self.settings.poll_interval,
-            coalesce=True,
-            max_instances=1,
-            next_run_time=datetime.now(),
-            id="poll",
-        )
-        self._scheduler.start()
+        self._schedule.start()
         log.info("listening", address=self.settings.listen_address, port=self._http.port,
                  poll_interval_s=self.settings.poll_interval, tls=self.web.current().tls is not None,
                  basic_auth=self.web.current().auth_required)  # fmt: skip
@@ -268,7 +266,7 @@ class Daemon:
 
     def stop(self) -> None:
         """Stops within a couple of seconds even if a poll is stuck in the driver."""
-        self._scheduler.shutdown(wait=False)
+        self._schedule.stop()
         if self._http is not None:
             self._http.stop()
         self.notifier.stop()

@@ -176,13 +176,21 @@ class GpuReading:
 class NodeSnapshot:
     """Every GPU of the node at one poll."""
 
-    taken_at: float  # unix seconds, when the poll started
+    taken_at: float  # unix seconds, when the poll started: for timestamps shown to people and Prometheus
     duration_seconds: float
     nvml_up: bool
     nvml_error: str | None = None  # why NVML is down, in words a person understands
     driver_version: str | None = None
     cuda_version: str | None = None
     gpus: tuple[GpuReading, ...] = ()
+    # Monotonic seconds when the poll started, for every interval (``for``, windows, accounting
+    # deltas, retention): the wall clock can step either way.  None in snapshots made by hand.
+    monotonic_at: float | None = None
+
+    @property
+    def steady_at(self) -> float:
+        """The poll's time on a clock that never steps: ``monotonic_at``, else ``taken_at``."""
+        return self.taken_at if self.monotonic_at is None else self.monotonic_at
 
 
 def pod_label_values(pods: Iterable[PodRef]) -> tuple[str, str, str]:

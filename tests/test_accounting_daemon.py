@@ -30,9 +30,9 @@ def test_metrics_of_the_books_pass_promtool_and_add_up(scenario: Scenario, nvml:
     s.write()
     daemon = Daemon(load_settings({"pricing": PRICING}), lambda errors: NvmlBackend(errors, profiling_interval=0.1))
     try:
-        first = daemon.poll_once().taken_at
+        first = daemon.poll_once()
         time.sleep(0.3)
-        last = daemon.poll_once().taken_at
+        last = daemon.poll_once()
         body = daemon.exposition.body()
     finally:
         daemon.poller.close()
@@ -42,7 +42,7 @@ def test_metrics_of_the_books_pass_promtool_and_add_up(scenario: Scenario, nvml:
     assert value(m, "gpu_process_memory_used_bytes", gpu="0", pid=str(live_process.pid)) == 1 * GIB
     assert value(m, "gpu_process_memory_used_bytes", gpu="0", pid=str(live_process.pid), user=me) == 1 * GIB
     assert value(m, "gpu_process_memory_used_bytes", gpu="1", user="unknown") == 10 * GIB  # not in /proc
-    step = last - first
+    step = last.steady_at - first.steady_at  # the books count steady time, not the wall clock's
     # One state per GPU took the whole step; the two processes of GPU 0 split it by their SM utilization.
     states = {(dict(k)["gpu"], dict(k)["state"], dict(k)["user"]): v for (n, k), v in m.items()
               if n == "gpu_state_seconds_total" and v}  # fmt: skip
@@ -55,7 +55,7 @@ def test_metrics_of_the_books_pass_promtool_and_add_up(scenario: Scenario, nvml:
     assert value(m, "gpu_price_per_hour", gpu="2", currency="USD") == L4_PRICE
     assert value(m, "gpu_energy_price_per_kwh", gpu="2") == PRICING["energy_per_kwh"]
     assert value(m, "gpu_memory_used_max_bytes", gpu="1") == 10 * GIB
-    assert value(m, "gpu_last_active_timestamp_seconds", gpu="0") == last
+    assert value(m, "gpu_last_active_timestamp_seconds", gpu="0") == last.taken_at  # shown: the wall clock
     assert value(m, "gpu_last_active_timestamp_seconds", gpu="1") is None  # never busy: absent, not 0
 
 

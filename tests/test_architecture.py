@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # The parts: subpackages, and the shared model.  The wiring at the top (cli, daemon, config, once,
 # logs) may import any part.
 PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "accounting", "report", "web")
-WIRING = ("cli", "daemon", "config", "once", "logs", "__main__")
+WIRING = ("cli", "daemon", "config", "once", "logs", "schedule", "__main__")
 HELPERS = ("durations", "yamlfile", "untrusted")  # parsing helpers with no dependencies, usable anywhere
 
 

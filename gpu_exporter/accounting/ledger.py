@@ -92,8 +92,12 @@ class Accountant:
         self._view = AccountingView(None, ())  # before the first snapshot: no GPU, so nothing priced
 
     def observe(self, snapshot: NodeSnapshot) -> None:
-        """Add the time since the previous snapshot to each GPU's state now."""
-        t = snapshot.taken_at
+        """Add the time since the previous snapshot to each GPU's state now.
+
+        Steps, retention and memory-peak windows are measured on the steady clock (a wall-clock
+        step would add hours or take them back); ``last_active`` is the wall clock, as it is shown.
+        """
+        t = snapshot.steady_at
         with self._lock:
             step = 0.0 if self._last_t is None else t - self._last_t
             step = step if 0 < step <= self.max_step else 0.0
@@ -106,21 +110,21 @@ class Accountant:
                 book = self._books.get(key)
                 if book is None:
                     book = self._books[key] = _Book(g.index, g.uuid, WindowMax(self.memory_peak_window))
-                self._observe_gpu(book, g, t, step)
+                self._observe_gpu(book, g, t, step, snapshot.taken_at)
             for key, book in self._books.items():
                 if key not in seen:  # lost from the count, or NVML is down: nobody can use it
                     book.state, book.pods = DOWN, ()
                     book.seconds[(NOBODY, DOWN)] += step
             self._view = self._render(t)
 
-    def _observe_gpu(self, book: _Book, g: GpuReading, t: float, step: float) -> None:
+    def _observe_gpu(self, book: _Book, g: GpuReading, t: float, step: float, wall: float) -> None:
         state = classify(g, self.threshold, self.signal)
         book.state = state
         book.pods = pods_of(g) if g.up else ()
         if g.static is not None:
             book.name = g.static.name
         if state == BUSY:
-            book.last_active = t
+            book.last_active = wall
         if g.memory_used_bytes is not None:
             book.peak.add(t, float(g.memory_used_bytes))
         self._forget(book, t)

@@ -66,12 +66,17 @@ def alertmanager_alert(a: Alert, now: float, valid_for: float, generator_url: st
 class Receiver:
     """One destination with its own delivery thread; subclasses say what is due and send it."""
 
-    def __init__(self, settings: ReceiverSettings, outcome: Outcome, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: ReceiverSettings, outcome: Outcome, clock: Callable[[], float] = time.time,
+                 steady: Callable[[], float] | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.name = settings.label
         self.url = settings.url
         self._outcome = outcome
-        self._clock = clock
+        self._clock = clock  # the wall clock: endsAt and the times receivers see
+        # Waits, flushes and retries are planned on a clock that never steps, so a wall-clock step
+        # neither holds a notification back for hours nor sends a batch early.  A test that makes
+        # one clock up drives both.
+        self._steady = steady if steady is not None else (time.monotonic if clock is time.time else clock)
         self._cond = threading.Condition()
         self._stop = False
         # Without a CA file, the system's CAs: what urllib would use for https anyway (http ignores it).
@@ -122,7 +127,7 @@ class Receiver:
                 while True:
                     if self._stop:
                         return
-                    wait = self._wait_s(self._clock())
+                    wait = self._wait_s(self._steady())
                     if wait is not None and wait <= 0:
                         break
                     self._cond.wait(wait)
@@ -190,8 +195,9 @@ class AlertmanagerReceiver(Receiver):
     """Posts to an Alertmanager's ``/api/v2/alerts`` the current state of every alert not yet delivered."""
 
     def __init__(self, settings: ReceiverSettings, outcome: Outcome, *, queue_size: int, valid_for: float,
-                 generator_url: Callable[[], str], clock: Callable[[], float] = time.time) -> None:  # fmt: skip
-        super().__init__(settings, outcome, clock)
+                 generator_url: Callable[[], str], clock: Callable[[], float] = time.time,
+                 steady: Callable[[], float] | None = None) -> None:  # fmt: skip
+        super().__init__(settings, outcome, clock, steady)
         self.url = settings.url.rstrip("/") + "/api/v2/alerts"
         self.valid_for = valid_for
         self._generator_url = generator_url
@@ -257,8 +263,9 @@ class WebhookReceiver(Receiver):
     """A webhook fed directly, with Alertmanager's routing semantics (see ``routing``)."""
 
     def __init__(self, settings: WebhookSettings, outcome: Outcome, *, generator_url: Callable[[], str],
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
-        super().__init__(settings, outcome, clock)
+                 clock: Callable[[], float] = time.time,
+                 steady: Callable[[], float] | None = None) -> None:  # fmt: skip
+        super().__init__(settings, outcome, clock, steady)
         self.route = Route(settings)
         self._generator_url = generator_url
 
@@ -268,7 +275,7 @@ class WebhookReceiver(Receiver):
 
     def submit(self, alerts: list[Alert], now: float) -> None:
         with self._cond:
-            self.route.insert(alerts, self._clock())
+            self.route.insert(alerts, self._steady(), wall=self._clock())
             self._cond.notify()
 
     def _wait_s(self, now: float) -> float | None:
@@ -277,7 +284,7 @@ class WebhookReceiver(Receiver):
 
     def _deliver(self) -> bool:
         with self._cond:
-            notifications = self.route.due(self._clock())
+            notifications = self.route.due(self._steady())
         ok = True
         for n in notifications:
             url = self._generator_url()
@@ -286,9 +293,9 @@ class WebhookReceiver(Receiver):
             result = "sent" if doc is None else self._post(doc)
             with self._cond:
                 if result == "sent":
-                    self.route.delivered(n, self._clock())
+                    self.route.delivered(n, self._steady())
                 elif result == "retry":
-                    self.route.failed(n, self._clock() + self._backoff)
+                    self.route.failed(n, self._steady() + self._backoff)
             if doc is None:
                 continue
             self._count("retried" if result == "retry" else result)

@@ -60,7 +60,7 @@ class Alert:
     labels: Labels
     annotations: tuple[tuple[str, str], ...]
     state: str
-    active_at: float  # when the condition started to hold
+    active_at: float  # when the condition started to hold (the wall clock then: shown, never subtracted)
     fired_at: float | None = None
     resolved_at: float | None = None
     value: float | None = None
@@ -81,8 +81,15 @@ class Alert:
 
 @dataclass
 class _Tracked:
+    """An alert with its times on the steady clock, which decide ``for``, re-sends and retention.
+
+    The alert's own times are wall-clock readings taken at each transition, for what people and
+    receivers see; a wall-clock step changes neither kind after the fact."""
+
     alert: Alert
-    last_sent: float | None = None
+    active_since: float  # steady
+    last_sent: float | None = None  # steady
+    resolved_since: float | None = None  # steady
 
 
 def node_name(configured: str | None) -> str:
@@ -97,6 +104,14 @@ class Transitions:
 
 
 Identity = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class _Now:
+    """One evaluation's time: ``steady`` for every interval, ``wall`` for the times alerts show."""
+
+    steady: float
+    wall: float
 
 
 class RuleEngine:
@@ -128,7 +143,7 @@ class RuleEngine:
     # -- evaluation -----------------------------------------------------------------------------
     def checks(self, snapshot: NodeSnapshot) -> list[tuple[GpuReading, Check]]:
         """Every enabled rule's answer for every GPU, updating the windowed history first."""
-        now = snapshot.taken_at
+        now = snapshot.steady_at  # windows span steady time: a wall-clock step neither fills nor empties them
         out: list[tuple[GpuReading, Check]] = []
         for g in snapshot.gpus:
             h = self._history.get(g.index)
@@ -144,12 +159,12 @@ class RuleEngine:
 
     def evaluate(self, snapshot: NodeSnapshot) -> Transitions:
         """Advance every alert's state to this snapshot; return what should be sent now."""
-        now = snapshot.taken_at
+        now = _Now(snapshot.steady_at, snapshot.taken_at)
         with self._lock:
             if not snapshot.nvml_up:
                 # Nothing is known about the GPUs: keep every alert as it is (the exporter's own
                 # health metrics say why), rather than resolve them all and fire them again.
-                return Transitions(self._due(now))
+                return Transitions(self._due(now.steady))
             seen = set()
             for g, c in self.checks(snapshot):
                 identity = self._identity(g, c)
@@ -159,8 +174,8 @@ class RuleEngine:
                 if identity not in seen:  # the GPU or its data went away
                     del self._active[identity]
                     if tracked.alert.state == FIRING:
-                        self._resolve(tracked.alert, now)
-            return Transitions(self._due(now))
+                        self._resolve(tracked, now)
+            return Transitions(self._due(now.steady))
 
     def _identity(self, g: GpuReading, c: Check) -> Identity:
         return (("alertname", c.alertname), ("severity", c.severity), ("gpu", str(g.index)), *c.extra_labels)
@@ -173,18 +188,18 @@ class RuleEngine:
                 labels[name] = value
         return sendable(labels)
 
-    def _step(self, identity: Identity, labels: Labels, g: GpuReading, c: Check, now: float) -> None:
+    def _step(self, identity: Identity, labels: Labels, g: GpuReading, c: Check, now: _Now) -> None:
         tracked = self._active.get(identity)
         annotations = (("description", c.description), ("summary", c.summary)) if c.summary else None
         if tracked is None:
             if c.fire:
                 state = FIRING if c.for_seconds <= 0 else PENDING
-                alert = Alert(labels, annotations or (), state, active_at=now,
-                              fired_at=now if state == FIRING else None, value=c.value)  # fmt: skip
+                alert = Alert(labels, annotations or (), state, active_at=now.wall,
+                              fired_at=now.wall if state == FIRING else None, value=c.value)  # fmt: skip
                 # A new alert replaces a resolved one of the same labels, as in Prometheus: the
                 # resolution was sent already, and re-sending it now would end the new alert.
                 self._resolved.pop(labels, None)
-                self._active[identity] = _Tracked(alert)
+                self._active[identity] = _Tracked(alert, active_since=now.steady)
             return
         current = tracked.alert
         if current.state == PENDING:
@@ -192,27 +207,28 @@ class RuleEngine:
                 del self._active[identity]  # never fired: nothing to tell anyone
                 return
             alert = replace(current, labels=labels, annotations=annotations or current.annotations, value=c.value)
-            if now - current.active_at >= c.for_seconds:
-                alert = replace(alert, state=FIRING, fired_at=now)
+            if now.steady - tracked.active_since >= c.for_seconds:
+                alert = replace(alert, state=FIRING, fired_at=now.wall)
                 self._resolved.pop(labels, None)
             tracked.alert = alert
             return
         # firing
         if c.clear:
             del self._active[identity]
-            self._resolve(current, now)
+            self._resolve(tracked, now)
             return
         if labels != current.labels:
             # Who holds the GPU changed (or its UUID became known): the alert goes on, but to a
             # receiver the old label set ends here and the new one fires from the same start.
-            self._resolve(current, now)
+            self._resolve(tracked, now)
             self._resolved.pop(labels, None)
             tracked.last_sent = None
         tracked.alert = replace(current, labels=labels, annotations=annotations or current.annotations,
                                 value=c.value)  # fmt: skip
 
-    def _resolve(self, alert: Alert, now: float) -> None:
-        self._resolved[alert.labels] = _Tracked(replace(alert, state=RESOLVED, resolved_at=now))
+    def _resolve(self, tracked: _Tracked, now: _Now) -> None:
+        alert = replace(tracked.alert, state=RESOLVED, resolved_at=now.wall)
+        self._resolved[alert.labels] = _Tracked(alert, active_since=tracked.active_since, resolved_since=now.steady)
 
     def _due(self, now: float) -> list[Alert]:
         """Fresh resolutions, re-sent every resend interval for the retention as Prometheus does,
@@ -220,7 +236,7 @@ class RuleEngine:
         that ended is resolved before the one that replaces it fires."""
         due = []
         for labels, tracked in list(self._resolved.items()):
-            resolved_at = tracked.alert.resolved_at
+            resolved_at = tracked.resolved_since
             if resolved_at is not None and now - resolved_at > self.resolved_retention:
                 del self._resolved[labels]
             elif tracked.last_sent is None or now - tracked.last_sent >= self.resend_interval:

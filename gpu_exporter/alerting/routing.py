@@ -149,9 +149,13 @@ class Route:
             return alert.label_dict
         return {k: v for k, v in alert.labels if k in by}
 
-    def insert(self, alerts: list[Alert], now: float) -> None:
-        """Take the latest state of each alert, as Alertmanager's dispatcher does."""
+    def insert(self, alerts: list[Alert], now: float, wall: float | None = None) -> None:
+        """Take the latest state of each alert, as Alertmanager's dispatcher does.
+
+        ``now`` is the steady clock every flush is planned on; ``wall`` the wall clock that alerts'
+        own times come from (the same clock where a test makes time up)."""
         s = self.settings
+        wall = now if wall is None else wall
         for a in alerts:
             labels = self.group_labels(a)
             key = group_key(labels)
@@ -164,7 +168,7 @@ class Route:
                 g.version += 1
             g.alerts[a.labels] = a
             # The alert has waited long enough already (it started earlier): flush now.
-            if not g.has_flushed and a.starts_at + s.group_wait < now:
+            if not g.has_flushed and a.starts_at + s.group_wait < wall:
                 g.next_flush = min(g.next_flush, now)
 
     # -- timing -----------------------------------------------------------------------------------

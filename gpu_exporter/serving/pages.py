@@ -26,7 +26,8 @@ _HTML = "text/html; charset=utf-8"
 
 
 def pages(exposition: Exposition, readiness: Readiness, active_alerts: ActiveAlerts = list, *, node: str = "",
-          gpu_models: Callable[[], Mapping[str, str]] = dict) -> dict[str, Page]:  # fmt: skip
+          gpu_models: Callable[[], Mapping[str, str]] = dict, liveness: Readiness = lambda: (True, "ok"),
+          ) -> dict[str, Page]:  # fmt: skip
     def metrics(headers: Mapping[str, str]) -> Answer:
         gz = accepts_gzip(headers.get("accept-encoding", ""))
         return 200, exposition.body(gzipped=gz), CONTENT_TYPE, {"Content-Encoding": "gzip"} if gz else {}
@@ -35,9 +36,13 @@ def pages(exposition: Exposition, readiness: Readiness, active_alerts: ActiveAle
         ok, why = readiness()
         return (200 if ok else 503), (why + "\n").encode(), _TEXT, {}
 
+    def alive(_: Mapping[str, str]) -> Answer:
+        ok, why = liveness()
+        return (200 if ok else 503), (why + "\n").encode(), _TEXT, {}
+
     return {
         "/metrics": metrics,
-        "/healthz": lambda _: (200, b"ok\n", _TEXT, {}),
+        "/healthz": alive,
         "/readyz": ready,
         "/api/v1/alerts": lambda _: (200, alerts_json(active_alerts()), "application/json", {}),
         "/alerts": lambda _: (200, alerts_html(active_alerts(), node, gpu_models()), _HTML, {}),

@@ -175,6 +175,7 @@ class Poller:
                     log.exception("pod_attribution_failed")
         return NodeSnapshot(
             taken_at=taken_at,
+            monotonic_at=t0,
             duration_seconds=self._mono() - t0,
             nvml_up=True,
             driver_version=system.driver_version,
@@ -183,7 +184,7 @@ class Poller:
         )
 
     def _nvml_down(self, taken_at: float, t0: float) -> NodeSnapshot:
-        return NodeSnapshot(taken_at=taken_at, duration_seconds=self._mono() - t0, nvml_up=False,
+        return NodeSnapshot(taken_at=taken_at, monotonic_at=t0, duration_seconds=self._mono() - t0, nvml_up=False,
                             nvml_error=self._down_reason)  # fmt: skip
 
     def _read(self, index: int, generation: int) -> GpuReading:
