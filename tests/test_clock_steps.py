@@ -161,6 +161,7 @@ def test_healthz_fails_once_polling_has_stalled() -> None:
     daemon unhealthy, so Kubernetes restarts it; during the freeze /healthz said 200."""
     release = threading.Event()
     steady = {"now": 0.0}
+
     def stuck() -> None:
         release.wait(60)
 
