@@ -148,9 +148,10 @@ def test_malformed_requests_get_4xx_and_the_connection_closed(tmp_path: Path) ->
             b"GET /metrics HTTP/9.9\r\n\r\n": b"505",
             b"GET metrics HTTP/1.1\r\n\r\n": b"400",
             b"GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n": b"400",
-            b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n": b"501",
-            b"GET /metrics HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n": b"413",
-            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n": b"405",
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n": b"501",
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n": b"413",
+            b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n": b"405",
+            b"GET /metrics HTTP/1.1\r\n\r\n": b"400",  # no Host (RFC 9112, 3.2)
             b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n": b"431",
         }
         for request, code in cases.items():

@@ -6,6 +6,8 @@
   that leaves a user's entry as it was keeps it.
 - An unknown user costs a check against the costliest configured hash, so timing does not tell
   users apart.
+- bcrypt reads at most 72 bytes of a password, and bcrypt 5 refuses more: a longer password is
+  wrong at once, without a check or a place in the queue (exporter-toolkit's Go bcrypt refuses it too).
 - Checks run in ``workers`` threads with at most ``queue`` waiting, and at most ``per_host`` of
   them (running or waiting) from one client host (``host_key``: an IPv4 address, an IPv6 /64);
   more get None (the server answers 429) at once.  After a failed check the worker rests as long
@@ -28,17 +30,20 @@ import bcrypt
 import structlog
 
 from .config import WebConfig
+from .pacing import Pacer
 
 log = structlog.get_logger(__name__)
 
 _REMEMBER_GOOD = 256  # credentials that passed, most recently used kept
 _REMEMBER_BAD = 1024  # and that failed: a scraper retrying an old password costs no bcrypt
+BCRYPT_MAX_PASSWORD = 72  # bytes
 
 
 class Passwords:
     """Whether an ``Authorization: Basic`` header names a user of a WebConfig with the right password."""
 
-    def __init__(self) -> None:
+    def __init__(self, pacer: Pacer | None = None) -> None:
+        self._pacer = pacer or Pacer(60.0)
         self._lock = threading.Lock()
         # sha256(user, stored hash, password) -> None: keyed by the stored hash too, so a changed
         # password in the file forgets what was learnt about the old one.
@@ -48,7 +53,7 @@ class Passwords:
     def remembered(self, config: WebConfig, header: str | None) -> bool | None:
         """The answer for credentials already checked (or unparseable), without bcrypt; None if unknown."""
         user, password = parse_basic(header)
-        if user is None or password is None:
+        if user is None or password is None or len(password.encode()) > BCRYPT_MAX_PASSWORD:
             return False
         key = _key(config, user, password)
         with self._lock:
@@ -70,7 +75,9 @@ class Passwords:
         try:
             ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else config.decoy_hash)
         except ValueError:  # a hash bcrypt cannot read; refused at load, so only if bcrypt changes its mind
-            log.error("basic_auth_hash_unreadable", user=user)
+            held = self._pacer.ready("basic_auth_hash_unreadable")
+            if held is not None:  # a configured user's name, never one a client made up
+                log.error("basic_auth_hash_unreadable", user=user if hashed is not None else None, held_back=held)
             ok = False
         ok = ok and hashed is not None
         key = _key(config, user, password)

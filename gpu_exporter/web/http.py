@@ -8,6 +8,7 @@ the server then answers it and closes the connection.
 from __future__ import annotations
 
 import email.utils
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -19,6 +20,7 @@ _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefgh
 MAX_BODY = 64 * 1024  # a body is read and dropped; beyond this, 413
 # Headers whose repetition makes a request ambiguous (request smuggling, RFC 9112 6.3).
 _SINGLE = frozenset({"content-length", "transfer-encoding", "host", "authorization"})
+_DIGITS = re.compile(r"[0-9]+")  # not str.isdigit(): "²" is a digit to it, and int() refuses it
 
 
 class BadRequest(Exception):
@@ -58,6 +60,8 @@ def parse_head(head: bytes, limit: int) -> Request:
         if key in headers and key in _SINGLE:
             raise BadRequest(400, f"more than one {key} header")
         headers[key] = value.strip(b" \t").decode("latin-1")
+    if version == "HTTP/1.1" and "host" not in headers:
+        raise BadRequest(400, "missing host header")  # RFC 9112, 3.2: a server MUST answer 400
     return Request(method, target.split("?", 1)[0], version, headers)
 
 
@@ -70,7 +74,7 @@ def body_length(headers: Mapping[str, str]) -> int:
     length = headers.get("content-length")
     if length is None:
         return 0
-    if not length.isdigit():
+    if _DIGITS.fullmatch(length) is None:
         raise BadRequest(400, "bad content-length")
     if int(length) > MAX_BODY:
         raise BadRequest(413, "request body too large")
@@ -78,11 +82,12 @@ def body_length(headers: Mapping[str, str]) -> int:
 
 
 def keep_alive(request: Request) -> bool:
-    """Whether the client asks to keep the connection open after this answer."""
-    connection = request.headers.get("connection", "").lower()
-    if request.version == "HTTP/1.1":
-        return connection != "close"
-    return connection == "keep-alive"
+    """Whether the client asks to keep the connection open after this answer: ``Connection`` is a list
+    of options (RFC 9110, 7.6.1), and ``close`` anywhere in it closes."""
+    options = {o.strip().lower() for o in request.headers.get("connection", "").split(",")}
+    if "close" in options:
+        return False
+    return request.version == "HTTP/1.1" or "keep-alive" in options
 
 
 def response_head(status: int, content_type: str, length: int, *, close: bool, server: str,

@@ -39,6 +39,7 @@ from .config import WebConfig
 from .connection import BUSY, IDLE, READING, WRITING, Connection, HeadTooLarge
 from .fds import connection_cap
 from .http import BadRequest, Request, body_length, keep_alive, parse_head, response_head
+from .pacing import Pacer
 from .rate_limit import TokenBucket, retry_after
 from .table import ConnectionTable
 from .tls import check_runtime
@@ -68,6 +69,7 @@ class HttpServer:
         *,
         web: WebConfigWatcher | None = None,
         passwords: Passwords | None = None,
+        pacer: Pacer | None = None,
         open_paths: frozenset[str] = PROBES,
         max_requests: int = 40,
         max_connections: int = 512,
@@ -99,7 +101,9 @@ class HttpServer:
         self._max_pipelined = max_pipelined
         self._active_requests = 0
         self._server_name = f"gpu-exporter/{__version__}"
-        self.passwords = passwords or Passwords()
+        # What a client can make the server log is paced (a flood of requests is no flood of logs).
+        self._pacer = pacer or Pacer()
+        self.passwords = passwords or Passwords(self._pacer)
         self._gate = PasswordGate(self.passwords, workers=auth_workers, queue=auth_queue, per_host=auth_per_host)
         self._bucket: TokenBucket | None = None
         self.connections = ConnectionTable(
@@ -193,7 +197,9 @@ class HttpServer:
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             pass  # a client that stalls or drops: just close
         except Exception:  # never a traceback to the client, never a dead server
-            log.exception("http_connection_failed")
+            held = self._pacer.ready("http_connection_failed")
+            if held is not None:
+                log.exception("http_connection_failed", held_back=held)
         finally:
             conn.close()
 
