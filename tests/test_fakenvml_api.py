@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.fakenvml import GPU_IS_LOST, NOT_SUPPORTED, Counter, Err, Gpu, Scenario
+from tests.timing import LATE_S, NEVER_S
 
 GIB = 1024**3
 MIB = 1024**2
@@ -457,23 +458,25 @@ def test_pcie_throughput_blocks_for_the_sampling_time(scenario: Scenario, nvml: 
     import time
 
     N = nvml
-    for _ in range(4):
-        full_gpu(scenario.add_gpu()).pcie(sample_ms=100)
+    sample_s = 2.0
+    for _ in range(8):
+        full_gpu(scenario.add_gpu()).pcie(sample_ms=sample_s * 1000)
     scenario.write()
     N.nvmlInit()
-    handles = [N.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    handles = [N.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
     t0 = time.monotonic()
     N.nvmlDeviceGetPcieThroughput(handles[0], 0)
     one = time.monotonic() - t0
-    assert one >= 0.1
-    # Four GPUs sampled from four threads overlap: the fake does not hold its lock while sampling.
+    assert one >= sample_s
+    # Eight GPUs sampled from eight threads overlap: the fake does not hold its lock while sampling.
+    # One after another they would take 16 s, more than one sample + LATE_S.
     t0 = time.monotonic()
     threads = [threading.Thread(target=N.nvmlDeviceGetPcieThroughput, args=(h, 0)) for h in handles]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert time.monotonic() - t0 < 0.35
+    assert time.monotonic() - t0 < sample_s + LATE_S
 
 
 def test_default_pcie_sampling_time_is_20ms(scenario: Scenario, nvml: Any) -> None:
@@ -501,9 +504,12 @@ def test_injected_delay_hangs_calls_on_that_device_only(scenario: Scenario, nvml
     t0 = time.monotonic()
     N.nvmlDeviceGetPowerUsage(h0)
     assert time.monotonic() - t0 >= 0.3
+    # GPU 0 now hangs for NEVER_S: a call on GPU 1 that shared its delay would miss LATE_S.
+    scenario.gpu(0).delay(NEVER_S * 1000)
+    scenario.write()
     t0 = time.monotonic()
     N.nvmlDeviceGetPowerUsage(h1)
-    assert time.monotonic() - t0 < 0.2
+    assert time.monotonic() - t0 < LATE_S
 
 
 def test_moving_counters_advance_at_their_rate(scenario: Scenario, nvml: Any) -> None:

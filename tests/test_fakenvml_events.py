@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.fakenvml import EVENT_XID_CRITICAL, Err, Scenario
+from tests.timing import NEVER_S
 
 
 def two_gpus(scenario: Scenario) -> None:
@@ -49,12 +50,12 @@ def test_appending_to_the_scenario_queues_an_event_for_a_waiting_reader(scenario
     es = N.nvmlEventSetCreate()
     N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(0), N.nvmlEventTypeXidCriticalError, es)
     result: list[Any] = []
-    waiter = threading.Thread(target=lambda: result.append(N.nvmlEventSetWait(es, 5000)))
+    waiter = threading.Thread(target=lambda: result.append(N.nvmlEventSetWait(es, int(NEVER_S * 1000))))
     waiter.start()
     time.sleep(0.05)
     scenario.gpu(0).add_xid(94, gpu_instance_id=3, compute_instance_id=0)
     scenario.write()
-    waiter.join(timeout=5)
+    waiter.join(timeout=NEVER_S)
     assert result and result[0].eventData == 94 and result[0].gpuInstanceId == 3
 
 
