@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import structlog
 from . import __version__
 from .config import COLLECTORS, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
 from .logs import configure_logging
+from .logs import drain as drain_logs
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.gpm import MIN_INTERVAL_S
@@ -228,13 +230,19 @@ def once_unknown(error: str, fmt: str, node: str | None = None, hint: str | None
     return UNKNOWN
 
 
-def _print(text: str) -> None:
-    """Print, and let a reader that went away (``| head``) end the output quietly."""
+def _print(text: str) -> bool:
+    """Print, and let a reader that went away (``| head``) end the output quietly; False where there
+    is no stdout to print to (closed), which leaves a check's answer UNKNOWN."""
+    if sys.stdout is None:
+        return False
     try:
         print(text, flush=True)
     except BrokenPipeError:
         # Python would complain again flushing stdout at exit: point it at nothing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # closed underneath us (EBADF)
+        return False
+    return True
 
 
 def needs_second_look(snapshot: NodeSnapshot) -> bool:
@@ -273,7 +281,9 @@ def run_once(settings: Settings, fmt: str) -> int:
     opts = RenderOptions(process_top_n=settings.process_top_n, disabled=settings.collectors.disabled())
     cost = cost_now(snapshot, settings.rules, PriceBook(settings.pricing) if settings.pricing else None)
     node = node_name(settings.node_name)
-    _print(as_json(snapshot, found, opts, cost, node) if fmt == "json" else as_table(snapshot, found, cost, node))
+    text = as_json(snapshot, found, opts, cost, node) if fmt == "json" else as_table(snapshot, found, cost, node)
+    if not _print(text):
+        return UNKNOWN_EXIT  # the answer could not be given: a check that cannot report is UNKNOWN
     return exit_status(found)
 
 
@@ -289,20 +299,24 @@ def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None)
     from .daemon import Daemon
     from .web.fds import raise_fd_limit
 
-    wake = threading.Event()
-    stop = threading.Event()
-    hup = threading.Event()
+    # The handlers only set a flag and write a byte to a pipe: a handler runs between two bytecodes
+    # of the main thread, also inside another handler, so one that took a lock (Event.set does)
+    # could wait forever on a lock its own thread holds; a storm of SIGHUPs did exactly that.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    asked = {"stop": False, "hup": False}
 
-    def on_signal(event: threading.Event) -> Callable[..., None]:
+    def on_signal(what: str) -> Callable[..., None]:
         def handler(*_: object) -> None:
-            event.set()
-            wake.set()
+            asked[what] = True
+            with contextlib.suppress(OSError):  # a full pipe already holds a wake-up
+                os.write(wake_w, b"!")
 
         return handler
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal(stop))
-    signal.signal(signal.SIGHUP, on_signal(hup))  # by default SIGHUP would end the process
+        signal.signal(sig, on_signal("stop"))
+    signal.signal(signal.SIGHUP, on_signal("hup"))  # by default SIGHUP would end the process
     # Each client costs a file descriptor; the soft limit (often 1024) is only a default.
     raise_fd_limit()
     try:
@@ -315,16 +329,18 @@ def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None)
     except OSError as e:
         print(f"gpu-exporter: cannot listen on {settings.listen_address}: {e.strerror or e}", file=sys.stderr)
         return 2
-    while not stop.is_set():
-        wake.wait()
-        wake.clear()
-        if hup.is_set() and not stop.is_set():
-            hup.clear()
+    while not asked["stop"]:
+        os.read(wake_r, 4096)  # until a handler writes; PEP 475 retries the read after each signal
+        if asked["hup"] and not asked["stop"]:
+            asked["hup"] = False
             reload(daemon, reread)
     daemon.stop()
     log.info("stopped")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # A reader of the log that stopped reading gets a second to catch up, not the grace period.
+    drain_logs(timeout=1.0)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or None
+            stream.flush()
     # A GPU read stuck in the driver holds a worker thread that the interpreter would join at
     # exit; the stop must not wait for the driver.
     os._exit(0)

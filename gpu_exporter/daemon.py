@@ -18,6 +18,7 @@ from .alerting.delivery import OUTCOMES, AlertmanagerReceiver, Notifier, Receive
 from .alerting.engine import RuleEngine, node_name
 from .config import Settings
 from .kubernetes.attribution import Attributor
+from .logs import dropped_lines
 from .schedule import PollSchedule
 from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
@@ -42,7 +43,7 @@ class Daemon:
     def __init__(self, settings: Settings, make_backend: Callable[[Callable[[str, str], None]], Backend]) -> None:
         self.settings = settings
         self.registry = registry = CollectorRegistry()
-        self.metrics = SelfMetrics(registry)
+        self.metrics = SelfMetrics(registry, log_lines_dropped=dropped_lines)
         k8s = settings.kubernetes
         pod_labels = k8s.labels if k8s.enabled() else None
         self.watcher: PodResourcesWatcher | None = None

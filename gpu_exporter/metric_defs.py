@@ -255,6 +255,8 @@ _DEFS: tuple[MetricDef, ...] = (
               scope=Scope.EXPORTER, labels=("outcome",)),
     MetricDef("gpu_exporter_pod_attribution_expired_total", _C, "", "Times the last good pod attribution was dropped because the kubelet had not answered for kubernetes.keep_last_good_for.",
               scope=Scope.EXPORTER),
+    MetricDef("gpu_exporter_log_lines_dropped_total", _C, "", "Log lines dropped because the reader of the exporter's stderr did not keep up (the daemon never waits on its log).",
+              scope=Scope.EXPORTER),
     MetricDef("gpu_exporter_nvml_errors_total", _C, "", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh).",
               scope=Scope.EXPORTER, labels=("function", "error")),
 )  # fmt: skip

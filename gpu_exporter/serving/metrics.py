@@ -200,6 +200,19 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
+class _CountOf(Collector):
+    """A counter whose value another part keeps (read at render time)."""
+
+    def __init__(self, name: str, count: Callable[[], int]) -> None:
+        self._def = METRICS[name]
+        self._count = count
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(self._def.family_name, self._def.help)
+        fam.add_metric([], self._count())
+        yield fam
+
+
 _METRIC_TYPES: dict[str, type[Gauge] | type[Counter] | type[Histogram]] = {
     "gauge": Gauge, "counter": Counter, "histogram": Histogram,
 }  # fmt: skip
@@ -214,8 +227,9 @@ def _declared(name: str, registry: CollectorRegistry, **kwargs: Any) -> Any:
 class SelfMetrics:
     """The exporter's own health, in the registry that /metrics renders."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, log_lines_dropped: Callable[[], int] = lambda: 0) -> None:
         self._registry = registry
+        registry.register(_CountOf("gpu_exporter_log_lines_dropped_total", log_lines_dropped))
         build: Gauge = _declared("gpu_exporter_build_info", registry)
         build.labels(__version__, platform.python_version(), _package_version("nvidia-ml-py")).set(1)
         self.nvml_up: Gauge = _declared("gpu_exporter_nvml_up", registry)
