@@ -14,6 +14,7 @@ import pytest
 import trustme
 
 from tests.fakenvml import SCENARIO_ENV, Scenario, build_library, load_in_process
+from tests.timing import NEVER_S
 
 
 @pytest.fixture(scope="session")
@@ -80,7 +81,7 @@ def spawn_sleeper() -> subprocess.Popen[bytes]:
     """
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     cmdline = Path(f"/proc/{proc.pid}/cmdline")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + NEVER_S
     while b"sleep" not in cmdline.read_bytes():
         if time.monotonic() > deadline:
             proc.kill()

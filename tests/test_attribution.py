@@ -11,6 +11,7 @@ from pathlib import Path
 from gpu_exporter.kubernetes.attribution import Attributor, ProcInfo, read_proc
 from gpu_exporter.serving.metrics import RenderOptions, gpu_families
 from gpu_exporter.snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
+from tests.timing import NEVER_S
 
 A = PodRef("ml", "trainer-0", "main")
 B = PodRef("ml", "notebook-7", "jupyter")
@@ -115,7 +116,7 @@ def test_read_proc_of_a_real_process(tmp_path: Path) -> None:
     env = {**os.environ, "HOSTNAME": "trainer-0"}
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + NEVER_S  # until the child has exec'd: seconds on a busy machine
         info = read_proc(p.pid)
         while info.hostname is None and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -38,6 +38,7 @@ from tests.fake_kubelet import FakePod, fake_kubelet, pod
 from tests.fakenvml import Counter, Scenario
 from tests.fakenvml.presets import GIB, MIB, h100_activity, mig_uuid, preset
 from tests.prometheus_helpers import Prometheus, prometheus
+from tests.timing import LATE_S
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -598,9 +599,10 @@ Run = tuple[str, dict[str, Any], str]  # where (dashboard, panel, refId), the ta
 
 
 def assert_every_query_returns_data(prom: Prometheus, runs: list[Run], within: float) -> None:
-    """Waits (at most ``within`` seconds) until each query returns data; fails naming those that never did."""
+    """Waits (at most ``within`` + LATE_S seconds) until each query returns data; fails naming those
+    that never did."""
     empty = runs
-    deadline = time.monotonic() + within
+    deadline = time.monotonic() + within + LATE_S
     while empty and time.monotonic() < deadline:
         now = time.time()
         empty = [r for r in empty if not returns_data(prom, r[1], r[2], now)]
@@ -665,7 +667,7 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             "rules": FAST_RULES,
             "alerting": {"resend_interval": "1s", "webhooks": [{"url": hook.url, "name": "ops"}]},
             "kubernetes": {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
-                           "refresh_interval": "200ms", "timeout": "500ms"},
+                           "refresh_interval": "200ms", "timeout": f"{LATE_S:.0f}s"},
             "pricing": {"currency": "USD", "models": {"H100": 2.5}, "energy_per_kwh": 0.2},
         }))  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "1s") as d, \

@@ -369,14 +369,20 @@ def test_a_gpu_can_be_lost_after_a_delay_and_return(scenario: Scenario, nvml: An
     import time
 
     N = nvml
-    full_gpu(scenario.add_gpu()).lost(after_s=0.2, until_s=0.6)
+    # Lost for 2 s: a reader polling every 10 ms sees it on any machine.
+    full_gpu(scenario.add_gpu()).lost(after_s=0.5, until_s=2.5)
     scenario.write()
+    t0 = time.monotonic()  # at most the moment the library loads the scenario
     N.nvmlInit()
     h = N.nvmlDeviceGetHandleByIndex(0)
-    t0 = time.monotonic()
-    assert N.nvmlDeviceGetPowerUsage(h) == 612345
+    try:
+        first: int | None = N.nvmlDeviceGetPowerUsage(h)
+    except N.NVMLError_GpuIsLost:
+        first = None
+    if time.monotonic() - t0 < 0.5:  # certainly before the loss (a busy machine may get here later)
+        assert first == 612345
     seen: list[str] = []
-    while time.monotonic() - t0 < 5 and seen[-1:] != ["back"]:
+    while time.monotonic() - t0 < NEVER_S and seen[-1:] != ["back"]:
         try:
             N.nvmlDeviceGetPowerUsage(h)
             if "lost" in seen:
