@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.socket_helpers import serve_connections
+from tests.timing import NEVER_S
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Alertmanager:
              "--cluster.listen-address="],
             stdout=log, stderr=log,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + NEVER_S
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
@@ -124,7 +125,7 @@ class Alertmanager:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=NEVER_S)
         self.proc = None
 
 
@@ -242,7 +243,7 @@ def raw_receiver(script: list[str], then: str = "http", upstream: str | None = N
                     req = urllib.request.Request(rec.upstream.rstrip("/") + path, data=body, method="POST",
                                                  headers={"Content-Type": "application/json"})  # fmt: skip
                     try:
-                        with urllib.request.urlopen(req, timeout=5) as r:
+                        with urllib.request.urlopen(req, timeout=NEVER_S) as r:
                             status, reply = r.status, r.read()
                     except urllib.error.HTTPError as e:
                         status, reply = e.code, e.read()

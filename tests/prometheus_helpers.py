@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from tests.alerting_helpers import free_port
+from tests.timing import NEVER_S
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Prometheus:
         url = f"{self.url}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(url, timeout=NEVER_S) as r:
             doc = json.loads(r.read())
         assert doc["status"] == "success", doc
         return doc["data"]

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.exporter_helpers import http_get, wait_for
+from tests.exporter_helpers import DAEMON_STOP_S, http_get, wait_for
 from tests.fakenvml import subprocess_env
 from tests.fakenvml.presets import SCENARIO_DIR
+from tests.timing import LATE_S
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -80,7 +81,7 @@ def serve_briefly(cmd: str, cwd: Path, env: dict[str, str]) -> None:
         assert status == 200 and b"gpu_up{" in body
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0, proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(timeout=DAEMON_STOP_S + LATE_S) == 0, proc.stderr.read() if proc.stderr else ""
 
 
 def _answers(url: str) -> bool:
