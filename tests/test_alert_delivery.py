@@ -20,7 +20,7 @@ import yaml
 
 from gpu_exporter.alerting.delivery import AlertmanagerReceiver, WebhookReceiver, rfc3339
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, fingerprint, sendable
-from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings
+from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings, receiver_origin
 from tests.alerting_helpers import WebhookReceiver as Hook
 from tests.alerting_helpers import alertmanager, raw_receiver, webhook_receiver
 from tests.exporter_helpers import DAEMON_STOP_S, http_get, run_daemon, value, wait_for
@@ -194,7 +194,7 @@ def test_a_state_that_arrives_while_a_request_is_in_flight_is_sent_next() -> Non
     class Slow(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            release.wait(10)
+            release.wait(NEVER_S)
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -427,7 +427,8 @@ def test_custom_ca(tmp_path: Path) -> None:
         trusting = am_receiver(hook.url, outcomes, ca_file=str(ca))
         trusting.start()
         trusting.submit([alert()], T0)
-        wait_for(lambda: outcomes.seen == [(hook.url, "sent")], what="delivery over TLS with the custom CA")
+        wait_for(lambda: outcomes.seen == [(receiver_origin(hook.url), "sent")],
+                 what="delivery over TLS with the custom CA")  # fmt: skip
         trusting.stop()
         untrusting_outcomes = Outcomes()
         untrusting = am_receiver(hook.url, untrusting_outcomes)
@@ -467,12 +468,15 @@ def test_receivers_from_flags(scenario: Scenario, tmp_path: Path) -> None:
     with webhook_receiver() as hook:
         cfg = write_config(tmp_path / "c.yaml", {})  # fast rules only; the receiver comes from the flag
         with run_daemon(s.path, "--config", str(cfg), "--alerting.webhook-url", hook.url, "--node.name", "n7") as d:
-            # The receiver exists, with every outcome at 0, before it has sent anything.
+            # The receiver exists, with every outcome at 0, before it has sent anything.  Unnamed, it is
+            # named after its URL's scheme, host and port: a webhook's path may be its secret.
+            name = receiver_origin(hook.url)
+            assert name == f"http://127.0.0.1:{hook.port}" and hook.url.endswith("/hook")
             m = d.metrics()
-            assert [value(m, "gpu_exporter_notifications_total", receiver=hook.url, outcome=o)
+            assert [value(m, "gpu_exporter_notifications_total", receiver=name, outcome=o)
                     for o in ("sent", "retried", "rejected", "dropped")] == [0, 0, 0, 0]  # fmt: skip
             # A flag's webhook routes with Alertmanager's defaults: the new group waits 30 s.
-            wait_for(lambda: (value(d.metrics(), "gpu_exporter_notification_queue_length", receiver=hook.url)
+            wait_for(lambda: (value(d.metrics(), "gpu_exporter_notification_queue_length", receiver=name)
                               or 0) >= 1, what="the alert waiting in its group")  # fmt: skip
             assert hook.requests == []
             raw = http_get(d.url + "/api/v1/alerts")[2]
