@@ -37,6 +37,7 @@ from .accounting.settings import AccountingSettings, PricingSettings
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
 from .metric_defs import COLLECTOR_HELP, Collector
+from .redaction import is_secret_key, redact_text, redacted
 from .web.address import parse_listen_address
 from .yamlfile import YamlFileError, clip, read_mapping, short
 
@@ -222,7 +223,8 @@ def _describe_env(e: SettingsError) -> str:
         try:
             json.loads(value)
         except ValueError as err:
-            problems.append(f"{name} must be JSON ({err}), got {short(value)}")
+            shown = redacted(value, "password" if is_secret_key(rest) or "://" in value else None)
+            problems.append(f"{name} must be JSON ({err}), got {short(shown)}")
     return clip("; ".join(problems)) if problems else clip(f"{e} (environment variables {ENV_PREFIX}*)")
 
 
@@ -263,8 +265,11 @@ def _describe(e: ValidationError, config_file: Path | None) -> str:
             known = ", ".join(_known_keys(tuple(err["loc"])))
             lines.append(f"unknown setting {key!r}{where}; known here: {known}")
             continue
+        # A secret is never quoted, nor a URL's password, path or query (see gpu_exporter.redaction).
         value = err.get("input")
-        msg = err["msg"].removeprefix("Value error, ")
+        secret = any(is_secret_key(part) for part in err["loc"])
+        value = redacted(value, "password" if secret else None)
+        msg = redact_text(err["msg"].removeprefix("Value error, "))
         env = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
         lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {short(value)}: {msg}")
     return clip("; ".join(lines))

@@ -248,6 +248,8 @@ class Daemon:
         for r in old_receivers:
             if r not in receivers:
                 r.stop()  # says how many notifications it could not deliver
+                if all(x.name != r.name for x in receivers):
+                    self.metrics.forget_receiver(r.name, OUTCOMES)
         self.settings = running.model_copy(
             update={"rules": rules, "alerting": new.alerting, "web_config_file": new.web_config_file}
         )

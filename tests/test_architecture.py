@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 # logs) may import any part.
 PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "accounting", "report", "web")
 WIRING = ("cli", "daemon", "config", "once", "logs", "schedule", "__main__")
-HELPERS = ("durations", "yamlfile", "untrusted")  # parsing helpers with no dependencies, usable anywhere
+HELPERS = ("durations", "yamlfile", "untrusted", "redaction")  # parsing helpers with no dependencies, usable anywhere
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "durations": {*PARTS, *WIRING},
     "yamlfile": {*PARTS, *WIRING, "durations"},
     "untrusted": {*PARTS, *WIRING, "durations", "yamlfile"},
+    "redaction": {*PARTS, *WIRING, "durations", "yamlfile", "untrusted"},
     "sources": {"serving", "alerting", "kubernetes", "accounting", "report", "web", *WIRING},
     "alerting": {"serving", "sources", "kubernetes", "accounting", "report", "web", *WIRING},
     # What is shown knows nothing of how it is served: the wiring hands the pages to the server.

@@ -33,6 +33,7 @@ from typing import Any
 
 import structlog
 
+from ..redaction import redact_text
 from .engine import FIRING, RESOLVED, Alert, Labels
 from .routing import Route, rfc3339
 from .settings import ReceiverSettings, WebhookSettings
@@ -94,7 +95,8 @@ class Receiver:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # a receiver that never started has no thread to wait for
+            self._thread.join(timeout)
         left = len(self)
         if left:
             # Firing alerts are re-sent by the next daemon, and Alertmanager expires the rest by
@@ -157,9 +159,10 @@ class Receiver:
         headers = {"Content-Type": "application/json", "User-Agent": "gpu-exporter"}
         s = self.settings
         if s.bearer_token:
-            headers["Authorization"] = f"Bearer {s.bearer_token}"
+            headers["Authorization"] = f"Bearer {s.bearer_token.get_secret_value()}"
         elif s.basic_auth_username is not None:
-            token = base64.b64encode(f"{s.basic_auth_username}:{s.basic_auth_password or ''}".encode()).decode()
+            password = s.basic_auth_password.get_secret_value() if s.basic_auth_password else ""
+            token = base64.b64encode(f"{s.basic_auth_username}:{password}".encode()).decode()
             headers["Authorization"] = f"Basic {token}"
         try:
             body = json.dumps(doc).encode()
@@ -180,7 +183,8 @@ class Receiver:
             # OSError: refused, reset, timeout, TLS, DNS.  HTTPException: a status line that is
             # not HTTP, a body cut short, a closed connection.  ValueError: what urllib raises
             # for a URL it cannot use.
-            log.warning("notification_failed", receiver=self.name, error=f"{type(e).__name__}: {e}", will_retry=True)
+            log.warning("notification_failed", receiver=self.name, error=redact_text(f"{type(e).__name__}: {e}"),
+                        will_retry=True)  # fmt: skip
             return "retry"
 
 

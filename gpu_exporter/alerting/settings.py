@@ -10,10 +10,22 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..durations import parse_duration
 
@@ -189,15 +201,78 @@ def group_by_labels(names: list[str]) -> list[str]:
     return names
 
 
+def _secret_text(value: str, what: str) -> str:
+    """A secret as read from YAML or a file: surrounding whitespace (a Secret file's final newline,
+    YAML's ``|``) stripped; whitespace or control characters inside refused, without echoing it."""
+    value = value.strip()
+    if not value:
+        raise ValueError(f"the {what} is empty")
+    if _UNSENDABLE.search(value):
+        raise ValueError(f"the {what} holds whitespace or control characters inside (the value is not shown)")
+    return value
+
+
+def _read_secret_file(path: Path, what: str) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the {what} file {str(path)!r}: {e.strerror or e}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"the {what} file {str(path)!r} is not UTF-8 text") from None
+
+
+def receiver_origin(url: str) -> str:
+    """``scheme://host[:port]`` of a receiver URL: its name where none is given.  The path and query are
+    left out, as Slack- and Discord-style webhooks carry their secret there."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+
+
 class ReceiverSettings(BaseModel):
+    """Where alerts go.  Secrets (the bearer token, the basic-auth password and, for webhooks whose URL
+    is a secret, the URL) can come from files (``*_file``), read at start and on every SIGHUP, and are
+    never shown: not in errors, logs, ``--once`` JSON or metric labels."""
+
     model_config = ConfigDict(extra="forbid")
     url: ReceiverUrl = Field(description="Alertmanager base URL, or the webhook's full URL")
+    url_file: Path | None = Field(None, description="a file holding the URL, for webhooks whose URL is a secret")
     name: str | None = Field(None, min_length=1)
     timeout: Duration = Field(10.0, gt=0, le=300)
     basic_auth_username: str | None = None
-    basic_auth_password: str | None = None
-    bearer_token: str | None = None
+    basic_auth_password: SecretStr | None = None
+    basic_auth_password_file: Path | None = None
+    bearer_token: SecretStr | None = None
+    bearer_token_file: Path | None = None
     ca_file: str | None = None
+    _label: str | None = PrivateAttr(None)  # set by AlertingSettings where names must be made unique
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_files(cls, data: Any) -> Any:
+        """Each ``*_file`` read into its setting (one or the other, not both)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key, what in (("url", "URL"), ("bearer_token", "bearer token"), ("basic_auth_password", "password")):
+            path = data.get(f"{key}_file")
+            if path is None:
+                continue
+            if data.get(key) is not None:
+                raise ValueError(f"set {key} or {key}_file, not both")
+            data[key] = _read_secret_file(Path(path), what).strip()
+        return data
+
+    @field_validator("bearer_token", "basic_auth_password", mode="before")
+    @classmethod
+    def _clean_secret(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or isinstance(value, SecretStr):
+            return value
+        what = "bearer token" if info.field_name == "bearer_token" else "password"
+        if not isinstance(value, str):
+            raise ValueError(f"the {what} must be a string (quote it in YAML; the value is not shown)")
+        return _secret_text(value, what)
 
     @model_validator(mode="after")
     def _one_auth(self) -> ReceiverSettings:
@@ -207,8 +282,8 @@ class ReceiverSettings(BaseModel):
 
     @property
     def label(self) -> str:
-        return self.name or self.url
-
+        """The receiver's name in metrics and logs: as configured, else the URL's scheme, host and port."""
+        return self._label or self.name or receiver_origin(self.url)
 
 class WebhookSettings(ReceiverSettings):
     """A webhook fed directly, routed as an Alertmanager route with these settings would route it."""
@@ -235,3 +310,15 @@ class AlertingSettings(BaseModel):
     resolved_retention: Duration = Field(900.0, le=7 * DAY, description="resolved alerts are re-sent for this long")
     queue_size: int = Field(10_000, ge=1, le=1_000_000, description="alerts held per receiver while it is down")
     external_url: ReceiverUrl | None = Field(None, description="base URL of this daemon, for generatorURL")
+
+    @model_validator(mode="after")
+    def _unique_labels(self) -> AlertingSettings:
+        """Receivers named after the same host get a number each, so their series stay apart."""
+        receivers: list[ReceiverSettings] = [*self.alertmanagers, *self.webhooks]
+        labels = [r.name or receiver_origin(r.url) for r in receivers]
+        seen: dict[str, int] = {}
+        for r, label in zip(receivers, labels, strict=True):
+            if labels.count(label) > 1 and r.name is None:
+                seen[label] = seen.get(label, 0) + 1
+                r._label = f"{label} #{seen[label]}"
+        return self

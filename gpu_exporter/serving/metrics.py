@@ -7,6 +7,7 @@ does not support are absent from the snapshot and so are left out here, never wr
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -255,6 +256,12 @@ class SelfMetrics:
         """Every delivery outcome of ``receiver`` exists from the start, at 0."""
         for outcome in outcomes:
             self.notifications.labels(receiver, outcome)
+
+    def forget_receiver(self, receiver: str, outcomes: Iterable[str]) -> None:
+        """A receiver removed by a reload: its series end (a receiver added back starts from 0)."""
+        for outcome in outcomes:
+            with contextlib.suppress(KeyError):
+                self.notifications.remove(receiver, outcome)
 
     def count_attribution_expired(self) -> None:
         if self.pod_attribution_expired is not None:
