@@ -36,7 +36,7 @@ import structlog
 
 from ..snapshot import PodRef
 from .grpc_unix import RpcError, UnaryCall
-from .podresources import PodResources, WireError, decode_list_response
+from .podresources import AnswerTooLarge, PodResources, WireError, decode_list_response
 
 __all__ = ["DeviceMap", "PodRef", "PodResourcesWatcher", "build_device_map", "normalize_device_id"]
 
@@ -223,12 +223,19 @@ class PodResourcesWatcher:
             if self._stopped:
                 return False
             self._call = call
+        started = time.monotonic()
         try:
-            pods = decode_list_response(call.run())  # an empty ListPodResourcesRequest is zero bytes
+            # The answer is decoded within what is left of the call's time: its bytes are capped
+            # by the call, its pods and fields by the decoder, the CPU by this deadline.
+            answer = call.run()  # an empty ListPodResourcesRequest is zero bytes
+            pods = decode_list_response(answer, deadline=started + self.timeout)
         except RpcError as e:
             if self._stopped:
                 return False  # stop() cancelled the call: not the kubelet's fault
             self._failed(str(e), e.code)
+            return False
+        except AnswerTooLarge as e:
+            self._failed(f"the kubelet's answer is refused: {e}", "RESOURCE_EXHAUSTED")
             return False
         except WireError as e:
             self._failed(f"the kubelet's answer is not a ListPodResourcesResponse: {e}", "MALFORMED")
