@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from gpu_exporter.kubernetes.attribution import Attributor, ProcInfo, read_proc
 from gpu_exporter.serving.metrics import RenderOptions, gpu_families
 from gpu_exporter.snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
@@ -26,8 +28,15 @@ def proc(pid: int, used: int = 1) -> ProcessReading:
     return ProcessReading(pid=pid, name="python3", used_memory_bytes=used)
 
 
-def in_pod(hostname: str | None = None) -> ProcInfo:
-    return ProcInfo(visible=True, in_pod=True, pod_uid="0b8f0c3e-1d2a-4b5c-8d9e-0f1a2b3c4d5e", hostname=hostname)
+def uid_of(name: str | None) -> str:
+    """A pod UID as the kubelet makes them, one per pod name."""
+    n = abs(hash(name)) % 10**12
+    return f"0b8f0c3e-1d2a-4b5c-8d9e-{n:012d}"
+
+
+def in_pod(hostname: str | None = None, uid: str | None = None) -> ProcInfo:
+    """A process of the pod named ``hostname`` (its cgroup carries that pod's UID unless ``uid`` says otherwise)."""
+    return ProcInfo(visible=True, in_pod=True, pod_uid=uid or uid_of(hostname), hostname=hostname)
 
 
 def test_whole_gpus_by_uuid_and_by_index() -> None:
@@ -128,3 +137,50 @@ def test_read_proc_of_a_real_process(tmp_path: Path) -> None:
         p.kill()
         p.wait()
     assert read_proc(999_999_999) == ProcInfo(visible=False)
+
+
+# -- claims checked against pod UIDs (issue 28, point 5) -------------------------------------------------
+def test_a_pod_that_claims_another_pods_name_is_not_billed_as_it() -> None:
+    """A pod's heavy process run with HOSTNAME=victim was labelled pod="victim" and billed to it."""
+    victim, attacker = PodRef("ml", "victim", "main"), PodRef("ml", "attacker", "main")
+    mapping = {"GPU-a": (attacker, victim)}
+    procs = {10: in_pod("victim"), 20: in_pod("victim", uid=uid_of("attacker")), 21: in_pod("attacker")}
+    with capture_logs() as logs:
+        out = Attributor(lambda: mapping, procs.__getitem__).attach((gpu(0, "GPU-a", proc(10), proc(20), proc(21)),))
+    pods = {p.pid: p.pod for p in out[0].processes}
+    assert pods[20] is None and pods[21] is None  # the attacker's UID claims two names: refused altogether
+    assert pods[10] is None  # the name is contested this round: nobody gets it
+    refused = [e for e in logs if e["event"] == "pod_attribution_claim_refused"]
+    assert {e["pod_uid"] for e in refused} == {uid_of("attacker"), uid_of("victim")}
+
+
+def test_a_name_stays_with_the_uid_it_was_given_to() -> None:
+    """The victim ran first; later, while the victim's pod still holds the GPU but has no process on
+    it, another UID claiming the victim's name is refused.  When the pod is gone, a new pod of that
+    name (a new UID) gets it."""
+    victim, attacker = PodRef("ml", "victim", "main"), PodRef("ml", "attacker", "main")
+    holders = {"GPU-a": (attacker, victim)}
+    procs = {10: in_pod("victim"), 20: in_pod("victim", uid=uid_of("attacker")),
+             30: in_pod("victim", uid=uid_of("victim, recreated"))}  # fmt: skip
+    a = Attributor(lambda: holders, procs.__getitem__)
+    assert a.attach((gpu(0, "GPU-a", proc(10)),))[0].processes[0].pod == victim
+    assert a.attach((gpu(0, "GPU-a", proc(20)),))[0].processes[0].pod is None
+    holders = {"GPU-a": (attacker,)}  # the victim's pod is deleted
+    assert a.attach((gpu(0, "GPU-a"),))[0].pods == (attacker,)
+    holders = {"GPU-a": (attacker, victim)}  # and created again, with a new UID
+    assert a.attach((gpu(0, "GPU-a", proc(30)),))[0].processes[0].pod == victim
+
+
+def test_processes_of_one_pod_that_disagree_are_not_attributed() -> None:
+    mapping = {"GPU-a": (A, B)}
+    uid = uid_of("trainer-0")
+    procs = {10: in_pod("trainer-0", uid=uid), 11: in_pod("notebook-7", uid=uid)}
+    out = Attributor(lambda: mapping, procs.__getitem__).attach((gpu(0, "GPU-a", proc(10), proc(11)),))
+    assert [p.pod for p in out[0].processes] == [None, None]
+
+
+def test_a_process_without_a_pod_uid_is_not_attributed_on_a_shared_gpu() -> None:
+    mapping = {"GPU-a": (A, B)}
+    procs = {10: ProcInfo(visible=True, in_pod=True, pod_uid=None, hostname="trainer-0")}
+    out = Attributor(lambda: mapping, procs.__getitem__).attach((gpu(0, "GPU-a", proc(10)),))
+    assert out[0].processes[0].pod is None

@@ -7,7 +7,13 @@ processes, and it does not give pod UIDs. A process is therefore attributed like
   such as Xorg or a monitoring agent are never given a pod.
 - If one pod holds the device, the process is that pod's.
 - If several pods share the device (time-slicing), the process's ``HOSTNAME`` (which the kubelet
-  sets to the pod's name in every container) picks the pod among the holders.
+  sets to the pod's name in every container) picks the pod among the holders.  A tenant sets its
+  own environment, so that name is only a claim, checked against the pod UID that the process's
+  cgroup path carries (which a tenant cannot choose): every process of one pod UID must claim the
+  same name, no other pod UID may claim it, and a name once given to a UID stays that UID's while
+  the pod holds the device.  A claim that fails any of these is refused (the process gets no pod,
+  and the conflict is logged): a tenant can leave its own processes, or both sides of a conflict,
+  unattributed, but cannot have its work billed to another pod.
 
 Without ``hostPID`` the exporter cannot see other containers' /proc entries. Processes on a device
 held by one pod are still attributed to it, but processes on a shared device are left without a
@@ -17,11 +23,16 @@ pod.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+import structlog
+
 from .. import untrusted
 from ..snapshot import GpuReading, PodRef, ProcessReading
+
+log = structlog.get_logger(__name__)
 
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
 
@@ -68,38 +79,76 @@ class Attributor:
         self._devices = devices
         self._proc = proc
         self._cache: dict[int, ProcInfo] = {}
+        self._bound: dict[str, str] = {}  # pod UID -> the pod name its processes were believed for
+        self._refused: set[tuple[str, str]] = set()  # (uid, name) conflicts already logged
 
     def attach(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
         mapping = self._devices()
         seen: set[int] = set()
+        for g in gpus:  # every process's facts first: claims are judged across the node
+            for p in (*g.processes, *(p for m in g.migs for p in m.processes)):
+                seen.add(p.pid)
+                if p.pid not in self._cache:
+                    self._cache[p.pid] = self._proc(p.pid)
+        for pid in list(self._cache):
+            if pid not in seen:
+                del self._cache[pid]
+        trusted = self._trusted_claims(mapping)
         out = []
         for g in gpus:
             pods = _holders(mapping, g.uuid, f"index:{g.index}")
             migs = tuple(
                 replace(m, pods=(mp := _holders(mapping, m.uuid, f"index:{g.index}:{m.index}")),
-                        processes=self._processes(m.processes, mp, seen))
+                        processes=self._processes(m.processes, mp, trusted))
                 for m in g.migs
             )  # fmt: skip
             # A process of the parent GPU may run in a MIG device: its holders count too.
             every = tuple(sorted(set(pods) | {r for m in migs for r in m.pods}, key=_order))
-            out.append(replace(g, pods=pods, migs=migs, processes=self._processes(g.processes, every, seen)))
-        for pid in list(self._cache):
-            if pid not in seen:
-                del self._cache[pid]
+            out.append(replace(g, pods=pods, migs=migs, processes=self._processes(g.processes, every, trusted)))
         return tuple(out)
 
+    def _trusted_claims(self, mapping: DeviceMap) -> dict[str, str]:
+        """Pod UID -> the pod name its processes may be attributed to by HOSTNAME (see the module)."""
+        names: dict[str, set[str]] = defaultdict(set)  # uid -> names its processes claim
+        for info in self._cache.values():
+            if info.pod_uid is not None and info.hostname:
+                names[info.pod_uid].add(info.hostname)
+        holding = {r.pod for refs in mapping.values() for r in refs}
+        # A name stays bound to its UID while that pod holds a device.
+        self._bound = {uid: name for uid, name in self._bound.items() if name in holding}
+        claimants: dict[str, set[str]] = defaultdict(set)  # name -> uids claiming it
+        for uid, claimed in names.items():
+            for name in claimed:
+                claimants[name].add(uid)
+        trusted: dict[str, str] = {}
+        for uid, claimed in names.items():
+            name = next(iter(claimed))
+            owner = next((u for u, n in self._bound.items() if n == name), uid)
+            if len(claimed) > 1 or len(claimants[name]) > 1 or owner != uid:
+                self._refuse(uid, claimed, claimants, owner)
+                continue
+            trusted[uid] = name
+            if name in holding:
+                self._bound[uid] = name
+        return trusted
+
+    def _refuse(self, uid: str, claimed: set[str], claimants: dict[str, set[str]], owner: str) -> None:
+        for name in claimed:
+            if (uid, name) in self._refused:
+                continue
+            self._refused.add((uid, name))
+            others = sorted((claimants[name] | {owner}) - {uid})
+            log.warning("pod_attribution_claim_refused", pod_uid=uid, hostname=name, also_claimed_by=others,
+                        reason="a process's HOSTNAME names a pod that another pod UID claims or owns, or its "
+                               "pod's processes disagree; its GPU time is not given to either")  # fmt: skip
+        if len(self._refused) > 10_000:  # bounded; a conflict logged again after this is no harm
+            self._refused.clear()
+
     def _processes(self, procs: tuple[ProcessReading, ...], holders: tuple[PodRef, ...],
-                   seen: set[int]) -> tuple[ProcessReading, ...]:  # fmt: skip
+                   trusted: dict[str, str]) -> tuple[ProcessReading, ...]:  # fmt: skip
         if not holders:
             return procs
-        out = []
-        for p in procs:
-            seen.add(p.pid)
-            info = self._cache.get(p.pid)
-            if info is None:
-                info = self._cache[p.pid] = self._proc(p.pid)
-            out.append(replace(p, pod=_pick(holders, info)))
-        return tuple(out)
+        return tuple(replace(p, pod=_pick(holders, self._cache[p.pid], trusted)) for p in procs)
 
 
 def _order(r: PodRef) -> tuple[str, str, str]:
@@ -111,16 +160,16 @@ def _holders(mapping: DeviceMap, *keys: str) -> tuple[PodRef, ...]:
     return tuple(sorted(refs, key=_order))
 
 
-def _pick(holders: tuple[PodRef, ...], info: ProcInfo) -> PodRef | None:
+def _pick(holders: tuple[PodRef, ...], info: ProcInfo, trusted: Mapping[str, str]) -> PodRef | None:
     if info.visible and not info.in_pod:
         return None  # a node process (Xorg, a host agent): no pod, whoever holds the device
     pods = {(r.namespace, r.pod) for r in holders}
     if len(pods) == 1:
         chosen = holders
-    elif info.hostname:
-        chosen = tuple(r for r in holders if r.pod == info.hostname)
+    elif info.pod_uid is not None and info.pod_uid in trusted:
+        chosen = tuple(r for r in holders if r.pod == trusted[info.pod_uid])
     else:
-        return None
+        return None  # no claim, or one that was refused (a process without a pod UID cannot be checked)
     containers = {r.container for r in chosen}
     if not chosen:
         return None
