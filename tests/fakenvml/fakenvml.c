@@ -1870,6 +1870,8 @@ static void put_value(const struct dev *d, nvmlFieldValue_t *fv, nvmlValueType_t
 {
     int acc = d->s[K_FIELDS_ACCUMULATE].set && !d->s[K_FIELDS_ACCUMULATE].err && d->s[K_FIELDS_ACCUMULATE].base;
     fv->valueType = type;
+    if (!acc && type != NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+        memset(&fv->value, 0xA5, sizeof fv->value); /* the union's other bytes are undefined: only `type` says */
     switch (type) {
     case NVML_VALUE_TYPE_UNSIGNED_INT:
         fv->value.uiVal = (acc ? fv->value.uiVal : 0) + (unsigned int)v;
@@ -2312,11 +2314,18 @@ nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
     return leave(NVML_SUCCESS);
 }
 
-/* With the lock held: the next due event for this set, if any. */
-static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now)
+static int wait_lost(int g, double now)
+{
+    const struct slot *q = &cur->gpu[g]->s[K_EVENTS_WAIT_LOST];
+    return q->set && !q->err && q->base && gpu_lost(cur->gpu[g], now);
+}
+
+/* With the lock held: the next due event for this set, if any (`lost_only`: only of GPUs whose
+ * loss the wait reports). */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now, int lost_only)
 {
     for (int g = 0; g < cur->ngpus; g++) {
-        if (!(set->mask[g] & nvmlEventTypeXidCriticalError))
+        if (!(set->mask[g] & nvmlEventTypeXidCriticalError) || (lost_only && !wait_lost(g, now)))
             continue;
         const struct dev *gd = cur->gpu[g];
         int i = set->delivered[g];
@@ -2336,14 +2345,13 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now)
 
 /* With the lock held: whether a GPU of this set with `events.wait_lost` has fallen off the bus.
  * nvml.h on nvmlEventSetWait_v2: NVML_ERROR_GPU_IS_LOST "if a GPU has fallen off the bus or is
- * otherwise inaccessible"; the events already due are delivered first. */
+ * otherwise inaccessible".  The lost GPU's own events already due (its XID 79) come first; then
+ * every wait on the set answers GPU_IS_LOST, whatever the other GPUs have (issue 26, point 5). */
 static int lost_in_set(nvmlEventSet_t set, double now)
 {
-    for (int g = 0; g < cur->ngpus; g++) {
-        const struct slot *q = &cur->gpu[g]->s[K_EVENTS_WAIT_LOST];
-        if (set->mask[g] && q->set && !q->err && q->base && gpu_lost(cur->gpu[g], now))
+    for (int g = 0; g < cur->ngpus; g++)
+        if (set->mask[g] && wait_lost(g, now))
             return 1;
-    }
     return 0;
 }
 
@@ -2359,10 +2367,12 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *da
         if (!valid_set(set))
             return leave(NVML_ERROR_INVALID_ARGUMENT);
         double now = mono_now();
-        if (next_event(set, data, now))
+        if (next_event(set, data, now, 1))
             return leave(NVML_SUCCESS);
         if (lost_in_set(set, now))
             return leave(NVML_ERROR_GPU_IS_LOST);
+        if (next_event(set, data, now, 0))
+            return leave(NVML_SUCCESS);
         pthread_mutex_unlock(&lock);
         if (now >= deadline)
             return NVML_ERROR_TIMEOUT;

@@ -99,7 +99,7 @@ def l40s(g: Gpu, tag: str, i: int, *, util: int = 60, mem_used: int = 20 * GIB) 
     g.pstate(0).clocks_event_reasons()
     g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=90_000, rx_kbps=410_000, replay=0, counter_bits=32)
     g.nvlinks(0)
-    g.ecc(corrected=0, uncorrected=0)
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()  # nvml.h: remapped rows "For Ampere or newer"
     g.gpm_supported(False).process_utilization(166)
     return g
 
