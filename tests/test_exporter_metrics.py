@@ -34,8 +34,9 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     g.pstate(2).clocks_event_reasons("sw_power_cap", "hw_thermal")
     g.violations(power=12_500_000_000, thermal=250_000_000, sync_boost=0, board_limit=1, low_utilization=3 * 10**18,
                  reliability=Err("NOT_SUPPORTED"))  # fmt: skip
+    # Counters past 2^32 (64 bits wide: trusted whatever the driver's sample says, sources/nvml/pcie.py).
     g.pcie(gen=4, max_gen=5, width=8, max_width=16, tx_kbps=123_456, rx_kbps=654_321, sample_ms=1, replay=17,
-           tx_bytes=1111, rx_bytes=2222)  # fmt: skip
+           tx_bytes=2**40 + 1111, rx_bytes=2**40 + 2222)  # fmt: skip
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
     g.ecc(corrected=5, uncorrected=1).remapped_rows(correctable=3, uncorrectable=1, pending=True, failure=False)
     g.mig_mode(False)
@@ -71,8 +72,8 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         "gpu_performance_state": 2,
         "gpu_pcie_tx_bytes_per_second": 123_456 * 1024,  # KB/s x 1024
         "gpu_pcie_rx_bytes_per_second": 654_321 * 1024,
-        "gpu_pcie_tx_bytes_total": 1111,
-        "gpu_pcie_rx_bytes_total": 2222,
+        "gpu_pcie_tx_bytes_total": 2**40 + 1111,
+        "gpu_pcie_rx_bytes_total": 2**40 + 2222,
         "gpu_pcie_link_generation": 4,
         "gpu_pcie_link_max_generation": 5,
         "gpu_pcie_link_width": 8,

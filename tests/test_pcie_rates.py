@@ -7,6 +7,7 @@ driver's timestamps instead, and the sample is only the fallback.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from typing import Any
 
@@ -72,7 +73,8 @@ def test_a_change_of_load_shows_within_two_polls(scenario: Scenario, nvml: Any) 
 def test_a_counter_that_goes_back_gives_the_drivers_sample_not_a_negative_or_huge_rate(
     scenario: Scenario, nvml: Any
 ) -> None:
-    one_gpu(scenario, tx_kbps=40_000, rx_kbps=40_000, tx_bytes=Counter(5 * 10**12, 1e9), rx_bytes=Counter(0, 1e9))
+    # Counters past 2^32, so 64 bits wide: going back can only be a reset (pcie.py).
+    one_gpu(scenario, tx_kbps=40_000, rx_kbps=40_000, tx_bytes=Counter(5 * 10**12, 1e9), rx_bytes=Counter(2**40, 1e9))
     poller, _ = make_poller()
     poller.poll()
     poll_apart(poller)
@@ -112,3 +114,51 @@ def test_polls_closer_than_the_shortest_span_keep_the_last_rate_and_the_older_re
     time.sleep(0.3)
     g = poller.poll().gpus[0]
     assert g.pcie_tx_bytes_per_second == pytest.approx(6e9, rel=0.1)
+
+
+# -- counters that may be 32 bits wide (nvml.h: "Value can be wrapped") ---------------------------------
+def throughput_calls() -> int:
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
+    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
+    return int(lib.fakeNvmlCallCount(b"nvmlDeviceGetPcieThroughput"))
+
+
+def l40s_like(scenario: Scenario, per_second: float, start: int) -> None:
+    """Counters that wrap at 2^32 and still say "unsigned long long", as an L40S's seem to
+    (dcgm-exporter #721); the driver's sample agrees with the rate they count at."""
+    g = scenario.add_gpu().identity("NVIDIA L40S", UUID)
+    g.pcie(sample_ms=5, tx_kbps=round(per_second / 1024), rx_kbps=1, counter_bits=32,
+           tx_bytes=Counter(start, per_second), rx_bytes=Counter(0, 1024))  # fmt: skip
+    scenario.write()
+
+
+def test_a_32_bit_counter_that_wraps_between_polls_keeps_its_rate_and_its_total(scenario: Scenario, nvml: Any) -> None:
+    l40s_like(scenario, 1e9, 2**32 - 700_000_000)  # wraps after 0.7 s at 1 GB/s
+    poller, errors = make_poller()
+    poller.poll()
+    poll_apart(poller)  # the first counter rate, checked against the first poll's sample: they agree
+    calls, totals = throughput_calls(), []
+    for _ in range(5):  # across the wrap
+        g = poll_apart(poller).gpus[0]
+        assert g.pcie_tx_bytes_per_second == pytest.approx(1e9, rel=0.05)
+        totals.append(g.pcie_tx_bytes_total)
+    assert throughput_calls() == calls, "a poll took the driver's sample: the wrap was taken for a reset"
+    assert all(t is not None for t in totals) and totals == sorted(totals), totals  # no false reset
+    assert totals[-1] > 2**32
+    assert {error for _, error in errors.counts} == {"not_supported"}  # what this bare card lacks, nothing else
+
+
+def test_a_32_bit_counter_that_wraps_within_a_poll_gives_way_to_the_drivers_sample(
+    scenario: Scenario, nvml: Any
+) -> None:
+    """20 GB/s moves 6 GB in a 0.3 s poll: more than 2^32, so the counter's difference comes out
+    short by a multiple of 4 GiB.  The check against the driver's sample finds it, and the sample is
+    used; the counter, short, is not exported."""
+    l40s_like(scenario, 20e9, 0)
+    poller, _ = make_poller()
+    poller.poll()
+    for _ in range(4):
+        g = poll_apart(poller).gpus[0]
+        assert g.pcie_tx_bytes_per_second == pytest.approx(20e9, rel=0.02)
+        assert g.pcie_tx_bytes_total is None and g.pcie_rx_bytes_total is None

@@ -20,7 +20,7 @@ from ...snapshot import GpuReading, GpuStatic
 from ..backend import ErrorSink, GpuLost, SystemInfo
 from .device import Baton, Device
 from .errors import DRIVER_GONE, error_name, try_call, unavailable
-from .fields import pcie_rates
+from .pcie import PcieCounters, Sample
 from .processes import ProcessReader
 from .profiling import GpmReader
 from .reads import Readers, read_quick
@@ -106,10 +106,12 @@ class NvmlBackend:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except pynvml.NVMLError as e:
             self._errors("nvmlDeviceGetHandleByIndex", error_name(e.value))
+            self._forget(index)
             raise GpuLost(f"GPU {index}: {e}") from e
         dev = Device(index, handle, self._errors)
         uuid = dev.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)
         if uuid is None:
+            self._forget(index)
             raise GpuLost(f"GPU {index}: its UUID cannot be read")
         static = read_static(dev, uuid, clocks=self._readers.clocks, nvlink=self._nvlink, gpm=self._readers.gpm)
         with self._lock:
@@ -120,15 +122,28 @@ class NvmlBackend:
                 self._carry_over(old, dev)
             else:
                 self._gpm.free(old)
+        if dev.pcie is None:
+            dev.pcie = PcieCounters()
         dev.uuid_seen = uuid
         return static
+
+    def _forget(self, index: int) -> None:
+        """GPU ``index`` cannot be read at discovery: whatever comes back there later is a new device
+        (its counters and samples started again), never diffed against this one's."""
+        with self._lock:
+            old = self._devices.pop(index, None)
+        if old is not None:
+            old.lost = True
+            self._gpm.free(old)
 
     @staticmethod
     def _carry_over(old: Device, dev: Device) -> None:
         """A static refresh of the same GPU keeps its GPM samples and PCIe counts, so activity and
-        throughput have no gap."""
+        throughput have no gap; the PCIe counters are checked against the driver's sample again."""
         dev.gpm, dev.mig_gpm = old.gpm, old.mig_gpm
-        dev.pcie_counted, dev.pcie_rates = old.pcie_counted, old.pcie_rates
+        dev.pcie, old.pcie = old.pcie, None
+        if dev.pcie is not None:
+            dev.pcie.recheck()
         old.gpm, old.mig_gpm = None, {}
         for pair in [dev.gpm, *dev.mig_gpm.values()]:
             if pair is not None:
@@ -147,17 +162,26 @@ class NvmlBackend:
         # doing them at once hand it to each other on every call (a thread switch each, which
         # cost more than the calls).  Only the blocking PCIe reads below run side by side.
         with self._baton.hold():
-            reading = read_quick(dev, static, self._readers, self._xids.counts(static.index))
-        rates = pcie_rates(dev)
-        if rates is not None:
-            return replace(reading, pcie_tx_bytes_per_second=rates[0], pcie_rx_bytes_per_second=rates[1])
-        N = pynvml
-        c = dev.call
-        # No counters to take a rate from (the first poll, an older card, a wrapped counter): the
-        # driver's own sample, each blocking ~20 ms (and 0.7 ms of CPU on an H200) while it watches the link.
-        tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
-        rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
-        if tx is None and rx is None:
+            reading = read_quick(dev, static, self._readers, self._xids.counts(static.uuid))
+        # The rate from the byte counters where they can be trusted (pcie.py), else the driver's
+        # sample; the sample blocks, so it runs outside the baton, beside the other GPUs' reads.
+        pcie = dev.pcie or PcieCounters()
+        rates, totals = pcie.poll(dev.pcie_counts, lambda: _pcie_sample(dev))
+        if rates is None and totals is None:
             return reading
-        return replace(reading, pcie_tx_bytes_per_second=tx * 1024 if tx is not None else None,
-                       pcie_rx_bytes_per_second=rx * 1024 if rx is not None else None)  # fmt: skip
+        tx, rx = rates or (None, None)
+        total_tx, total_rx = totals or (None, None)
+        return replace(reading, pcie_tx_bytes_per_second=tx, pcie_rx_bytes_per_second=rx,
+                       pcie_tx_bytes_total=total_tx, pcie_rx_bytes_total=total_rx)  # fmt: skip
+
+
+def _pcie_sample(dev: Device) -> Sample:
+    """The driver's own throughput sample, each direction blocking ~20 ms (and 0.7 ms of CPU on an
+    H200) while it watches the link; KB/s, so x 1024."""
+    N = pynvml
+    c = dev.call
+    tx = c("nvmlDeviceGetPcieThroughput(tx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_TX_BYTES)
+    rx = c("nvmlDeviceGetPcieThroughput(rx)", N.nvmlDeviceGetPcieThroughput, N.NVML_PCIE_UTIL_RX_BYTES)
+    if tx is None and rx is None:
+        return None
+    return (tx * 1024 if tx is not None else None, rx * 1024 if rx is not None else None)

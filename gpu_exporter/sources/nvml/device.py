@@ -18,10 +18,11 @@ import structlog
 
 from ... import untrusted
 from ..backend import ErrorSink, GpuLost
-from .errors import DRIVER_GONE, SENTINELS, UNSUPPORTED, error_name, unavailable
+from .errors import DRIVER_GONE, REMEMBERED, SENTINELS, error_name, unavailable
 
 if TYPE_CHECKING:
     from ..gpm import SamplePair
+    from .pcie import PcieCounters
 
 log = structlog.get_logger(__name__)
 
@@ -36,13 +37,16 @@ class Device:
         self.handle = handle
         self.unsupported: set[str] = set()
         self.missing: set[str] = set()  # functions this driver does not have at all
+        # The same for its MIG devices, learnt once for all of them: a MIG handle refusing a query
+        # says nothing of the parent's (issue 26: a MIG device's NOT_SUPPORTED hid the parent's processes).
+        self.mig_unsupported: set[str] = set()
+        self.mig_missing: set[str] = set()
         self.unsupported_fields: set[tuple[int, int]] = set()
-        self.field_array: tuple[tuple[tuple[int, int], ...], Any] | None = None  # (fields, ctypes array)
-        # The PCIe byte counters (tx, rx, driver timestamp in us) of this poll and of the one a
-        # rate was last taken from; None where they are missing or too narrow to trust.
-        self.pcie_counts: tuple[int, int, int] | None = None
-        self.pcie_counted: tuple[int, int, int] | None = None
-        self.pcie_rates: tuple[float, float] | None = None  # the last rate taken from them
+        self.fields: Any = None  # fields.FieldArray: this GPU's one field-value array, reused
+        # The PCIe byte counters (tx, rx, driver timestamp in us) of this poll, None where missing,
+        # and what the rate is taken from across polls (pcie.PcieCounters, carried over refreshes).
+        self.pcie_counts: tuple[int | None, int | None, int, int] | None = None  # tx, rx, timestamp, bits
+        self.pcie: PcieCounters | None = None
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
         self.process_users: dict[int, str | None] = {}  # pid -> user, looked up once per process
@@ -54,6 +58,12 @@ class Device:
         self.lost = False
         self.uuid_seen = ""
         self.errors = errors
+
+    def mig(self, handle: Any) -> Device:
+        """One of this GPU's MIG devices, sharing what its MIG devices cannot do (not the parent's)."""
+        mig = Device(self.index, handle, self.errors)
+        mig.unsupported, mig.missing = self.mig_unsupported, self.mig_missing
+        return mig
 
     def call(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         """``fn(handle, *args)``; None when unsupported or failing, GpuLost when the GPU is gone.
@@ -75,31 +85,37 @@ class Device:
         except pynvml.NVMLError as e:
             function = what.split("(", 1)[0]
             if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                self.errors(function, "gpu_is_lost")
-                self.lost = True
-                raise GpuLost(f"GPU {self.index}: {function}: {e}") from e
+                raise self.lost_on(function) from e
             if e.value in DRIVER_GONE:
                 self.errors(function, error_name(e.value))
                 raise unavailable(e) from e
-            if e.value in UNSUPPORTED:
+            if e.value in REMEMBERED:
+                # Not supported, not in this driver, or not allowed: asking again each poll changes
+                # nothing until the next static refresh, so it is said once, under its own reason.
                 self.unsupported.add(what)
-                missing = e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
-                if missing:
+                if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     self.missing.add(what)  # an older driver: said apart, so the reason is visible
-                self.errors(function, "function_not_found" if missing else "not_supported")
+                self.errors(function, error_name(e.value))
                 log.debug("nvml_query_unsupported", gpu=self.index, query=what)
                 return None
             self.errors(function, error_name(e.value))
             return None
 
-    def ratio(self, function: str, percent: int | None) -> float | None:
-        """A percentage as a ratio; beyond 100 it is a sentinel or garbage: left out, and counted."""
+    def ratio(self, function: str, percent: int | None, most: int = 100) -> float | None:
+        """A percentage as a ratio; beyond ``most`` it is a sentinel or garbage: left out, and counted."""
         if percent is None:
             return None
-        if not 0 <= percent <= 100:
+        if not 0 <= percent <= most:
             self.errors(function, "out_of_range")
             return None
         return percent / 100
+
+    def lost_on(self, function: str) -> GpuLost:
+        """``function`` said GPU_IS_LOST: counted, and the GPU marked lost, so that when it comes back
+        under the same UUID (after a reset) nothing is diffed across.  Every loss path comes here."""
+        self.errors(function, "gpu_is_lost")
+        self.lost = True
+        return GpuLost(f"GPU {self.index}: {function}: GPU is lost")
 
 
 def raise_error(handle: Any, e: pynvml.NVMLError) -> None:

@@ -19,6 +19,9 @@ _ERROR_NAMES: dict[int, str] = {
 }
 # Answers meaning "this card or driver does not have that": left out, not an error to retry.
 UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+# Answers that stay the same until something changes on the node (a static refresh asks again):
+# remembered and counted once, where a retry each poll would count them every poll.
+REMEMBERED = UNSUPPORTED | {pynvml.NVML_ERROR_NO_PERMISSION}
 # Answers meaning the driver itself is gone: no GPU can be read until NVML is initialised again.
 DRIVER_GONE = frozenset(
     {

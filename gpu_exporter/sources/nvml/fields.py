@@ -1,5 +1,11 @@
-"""Field values (``nvmlDeviceGetFieldValues``): memory temperature, the PCIe byte counters and the
-NVLink traffic counters, all in one call per GPU, and the PCIe rate taken from the counters."""
+"""Field values (``nvmlDeviceGetFieldValues``): memory temperature, the perf-policy counters, the PCIe
+byte counters and the NVLink traffic counters, all in one call per GPU through one array per GPU.
+
+The array is reused from poll to poll (no allocation per poll), and restored to its pristine state,
+field ids set and every value zeroed, before each call: some drivers add into the caller's
+``value`` instead of writing it (go-nvml #46: "18, 28, 38, 48 ... increase linearly"), which
+nvidia-ml-py never meets because it builds a fresh, zeroed array per call.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,6 @@ from typing import Any
 
 import pynvml
 
-from ..backend import GpuLost
 from . import bindings
 from .device import Device
 from .errors import UNSUPPORTED, error_name
@@ -22,10 +27,19 @@ FI_PCIE_RX = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
 FI_NVLINK_TX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)  # KiB
 FI_NVLINK_RX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)  # KiB
 _PCIE_COUNTERS = ((FI_PCIE_TX, 0), (FI_PCIE_RX, 0))
-# A byte counter narrower than 64 bits can wrap more than once between polls at PCIe speeds, so
-# only 64-bit answers make a rate; the shortest span worth dividing by (seconds of driver time).
-_WIDE_VALUES = frozenset({pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG})
-_PCIE_MIN_SPAN_S = 0.1
+# A field id the driver does not know (197/198 on R535, whose NVML_FI_MAX is 197) comes back per
+# entry as INVALID_ARGUMENT: as final for this driver as NOT_SUPPORTED is for this card.
+_NOT_HERE = UNSUPPORTED | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
+# nvmlValueType_t (nvml.h); 6, unsigned short, came with R570 and is missing from older bindings.
+_DOUBLE, _UINT, _ULONG, _ULL, _SLL, _SINT, _USHORT = range(7)
+
+
+class _Value(ctypes.Union):
+    """nvmlValue_t (nvml.h), all seven members, whatever the installed bindings know."""
+
+    _fields_ = [("dVal", ctypes.c_double), ("siVal", ctypes.c_int), ("uiVal", ctypes.c_uint),
+                ("ulVal", ctypes.c_ulong), ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong),
+                ("usVal", ctypes.c_ushort)]  # fmt: skip
 
 
 class _FieldValue(ctypes.Structure):
@@ -33,85 +47,105 @@ class _FieldValue(ctypes.Structure):
 
     _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
                 ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
-                ("value", pynvml.c_nvmlValue_t)]  # fmt: skip
-
-
-def _field_array(fields: tuple[tuple[int, int], ...]) -> Any:
-    array = (_FieldValue * len(fields))()
-    for entry, (field_id, scope) in zip(array, fields, strict=True):
-        entry.fieldId, entry.scopeId = field_id, scope
-    return array
-
-
-def _get_field_values(handle: Any, array: Any) -> Any:
-    bindings.call("nvmlDeviceGetFieldValues", handle, ctypes.c_int32(len(array)), array)
-    return array
+                ("value", _Value)]  # fmt: skip
 
 
 _VALUE_READERS: dict[int, Callable[[Any], int | float]] = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: lambda v: float(v.dVal),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda v: int(v.uiVal),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda v: int(v.ulVal),
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda v: int(v.sllVal),
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda v: int(v.siVal),
+    _DOUBLE: lambda v: float(v.dVal),
+    _UINT: lambda v: int(v.uiVal),
+    _ULONG: lambda v: int(v.ulVal),
+    _ULL: lambda v: int(v.ullVal),
+    _SLL: lambda v: int(v.sllVal),
+    _SINT: lambda v: int(v.siVal),
+    _USHORT: lambda v: int(v.usVal),
 }
+# Widths of the integer types a counter can come in, for counters that wrap at their type's width.
+VALUE_BITS = {_UINT: 32, _USHORT: 16, _ULONG: 8 * ctypes.sizeof(ctypes.c_ulong), _ULL: 64, _SLL: 64}
 
 
-def _field_value(fv: Any) -> int | float:
-    read = _VALUE_READERS.get(fv.valueType)
-    return read(fv.value) if read is not None else int(fv.value.ullVal)
+class FieldArray:
+    """One GPU's array for a set of fields, with a pristine copy to restore it from before each call."""
+
+    def __init__(self, fields: tuple[tuple[int, int], ...]) -> None:
+        self.fields = fields
+        self.array = (_FieldValue * len(fields))()
+        for entry, (field_id, scope) in zip(self.array, fields, strict=True):
+            entry.fieldId, entry.scopeId = field_id, scope
+        self._pristine = (_FieldValue * len(fields))()
+        self._size = ctypes.sizeof(self.array)
+        ctypes.memmove(self._pristine, self.array, self._size)
+
+    def reset(self) -> None:
+        """Ids set, everything else zero: one memmove, no allocation."""
+        ctypes.memmove(self.array, self._pristine, self._size)
+
+
+def _get_field_values(handle: Any, fa: FieldArray) -> FieldArray:
+    fa.reset()
+    bindings.call("nvmlDeviceGetFieldValues", handle, ctypes.c_int32(len(fa.fields)), fa.array)
+    return fa
 
 
 def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], int | float]:
     """(field id, scope) -> value, of the ``wanted`` ones this GPU has, in one call; sets
     ``dev.pcie_counts`` when the PCIe byte counters are among them."""
     key = tuple(w for w in wanted if w not in dev.unsupported_fields)
+    dev.pcie_counts = None
     if not key:
         return {}
     # One array per GPU, kept while the wanted fields stay the same: no per-poll allocation,
     # and plain ctypes, as nvidia-ml-py's hooked structs cost a Python call per field read.
-    if dev.field_array is None or dev.field_array[0] != key:
-        dev.field_array = (key, _field_array(key))
-    array = dev.field_array[1]
-    dev.pcie_counts = None
-    if dev.call("nvmlDeviceGetFieldValues", _get_field_values, array) is None:
+    fa = dev.fields
+    if fa is None or fa.fields != key:
+        fa = dev.fields = FieldArray(key)
+    function = "nvmlDeviceGetFieldValues"
+    if dev.call(function, _get_field_values, fa) is None:
         return {}
     out: dict[tuple[int, int], int | float] = {}
-    for k, fv in zip(key, array, strict=True):
+    for k, fv in zip(key, fa.array, strict=True):
         ret = fv.nvmlReturn
         if ret == pynvml.NVML_SUCCESS:
-            out[k] = _field_value(fv)
-        elif ret in UNSUPPORTED:
-            dev.unsupported_fields.add(k)
-            dev.errors("nvmlDeviceGetFieldValues", "not_supported")
+            read = _VALUE_READERS.get(fv.valueType)
+            if read is not None:
+                out[k] = read(fv.value)
+            else:
+                dev.errors(function, "unknown_value_type")  # a type newer than nvml.h 13: left out
+        elif ret in _NOT_HERE:
+            dev.unsupported_fields.add(k)  # not asked again until the next static refresh
+            dev.errors(function, error_name(ret))
         elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost(f"GPU {dev.index}: nvmlDeviceGetFieldValues: GPU is lost")
+            raise dev.lost_on(function)
         else:
-            dev.errors("nvmlDeviceGetFieldValues", error_name(ret))
-    tx, rx = (out.get(k) for k in _PCIE_COUNTERS)
-    if tx is not None and rx is not None:
-        stamps = [fv.timestamp for k, fv in zip(key, array, strict=True)
-                  if k in _PCIE_COUNTERS and fv.valueType in _WIDE_VALUES]  # fmt: skip
-        if len(stamps) == 2:
-            dev.pcie_counts = (int(tx), int(rx), max(stamps))
+            dev.errors(function, error_name(ret))
+    _pcie_counts(dev, fa, key, out)
     return out
 
 
-def pcie_rates(dev: Device) -> tuple[float, float] | None:
-    """PCIe bytes per second, both ways, since the poll a rate was last taken from; None if there is none.
+def _pcie_counts(dev: Device, fa: FieldArray, key: tuple[tuple[int, int], ...],
+                 out: dict[tuple[int, int], int | float]) -> None:  # fmt: skip
+    """``dev.pcie_counts``: (tx, rx, driver timestamp in us, bits of the narrower type), where either
+    counter answered as an integer (the other None)."""
+    counted = [(fv, v, bits) for k, fv in zip(key, fa.array, strict=True) if k in _PCIE_COUNTERS
+               and isinstance(v := out.get(k), int) and (bits := VALUE_BITS.get(fv.valueType)) is not None]  # fmt: skip
+    if not counted:
+        return
+    values = {fv.fieldId: v for fv, v, _ in counted}
+    dev.pcie_counts = (values.get(FI_PCIE_TX), values.get(FI_PCIE_RX), max(fv.timestamp for fv, _, _ in counted),
+                       min(bits for _, _, bits in counted))  # fmt: skip
 
-    The average over the whole poll interval, where the driver's own throughput query samples
-    20 ms of it: a rate Prometheus would get from the counters, and no blocking call.
-    """
-    now, then = dev.pcie_counts, dev.pcie_counted
-    if now is None or then is None or now[0] < then[0] or now[1] < then[1]:
-        # No counters, a first reading, or a counter that wrapped or was reset: start over.
-        dev.pcie_counted, dev.pcie_rates = now, None
+
+def read_one(dev: Device, field: tuple[int, int], what: str) -> int | float | None:
+    """One field, through an array of its own (a static refresh, not a poll); None where this GPU or
+    driver does not have it, which is not counted: the caller knows what its absence means."""
+    fa = FieldArray((field,))
+    if dev.call(what, _get_field_values, fa) is None:
         return None
-    span = (now[2] - then[2]) / 1e6
-    if span < _PCIE_MIN_SPAN_S:
-        # Too short to divide by: the last rate stands, and the next span starts at the older reading.
-        return dev.pcie_rates
-    dev.pcie_counted = now
-    dev.pcie_rates = (now[0] - then[0]) / span, (now[1] - then[1]) / span
-    return dev.pcie_rates
+    fv = fa.array[0]
+    function = what.split("(", 1)[0]
+    if fv.nvmlReturn == pynvml.NVML_SUCCESS and (read := _VALUE_READERS.get(fv.valueType)) is not None:
+        return read(fv.value)
+    if fv.nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST:
+        raise dev.lost_on(function)
+    if fv.nvmlReturn not in _NOT_HERE and fv.nvmlReturn != pynvml.NVML_SUCCESS:
+        dev.errors(function, error_name(fv.nvmlReturn))
+    return None

@@ -1,17 +1,18 @@
 """The MIG devices of a GPU in MIG mode: memory, processes and GPM activity.
 
 GPU-Util and most other values are only per parent GPU (NVML answers NOT_SUPPORTED on a MIG
-handle), so they are not asked for here; GPM is the one utilization per instance.
+handle), so they are not asked for here; GPM is the one utilization per GPU instance.  What the MIG
+handles cannot do is learnt once for all of them, apart from what the parent cannot do.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pynvml
 
 from ...snapshot import MigReading
-from ..backend import GpuLost
 from .device import Device
 from .processes import ProcessReader
 from .profiling import GpmReader
@@ -30,38 +31,44 @@ def read_migs(dev: Device, processes: ProcessReader | None, gpm: GpmReader | Non
     GPU has no GPM."""
     N = pynvml
     count = dev.call("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
-    out = []
+    found = []
     for i in range(count):
         try:
             handle = N.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, i)
         except N.NVMLError as e:
             if e.value == N.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost(f"GPU {dev.index}: MIG device {i}: {e}") from e
+                raise dev.lost_on("nvmlDeviceGetMigDeviceHandleByIndex") from e
             continue  # NOT_FOUND: an empty slot
-        mig = Device(dev.index, handle, dev.errors)
-        mig.unsupported = dev.unsupported  # learnt once per GPU, not per MIG device
+        mig = dev.mig(handle)
         uuid = mig.call("nvmlDeviceGetUUID(mig)", N.nvmlDeviceGetUUID)
         if uuid is None:
             continue
         name = mig.call("nvmlDeviceGetName(mig)", N.nvmlDeviceGetName) or ""
         mem = mig.call("nvmlDeviceGetMemoryInfo(mig)", N.nvmlDeviceGetMemoryInfo)
         gi = mig.call("nvmlDeviceGetGpuInstanceId", N.nvmlDeviceGetGpuInstanceId)
-        profile = mig_profile(name)
-        out.append(
-            MigReading(
-                index=i,
-                uuid=uuid,
-                profile=profile,
-                gpu_instance_id=gi,
-                compute_instance_id=mig.call("nvmlDeviceGetComputeInstanceId", N.nvmlDeviceGetComputeInstanceId),
-                memory_total_bytes=mem.total if mem is not None else None,
-                memory_used_bytes=mem.used if mem is not None else None,
-                memory_free_bytes=mem.free if mem is not None else None,
-                processes=processes.processes(mig, dev.mig_process_names, dev.process_users) if processes else (),
-                activity=gpm.mig_activity(dev, gi, uuid, profile) if gpm else None,
-            )
-        )
-    dev.mig_process_names = {p.pid: p.name for m in out for p in m.processes}
-    if gpm is not None:
-        gpm.forget_migs(dev, {(m.gpu_instance_id, m.uuid, m.profile) for m in out})
-    return tuple(out)
+        ci = mig.call("nvmlDeviceGetComputeInstanceId", N.nvmlDeviceGetComputeInstanceId)
+        found.append(MigReading(
+            index=i,
+            uuid=uuid,
+            profile=mig_profile(name),
+            gpu_instance_id=gi,
+            compute_instance_id=ci,
+            memory_total_bytes=mem.total if mem is not None else None,
+            memory_used_bytes=mem.used if mem is not None else None,
+            memory_free_bytes=mem.free if mem is not None else None,
+            processes=processes.processes(mig, dev.mig_process_names, dev.process_users) if processes else (),
+        ))  # fmt: skip
+    dev.mig_process_names = {p.pid: p.name for m in found for p in m.processes}
+    if gpm is None:
+        return tuple(found)
+    # GPM is per GPU instance: sampled once for each, and shown on one of its MIG devices (the one
+    # with the lowest compute instance id), so a sum over MIG devices counts each instance once.
+    shown: dict[int, MigReading] = {}
+    for m in found:
+        if m.gpu_instance_id is not None:
+            first = shown.get(m.gpu_instance_id)
+            if first is None or (m.compute_instance_id or 0) < (first.compute_instance_id or 0):
+                shown[m.gpu_instance_id] = m
+    activity = {m.index: gpm.mig_activity(dev, gi, m.uuid, m.profile) for gi, m in shown.items()}
+    gpm.forget_migs(dev, {(m.gpu_instance_id, m.uuid, m.profile) for m in shown.values()})
+    return tuple(replace(m, activity=activity[m.index]) if m.index in activity else m for m in found)

@@ -65,7 +65,7 @@ class ProcessReader:
             return processes
         dev.process_util_at = now
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
+            samples = _process_utilization(dev)
         except pynvml.NVMLError as e:
             # NOT_FOUND: no process was busy since the last read.  nvidia-ml-py raises even on
             # SUCCESS when the driver had nothing to report.
@@ -88,6 +88,18 @@ class ProcessReader:
             dev.process_util[p.pid] = (sm, mem)
             out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
         return tuple(out)
+
+
+def _process_utilization(dev: Device) -> Any:
+    """The driver's samples since the last one read.  nvidia-ml-py sizes its buffer with a first call;
+    a sample the driver takes before the second finds the buffer one short (INSUFFICIENT_SIZE, nvml.h:
+    the count "may differ from a previously read value"), so that read is made once more."""
+    try:
+        return pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
+    except pynvml.NVMLError as e:
+        if e.value != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise
+    return pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
 
 
 def _without_util(processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:

@@ -11,13 +11,12 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import pynvml
 import structlog
 
 from ...snapshot import Activity
-from ..backend import GpuLost
 from ..gpm import METRIC_FIELDS, MetricAnswer, SamplePair, activity_of
 from .device import Device
 from .errors import DRIVER_GONE, UNSUPPORTED, error_name, unavailable
@@ -86,6 +85,9 @@ class _NvmlGpmCalls:
 
 
 _GPM_CALLS = _NvmlGpmCalls()
+# Which samples a call that refuses takes with it (any other: all of the GPU's).
+Scope = Literal["all", "gpu", "migs"]
+_SCOPE: dict[str, Scope] = {"nvmlGpmSampleGet": "gpu", "nvmlGpmMigSampleGet": "migs"}
 
 
 class GpmReader:
@@ -109,9 +111,9 @@ class GpmReader:
     def gpu_activity(self, dev: Device) -> Activity | None:
         return self._activity(dev, dev.gpm, lambda s: pynvml.nvmlGpmSampleGet(dev.handle, s.handle))
 
-    def mig_activity(self, dev: Device, gi: int | None, uuid: str, profile: str) -> Activity | None:
-        if gi is None:
-            return None
+    def mig_activity(self, dev: Device, gi: int, uuid: str, profile: str) -> Activity | None:
+        """One GPU instance's activity; ``uuid`` and ``profile`` (of the MIG device it is shown on) tell
+        a re-created instance under the same id apart."""
         key = (gi, uuid, profile)
         pair = dev.mig_gpm.get(key)
         if pair is None and "nvmlGpmMigSampleGet" not in dev.unsupported:
@@ -128,11 +130,13 @@ class GpmReader:
         for key in [k for k in dev.mig_gpm if k not in live]:
             dev.mig_gpm.pop(key).close()
 
-    def free(self, dev: Device, whole_gpu: bool = True) -> None:
-        """Free the device's samples: all of them, or only its MIG instances' ones."""
-        pairs = list(dev.mig_gpm.values())
-        dev.mig_gpm = {}
-        if whole_gpu and dev.gpm is not None:
+    def free(self, dev: Device, which: Scope = "all") -> None:
+        """Free the device's samples: ``all`` of them, the whole ``gpu``'s, or its ``migs``' ones."""
+        pairs: list[SamplePair[Any]] = []
+        if which != "gpu":
+            pairs += dev.mig_gpm.values()
+            dev.mig_gpm = {}
+        if which != "migs" and dev.gpm is not None:
             pairs.append(dev.gpm)
             dev.gpm = None
         for pair in pairs:
@@ -177,9 +181,7 @@ class GpmReader:
 
     def _failed(self, dev: Device, function: str, e: pynvml.NVMLError) -> None:
         if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-            dev.errors(function, "gpu_is_lost")
-            dev.lost = True
-            raise GpuLost(f"GPU {dev.index}: {function}: {e}") from e
+            raise dev.lost_on(function) from e
         if e.value in DRIVER_GONE:
             dev.errors(function, error_name(e.value))
             raise unavailable(e) from e
@@ -189,7 +191,9 @@ class GpmReader:
             dev.unsupported.add(function)
             dev.errors(function, error_name(e.value) if e.value != pynvml.NVML_ERROR_NOT_SUPPORTED else "not_supported")
             log.info("gpm_unavailable", gpu=dev.index, function=function, reason=str(e))
-            self.free(dev, whole_gpu=function != "nvmlGpmMigSampleGet")
+            # Only the samples of what refused: a parent that has no GPM in MIG mode leaves its GPU
+            # instances' pairs alone (freeing them cost an interval or two at every static refresh).
+            self.free(dev, _SCOPE.get(function, "all"))
             return
         dev.errors(function, error_name(e.value))
 

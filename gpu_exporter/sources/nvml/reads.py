@@ -19,7 +19,7 @@ from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_P
 from .mig import read_migs
 from .processes import ProcessReader
 from .profiling import GpmReader
-from .static import CLOCKS
+from .static import CLOCKS, NVLINK_STATE
 
 CLOCK_EVENT_REASONS = {
     "gpu_idle": 0x1,
@@ -36,8 +36,8 @@ CLOCK_EVENT_REASONS = {
 # nvmlDeviceGetViolationStatus (deprecated in 13.0) reads, for every driver since R4xx.
 VIOLATION_FIELDS = {74: "power", 75: "thermal", 76: "sync_boost", 77: "board_limit", 78: "low_utilization",
                     79: "reliability"}  # fmt: skip
-# The names under which each link's state query is remembered: built once, not per link and poll.
-_NVLINK_STATE = tuple(f"nvmlDeviceGetNvLinkState({link})" for link in range(pynvml.NVML_NVLINK_MAX_LINKS))
+# nvml.h: a fan's speed "may exceed 100% in certain cases"; 255 (0xFF) is no reading.
+FAN_MAX_PERCENT = 200
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     nvlinks = tuple(
         NvLinkReading(
             link=link,
-            up=None if (st := c(_NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
+            up=None if (st := c(NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
             else st == N.NVML_FEATURE_ENABLED,
             tx_bytes_total=_kib(fields.get((FI_NVLINK_TX, link))),
             rx_bytes_total=_kib(fields.get((FI_NVLINK_RX, link))),
@@ -136,8 +136,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         clock_event_active=MappingProxyType(
             {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
         ),
-        pcie_tx_bytes_total=_int(fields.get((FI_PCIE_TX, 0))),
-        pcie_rx_bytes_total=_int(fields.get((FI_PCIE_RX, 0))),
+        # The PCIe byte counters and their rate: the backend's, from dev.pcie_counts (pcie.py).
         pcie_link_generation=gen,
         pcie_link_width=width,
         pcie_replay_errors_total=replay,
@@ -172,13 +171,14 @@ def _fans(dev: Device, static: GpuStatic) -> dict[str, float]:
     fans = {
         str(i): r
         for i in range(static.fan_count)
-        if (r := dev.ratio("nvmlDeviceGetFanSpeed_v2",
-                           c(f"nvmlDeviceGetFanSpeed_v2({i})", N.nvmlDeviceGetFanSpeed_v2, i))) is not None
+        if (r := dev.ratio("nvmlDeviceGetFanSpeed_v2", c(f"nvmlDeviceGetFanSpeed_v2({i})", N.nvmlDeviceGetFanSpeed_v2,
+                                                           i), FAN_MAX_PERCENT)) is not None
     }  # fmt: skip
     if (
         static.fan_count < 0
-        and (r := dev.ratio("nvmlDeviceGetFanSpeed", c("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed))) is not None
-    ):
+        and (r := dev.ratio("nvmlDeviceGetFanSpeed", c("nvmlDeviceGetFanSpeed", N.nvmlDeviceGetFanSpeed),
+                            FAN_MAX_PERCENT)) is not None
+    ):  # fmt: skip
         fans["0"] = r
     return fans
 
@@ -203,7 +203,3 @@ def _memory_v2(handle: Any) -> Any:
 
 def _kib(v: int | float | None) -> int | None:
     return None if v is None else int(v) * 1024
-
-
-def _int(v: int | float | None) -> int | None:
-    return None if v is None else int(v)

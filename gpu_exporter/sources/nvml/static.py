@@ -10,12 +10,16 @@ import structlog
 
 from ...snapshot import GpuStatic
 from .device import Device
+from .fields import FI_NVLINK_LINK_COUNT, read_one
 from .profiling import GpmReader
 
 log = structlog.get_logger(__name__)
 
 CLOCKS = {"graphics": pynvml.NVML_CLOCK_GRAPHICS, "sm": pynvml.NVML_CLOCK_SM, "memory": pynvml.NVML_CLOCK_MEM,
           "video": pynvml.NVML_CLOCK_VIDEO}  # fmt: skip
+# The names under which each link's state query is remembered, built once: more links than any GPU
+# has (NVML_NVLINK_MAX_LINKS is 18 in nvml.h up to R580, 36 since).
+NVLINK_STATE = tuple(f"nvmlDeviceGetNvLinkState({link})" for link in range(64))
 THRESHOLDS = {
     "shutdown": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
     "slowdown": pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
@@ -66,17 +70,25 @@ def read_static(dev: Device, uuid: str, *, clocks: bool, nvlink: bool, gpm: GpmR
 
 
 def count_nvlinks(dev: Device) -> int:
-    """Links answer GetNvLinkState from 0 upwards; the first that does not is past the last."""
-    n = 0
-    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-        try:
-            pynvml.nvmlDeviceGetNvLinkState(dev.handle, link)
-        except pynvml.NVMLError as e:
-            if link == 0 and e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                # An empty NVLink panel needs a visible reason: this driver lacks the call.
-                dev.errors("nvmlDeviceGetNvLinkState", "function_not_found")
-                log.warning("nvlink_state_unavailable", gpu=dev.index,
-                            reason="the driver has no nvmlDeviceGetNvLinkState; links are not listed")  # fmt: skip
-            break
-        n += 1
+    """How many NVLink links the GPU has, as the driver says (``NVML_FI_DEV_NVLINK_LINK_COUNT``): an
+    A100 12, an H100 18, an L40S or T4 none.  Never probed by asking link after link: past the last
+    link a driver may answer INVALID_ARGUMENT (TensorRT-LLM #17060), or an inactive link (what a mock
+    of the driver answered for an A100's links 12-17); and an inactive port answers NOT_SUPPORTED
+    part-way through the list (H100 NVL, DataDog's NVML check), a gap that must hide no later link."""
+    n = read_one(dev, (FI_NVLINK_LINK_COUNT, 0), "nvmlDeviceGetFieldValues(link count)")
+    if not isinstance(n, int) or n <= 0:
+        return 0  # no NVLink (field 91 unsupported, or 0), or a value that is no count
+    if n > len(NVLINK_STATE):
+        dev.errors("nvmlDeviceGetFieldValues", "out_of_range")
+        return 0
+    try:
+        pynvml.nvmlDeviceGetNvLinkState(dev.handle, 0)
+    except pynvml.NVMLError as e:
+        if e.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            # An NVLink panel without states needs a visible reason: this driver lacks the call.  The
+            # traffic counters (field values) still come; the states are not asked for, link by link.
+            dev.errors("nvmlDeviceGetNvLinkState", "function_not_found")
+            dev.unsupported.update(NVLINK_STATE[:n])
+            log.warning("nvlink_state_unavailable", gpu=dev.index,
+                        reason="the driver has no nvmlDeviceGetNvLinkState; link states are not shown")  # fmt: skip
     return n

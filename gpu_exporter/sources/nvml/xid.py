@@ -8,9 +8,12 @@ holds that one thread, however often NVML restarts.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -18,20 +21,21 @@ import pynvml
 import structlog
 
 from ..backend import ErrorSink
-from .errors import error_name
+from .errors import error_name, try_call
 
 log = structlog.get_logger(__name__)
 
 WAIT_MS = 500
+REBUILD_S = 60.0  # while a GPU is left out of the event set, how often it is tried again
 
 
 class XidWatcher:
-    """Counts XID events per GPU index, for the NVML session started by :meth:`start`."""
+    """Counts XID events per GPU UUID, for the NVML session started by :meth:`start`."""
 
     def __init__(self, errors: ErrorSink) -> None:
         self._errors = errors
         self._lock = threading.Lock()
-        self._counts: dict[int, Counter[int]] = {}
+        self._counts: dict[str, Counter[int]] = {}
         self._cond = threading.Condition()
         self._session: tuple[int, int] | None = None  # (serial, GPU count) while open
         self._serial = 0
@@ -57,10 +61,11 @@ class XidWatcher:
             self._cond.notify_all()
         self._idle.wait(timeout=2 * WAIT_MS / 1000)
 
-    def counts(self, index: int) -> Mapping[int, int]:
-        """XID code -> events seen on GPU ``index`` so far."""
+    def counts(self, uuid: str) -> Mapping[int, int]:
+        """XID code -> events seen on the GPU ``uuid`` so far (by UUID: a restart of NVML may give the
+        GPUs other indices, and the counts stay with their GPU)."""
         with self._lock:
-            return MappingProxyType(dict(self._counts.get(index, {})))
+            return MappingProxyType(dict(self._counts.get(uuid, {})))
 
     def _run(self) -> None:
         while True:
@@ -81,38 +86,75 @@ class XidWatcher:
             self._cond.wait_for(lambda: self._session != session, timeout=timeout)
 
     def _watch(self, session: tuple[int, int]) -> None:
-        try:
-            event_set = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as e:
-            log.info("xid_events_unavailable", reason=str(e))
-            self._ended(session)  # nothing to watch until NVML is opened again
-            return
-        handles: list[Any] = []
-        for index in range(session[1]):
+        """Watch the session's GPUs, building the event set again without a GPU that fell off the bus
+        (nvml.h: nvmlEventSetWait_v2 then answers GPU_IS_LOST, and would go on answering it, so the
+        healthy GPUs' XIDs would never come), and every ``REBUILD_S`` while a GPU is left out."""
+        while self._session == session:
             try:
-                h = pynvml.nvmlDeviceGetHandleByIndex(index)
-                pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
-                handles.append(h)
+                event_set = pynvml.nvmlEventSetCreate()
             except pynvml.NVMLError as e:
-                log.info("xid_events_unavailable", gpu=index, reason=str(e))
+                log.info("xid_events_unavailable", reason=str(e))
+                self._ended(session)  # nothing to watch until NVML is opened again
+                return
+            try:
+                uuids, left_out = _register(event_set, session[1])
+                if not uuids:
+                    self._ended(session, timeout=REBUILD_S if left_out else None)
+                    continue
+                if self._wait(session, event_set, uuids, time.monotonic() + REBUILD_S if left_out else None):
+                    self._ended(session, timeout=1.0)  # lost again at once: a GPU answers yet is gone
+            finally:
+                with contextlib.suppress(pynvml.NVMLError):
+                    pynvml.nvmlEventSetFree(event_set)
+
+    def _wait(self, session: tuple[int, int], event_set: Any, uuids: dict[int | None, str],
+              rebuild_at: float | None) -> bool:  # fmt: skip
+        """Count events until the session ends, a GPU is lost, or it is time to rebuild; True when the
+        very first wait said a GPU is lost."""
+        first = True
+        while self._session == session:
+            try:
+                event = pynvml.nvmlEventSetWait_v2(event_set, WAIT_MS)
+            except pynvml.NVMLError as e:
+                if e.value == pynvml.NVML_ERROR_TIMEOUT:
+                    if rebuild_at is not None and time.monotonic() >= rebuild_at:
+                        return False
+                    first = False
+                    continue
+                self._errors("nvmlEventSetWait", error_name(e.value))
+                if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    log.warning("xid_events_gpu_lost", reason="a GPU fell off the bus; watching the others")
+                    return first
+                self._ended(session, timeout=1.0)
+                first = False
+                continue
+            first = False
+            uuid = uuids.get(_address(event.device))
+            if uuid is None:
+                uuid = try_call(partial(pynvml.nvmlDeviceGetUUID, event.device))
+                if uuid is None:
+                    continue
+            with self._lock:
+                self._counts.setdefault(uuid, Counter())[int(event.eventData)] += 1
+        return False
+
+
+def _register(event_set: Any, gpus: int) -> tuple[dict[int | None, str], bool]:
+    """Register every GPU that answers for XID events: (handle address -> UUID, whether one was left out)."""
+    uuids: dict[int | None, str] = {}
+    left_out = False
+    for index in range(gpus):
         try:
-            while self._session == session:
-                if not handles:
-                    self._ended(session)
-                    break
-                try:
-                    event = pynvml.nvmlEventSetWait_v2(event_set, WAIT_MS)
-                except pynvml.NVMLError as e:
-                    if e.value != pynvml.NVML_ERROR_TIMEOUT:
-                        self._errors("nvmlEventSetWait", error_name(e.value))
-                        self._ended(session, timeout=1.0)
-                    continue
-                try:
-                    index = pynvml.nvmlDeviceGetIndex(event.device)
-                except pynvml.NVMLError:
-                    continue
-                with self._lock:
-                    self._counts.setdefault(index, Counter())[int(event.eventData)] += 1
-        finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(event_set)
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
+        except pynvml.NVMLError as e:
+            left_out |= e.value == pynvml.NVML_ERROR_GPU_IS_LOST
+            log.info("xid_events_unavailable", gpu=index, reason=str(e))
+            continue
+        uuids[_address(h)] = uuid.decode() if isinstance(uuid, bytes) else uuid
+    return uuids, left_out
+
+
+def _address(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
