@@ -111,6 +111,34 @@ def _links(field: str) -> Callable[[GpuReading], Iterable[tuple[str, Number]]]:
 
 
 _GPM = "from GPM (0-1; Hopper and newer)"
+_GPM_DOC = (
+    "GPM (nvmlGpmSampleGet/nvmlGpmMetricsGet): Hopper and newer (H100, H200); an A100, L40S or T4 answers "
+    "that it has no GPM, and the series is absent.  In MIG mode the whole GPU's value may be refused by the "
+    "driver; the GPU instances' own (gpu_mig_*) go on."
+)
+_MIG_GPM_DOC = (
+    "Per GPU instance (nvmlGpmMigSampleGet): sampled once per instance and shown on the MIG device with "
+    "its lowest compute instance id, so a sum over MIG devices counts each instance once."
+)
+_NVLINK_DOC = (
+    "Only the links the driver says the GPU has (field NVML_FI_DEV_NVLINK_LINK_COUNT): 12 on an A100, 18 on "
+    "an H100, none on an L40S, T4 or GeForce (no series at all).  A link that answers NOT_SUPPORTED part-way "
+    "through the list (an inactive port of an H100 NVL) has no series of its own; the links after it do."
+)
+_PCIE_TOTAL_DOC = (
+    "Field values 197/198 (NVML_FI_DEV_PCIE_COUNT_*_BYTES), drivers R550 and newer: R535 does not know "
+    "them (its NVML_FI_MAX is 197) and GeForce cards lack them, so no series.  nvml.h says the value "
+    '"can be wrapped"; a counter not yet past 2^32 is taken for 32 bits wide (an L40S\'s appear to be) '
+    "and its wraps between polls are unwrapped, so the series only goes up.  Left out while such a "
+    "counter disagrees with the driver's throughput sample (it wrapped more than once in a poll).  "
+    "Whether the counts include protocol overhead is not documented."
+)
+_PCIE_RATE_DOC = (
+    "From the byte counters (R550 and newer, checked against the driver's sample at every static refresh); "
+    "the driver's 20 ms sample (nvmlDeviceGetPcieThroughput, KB/s x 1024) on R535, GeForce cards, on the "
+    'first poll, and while a counter that may be 32 bits wide disagrees with it.  See "PCIe throughput" '
+    "below."
+)
 # Activity (GPM) metric name stems, the snapshot field each reads, and what it means.
 ACTIVITY_METRICS = (
     ("graphics_active", "graphics", f"Fraction of time any graphics or compute engine was active since the previous poll, {_GPM}."),
@@ -135,34 +163,40 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_info", _G, "", "Constant 1; the labels describe the GPU and its driver.",
               labels=("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode")),
     MetricDef("gpu_utilization_ratio", _G, "ratio", "Fraction of the last sample period in which a kernel ran (0-1).",
-              value=lambda g: g.utilization_ratio),
+              value=lambda g: g.utilization_ratio,
+              doc="nvml.h: the sample period is between 1/6 s and 1 s, depending on the product.  Not given for a GPU in MIG mode (the series is absent); a GPU instance's activity is gpu_mig_*_ratio (GPM, Hopper)."),
     MetricDef("gpu_memory_copy_utilization_ratio", _G, "ratio", "Fraction of the last sample period in which memory was read or written (0-1).",
               value=lambda g: g.memory_copy_utilization_ratio),
     MetricDef("gpu_encoder_utilization_ratio", _G, "ratio", "Video encoder utilization (0-1).",
               value=lambda g: g.encoder_utilization_ratio),
     MetricDef("gpu_decoder_utilization_ratio", _G, "ratio", "Video decoder utilization (0-1).",
               value=lambda g: g.decoder_utilization_ratio),
-    *(MetricDef(f"gpu_{stem}_ratio", _G, "ratio", text, value=_activity(field), collector=_PRF)
+    *(MetricDef(f"gpu_{stem}_ratio", _G, "ratio", text, value=_activity(field), collector=_PRF, doc=_GPM_DOC)
       for stem, field, text in ACTIVITY_METRICS),
     MetricDef("gpu_memory_total_bytes", _G, "bytes", "Total installed GPU memory in bytes.",
               value=lambda g: g.memory_total_bytes),
     MetricDef("gpu_memory_used_bytes", _G, "bytes", "GPU memory allocated by processes, in bytes (excludes driver-reserved memory where the driver reports it separately).",
-              value=lambda g: g.memory_used_bytes),
+              value=lambda g: g.memory_used_bytes,
+              doc="nvmlDeviceGetMemoryInfo_v2 (R510 and newer: every driver the exporter is tested against); an older driver's v1 counts the reserved memory as used."),
     MetricDef("gpu_memory_free_bytes", _G, "bytes", "GPU memory free for allocation, in bytes.",
               value=lambda g: g.memory_free_bytes),
     MetricDef("gpu_memory_reserved_bytes", _G, "bytes", "GPU memory reserved by the driver and firmware, in bytes.",
               value=lambda g: g.memory_reserved_bytes),
     MetricDef("gpu_temperature_celsius", _G, "celsius", "Temperature in degrees Celsius, by sensor (gpu die, memory).",
-              labels=("sensor",), value=lambda g: g.temperature_celsius.items()),
+              labels=("sensor",), value=lambda g: g.temperature_celsius.items(),
+              doc="sensor=memory is field value 82 (NVML_FI_DEV_MEMORY_TEMP): HBM cards (A100, H100) have it; GDDR cards (L40S, T4, GeForce) answer NOT_SUPPORTED, as the L4 does (DCGM #311), and have no memory series."),
     MetricDef("gpu_temperature_threshold_celsius", _G, "celsius", "Temperature thresholds in degrees Celsius (slowdown, shutdown, gpu_max, mem_max).",
               labels=("threshold",),
               value=lambda g: g.static.temperature_thresholds_celsius.items() if g.static else ()),
-    MetricDef("gpu_fan_speed_ratio", _G, "ratio", "Fan speed as a fraction of its maximum (0-1), per fan.",
-              labels=("fan",), value=lambda g: g.fan_speed_ratio.items()),
-    MetricDef("gpu_power_usage_watts", _G, "watts", "Power draw in watts.", value=lambda g: g.power_usage_watts),
+    MetricDef("gpu_fan_speed_ratio", _G, "ratio", "Fan speed as a fraction of its maximum, per fan (can exceed 1).",
+              labels=("fan",), value=lambda g: g.fan_speed_ratio.items(),
+              doc="The intended speed as a fraction of the product's maximum noise-tolerance speed; nvml.h: it \"may exceed 100% in certain cases\", so values up to 2 are kept (255%, no reading, is left out and counted).  Passively cooled cards (A100, H100, L40S, T4) have no fans and no series."),
+    MetricDef("gpu_power_usage_watts", _G, "watts", "Power draw in watts.", value=lambda g: g.power_usage_watts,
+              doc="nvml.h: instantaneous on GA100 (A100) and older architectures (T4, V100); a 1 s average on other Ampere and newer GPUs (H100, H200, L40S, A10, GeForce RTX 30/40), so a short spike shows smaller there."),
     MetricDef("gpu_power_limit_watts", _G, "watts", "Enforced power limit in watts.", value=lambda g: g.power_limit_watts),
     MetricDef("gpu_energy_consumed_joules_total", _C, "joules", "Energy consumed since the driver was loaded, in joules.",
-              value=lambda g: g.energy_consumed_joules_total),
+              value=lambda g: g.energy_consumed_joules_total,
+              doc="nvmlDeviceGetTotalEnergyConsumption: Volta and newer (A100, H100, L40S, T4); absent on cards without it (many GeForce)."),
     MetricDef("gpu_clock_hertz", _G, "hertz", "Current clock frequency in hertz, per clock domain.",
               labels=("clock",), value=lambda g: g.clock_hertz.items(), collector=_CLK),
     MetricDef("gpu_clock_max_hertz", _G, "hertz", "Maximum clock frequency in hertz, per clock domain.",
@@ -173,13 +207,15 @@ _DEFS: tuple[MetricDef, ...] = (
               labels=("reason",), value=lambda g: g.clock_event_active.items(), collector=_CLK),
     MetricDef("gpu_violation_seconds_total", _C, "seconds", "Seconds the GPU's clocks were held below their target since the driver loaded, by policy (power, thermal, sync_boost, board_limit, low_utilization, reliability).",
               labels=("policy",), value=lambda g: g.violation_seconds_total.items(), collector=_CLK,
-              doc="NVML's perf-policy counters (field values 74-79, nanoseconds; what nvmlDeviceGetViolationStatus and dcgm-exporter's DCGM_FI_DEV_POWER_VIOLATION and DCGM_FI_DEV_THERMAL_VIOLATION read). A policy the card does not report has no series; rate() of one is the fraction of time it held the GPU back."),
+              doc="NVML's perf-policy counters (field values 74-79, nanoseconds; what nvmlDeviceGetViolationStatus and dcgm-exporter's DCGM_FI_DEV_POWER_VIOLATION and DCGM_FI_DEV_THERMAL_VIOLATION read; known to every driver from R535 on). A policy the card does not report has no series; rate() of one is the fraction of time it held the GPU back."),
     MetricDef("gpu_pcie_tx_bytes_per_second", _G, "bytes_per_second", "PCIe transmit throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
-              value=lambda g: g.pcie_tx_bytes_per_second),
+              value=lambda g: g.pcie_tx_bytes_per_second, doc=_PCIE_RATE_DOC),
     MetricDef("gpu_pcie_rx_bytes_per_second", _G, "bytes_per_second", "PCIe receive throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
-              value=lambda g: g.pcie_rx_bytes_per_second),
-    MetricDef("gpu_pcie_tx_bytes_total", _C, "bytes", "PCIe bytes transmitted (may wrap).", value=lambda g: g.pcie_tx_bytes_total),
-    MetricDef("gpu_pcie_rx_bytes_total", _C, "bytes", "PCIe bytes received (may wrap).", value=lambda g: g.pcie_rx_bytes_total),
+              value=lambda g: g.pcie_rx_bytes_per_second, doc=_PCIE_RATE_DOC),
+    MetricDef("gpu_pcie_tx_bytes_total", _C, "bytes", "PCIe bytes transmitted since the driver loaded (a narrow counter's wraps unwrapped).",
+              value=lambda g: g.pcie_tx_bytes_total, doc=_PCIE_TOTAL_DOC),
+    MetricDef("gpu_pcie_rx_bytes_total", _C, "bytes", "PCIe bytes received since the driver loaded (a narrow counter's wraps unwrapped).",
+              value=lambda g: g.pcie_rx_bytes_total, doc=_PCIE_TOTAL_DOC),
     MetricDef("gpu_pcie_link_generation", _G, "", "Current PCIe link generation (idle cards may train down).",
               value=lambda g: g.pcie_link_generation),
     MetricDef("gpu_pcie_link_max_generation", _G, "", "Maximum PCIe link generation of the card and slot.",
@@ -191,27 +227,31 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_pcie_replay_errors_total", _C, "", "PCIe replay counter (link-level retransmissions).",
               value=lambda g: g.pcie_replay_errors_total),
     MetricDef("gpu_nvlink_tx_bytes_total", _C, "bytes", "NVLink data bytes transmitted, per link (NVML KiB x 1024).",
-              labels=("link",), value=_links("tx_bytes_total"), collector=_NVL),
+              labels=("link",), value=_links("tx_bytes_total"), collector=_NVL, doc=_NVLINK_DOC),
     MetricDef("gpu_nvlink_rx_bytes_total", _C, "bytes", "NVLink data bytes received, per link (NVML KiB x 1024).",
-              labels=("link",), value=_links("rx_bytes_total"), collector=_NVL),
+              labels=("link",), value=_links("rx_bytes_total"), collector=_NVL, doc=_NVLINK_DOC),
     MetricDef("gpu_nvlink_up", _G, "", "1 when the NVLink link is active, per link.",
-              labels=("link",), value=_links("up"), collector=_NVL),
+              labels=("link",), value=_links("up"), collector=_NVL, doc=_NVLINK_DOC),
     MetricDef("gpu_ecc_errors_total", _C, "", "ECC memory errors over the device lifetime, by type (corrected, uncorrected).",
-              labels=("type",), value=lambda g: g.ecc_errors_total.items(), collector=_ECC),
+              labels=("type",), value=lambda g: g.ecc_errors_total.items(), collector=_ECC,
+              doc="The aggregate count (NVML_AGGREGATE_ECC: \"persist across reboots\", the device's lifetime), not the volatile one (reset each time the driver loads) that dcgm-exporter's default DCGM_FI_DEV_ECC_DBE_VOL_TOTAL reads; its DCGM_FI_DEV_ECC_DBE_AGG_TOTAL is this.  Cards with ECC enabled (data-center cards such as A100, H100, L40S, T4); GeForce cards have none and no series."),
     MetricDef("gpu_remapped_rows_total", _C, "", "Memory rows remapped, by cause (correctable, uncorrectable).",
-              labels=("cause",), value=lambda g: g.remapped_rows_total.items(), collector=_ECC),
+              labels=("cause",), value=lambda g: g.remapped_rows_total.items(), collector=_ECC,
+              doc="nvml.h: Ampere and newer (A100, H100, L40S); a T4 retires pages instead and has no series; not given on a GPU in MIG mode with active instances."),
     MetricDef("gpu_row_remap_pending", _G, "", "1 when a row remap is pending and the GPU needs a reset.",
               value=lambda g: g.row_remap_pending, collector=_ECC),
     MetricDef("gpu_row_remap_failure", _G, "", "1 when a row remap has failed.",
               value=lambda g: g.row_remap_failure, collector=_ECC),
     MetricDef("gpu_xid_errors_total", _C, "", "XID error events seen since the exporter started, by XID code.",
-              labels=("xid",), value=lambda g: ((str(x), n) for x, n in sorted(g.xid_errors_total.items()))),
+              labels=("xid",), value=lambda g: ((str(x), n) for x, n in sorted(g.xid_errors_total.items())),
+              doc="Counted per GPU UUID, so a count stays with its GPU when an NVML restart gives the GPUs other indices.  When a GPU falls off the bus (the event wait answers GPU_IS_LOST) the other GPUs go on being watched."),
     MetricDef("gpu_processes", _G, "", "Processes using the GPU, all of them (also those beyond the per-GPU series cap).",
               value=lambda g: len(g.processes), collector=_PROC),
     MetricDef("gpu_process_memory_used_bytes", _G, "bytes", "GPU memory used by a process, in bytes (the processes using the most memory, up to the configured cap per GPU).",
               scope=Scope.PROCESS, value=lambda p: p.used_memory_bytes, collector=_PROC),
     MetricDef("gpu_process_sm_utilization_ratio", _G, "ratio", f"SM utilization of a process in the driver's latest sample since the previous poll (0-1; 0 when idle since then; {_CAPPED}).",
-              scope=Scope.PROCESS, value=lambda p: p.sm_utilization_ratio, collector=_PROC),
+              scope=Scope.PROCESS, value=lambda p: p.sm_utilization_ratio, collector=_PROC,
+              doc="nvmlDeviceGetProcessUtilization: not on a GPU in MIG mode (nvml.h), where the series is absent."),
     MetricDef("gpu_process_memory_utilization_ratio", _G, "ratio", f"Memory (frame buffer) utilization of a process in the driver's latest sample since the previous poll (0-1; {_CAPPED}).",
               scope=Scope.PROCESS, value=lambda p: p.memory_utilization_ratio, collector=_PROC),
     MetricDef("gpu_pod_info", _G, "", "Constant 1 for every Kubernetes container holding the GPU or one of its MIG devices (device_uuid), from the kubelet; present only with pod attribution on.",
@@ -225,7 +265,7 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_mig_memory_free_bytes", _G, "bytes", "Memory free on a MIG device, in bytes.",
               scope=Scope.MIG, value=lambda m: m.memory_free_bytes),
     *(MetricDef(f"gpu_mig_{stem}_ratio", _G, "ratio", f"Like gpu_{stem}_ratio, for one MIG GPU instance, from GPM (0-1).",
-                scope=Scope.MIG, value=_activity(field), collector=_PRF)
+                scope=Scope.MIG, value=_activity(field), collector=_PRF, doc=_MIG_GPM_DOC)
       for stem, field, _ in ACTIVITY_METRICS),
     MetricDef("gpu_mig_process_memory_used_bytes", _G, "bytes", f"Memory used by a process on a MIG device, in bytes ({_CAPPED}).",
               scope=Scope.MIG_PROCESS, value=lambda p: p.used_memory_bytes, collector=_PROC),
@@ -257,7 +297,7 @@ _DEFS: tuple[MetricDef, ...] = (
               scope=Scope.EXPORTER),
     MetricDef("gpu_exporter_log_lines_dropped_total", _C, "", "Log lines dropped because the reader of the exporter's stderr did not keep up (the daemon never waits on its log).",
               scope=Scope.EXPORTER),
-    MetricDef("gpu_exporter_nvml_errors_total", _C, "", "Failed NVML queries, by function and error (not_supported is counted once per GPU and query, then again after each static refresh).",
+    MetricDef("gpu_exporter_nvml_errors_total", _C, "", "Failed NVML queries, by function and error (not_supported, function_not_found, no_permission, and invalid_argument for a field value the driver does not know, are counted once per GPU and query, then again after each static refresh).",
               scope=Scope.EXPORTER, labels=("function", "error")),
 )  # fmt: skip
 
