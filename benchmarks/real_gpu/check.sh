@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The exporter against a real NVIDIA driver, in one short run (about 2 minutes): NVML probe (as
-# root and as an unprivileged user, and with the oldest nvidia-ml-py the project allows),
-# `--once`, and the daemon scraped while a tensor load and a launch-bound load run.
-# Usage: OUT=/some/dir bash benchmarks/real_gpu/check.sh   (dependencies importable by python3)
+# The exporter against a real NVIDIA driver, in one short run (about 3 minutes): NVML probe (as
+# root and as an unprivileged user, and with the oldest nvidia-ml-py the project allows), the
+# questions of issue 26 that no fake can settle (fields_probe.py: field values accumulating in a
+# reused array, how wide the PCIe counters are and whether they agree with the driver's sample and a
+# known host-to-device copy, what field 91 and NvLinkState answer past the last link, what an unknown
+# field answers), the per-call CPU profile of a poll (poll_profile.py), `--once`, and the daemon
+# scraped while a tensor load and a launch-bound load run.
+# Usage: OUT=/some/dir bash benchmarks/real_gpu/check.sh   (dependencies importable by python3; torch
+# with CUDA for the copy and the loads, else those steps are skipped and said so)
 set -u
 OUT=${OUT:-/tmp/real-gpu-check}; mkdir -p "$OUT"
 py=${PYTHON:-python3}
@@ -20,6 +25,12 @@ if [ -n "${OLD_NVML:-}" ]; then
   say "--once with nvidia-ml-py from $OLD_NVML"
   PYTHONPATH="$OLD_NVML:${PYTHONPATH:-}" $py -m gpu_exporter --once --format json > "$OUT/once-oldest-nvml.json" 2>>"$log"; echo "rc=$?" >> "$log"
 fi
+say "fields probe (issue 26): accumulation, PCIe counter width, NVLink past the last link, unknown fields"
+if $py -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then copy=--copy
+else copy=; say "no torch with CUDA: the host-to-device copy check is skipped"; fi
+$py "$here/fields_probe.py" $copy > "$OUT/fields-probe.json" 2>>"$log"; echo "rc=$?" >> "$log"
+say "poll profile (per-call CPU of a whole poll)"
+$py "$here/poll_profile.py" 30 > "$OUT/poll-profile.json" 2>>"$log"; echo "rc=$?" >> "$log"
 say "--once idle"; $py -m gpu_exporter --once >> "$log" 2>&1; echo "rc=$?" >> "$log"
 $py -m gpu_exporter --web.listen-address 127.0.0.1:9445 --poll.interval 1s --log.format json 2> "$OUT/daemon.log" &
 daemon=$!

@@ -18,7 +18,12 @@ from typing import Any
 import pynvml
 
 from gpu_exporter.sources import nvml
+from gpu_exporter.sources.nvml import backend as nvml_backend
+from gpu_exporter.sources.nvml import reads
 from gpu_exporter.sources.nvml.device import Device
+from gpu_exporter.sources.nvml.pcie import PcieCounters
+from gpu_exporter.sources.nvml.processes import ProcessReader
+from gpu_exporter.sources.nvml.profiling import GpmReader
 from gpu_exporter.sources.poller import Poller
 
 
@@ -41,18 +46,23 @@ def main() -> None:
             per_call[what.split("(", 1)[0]].append(time.thread_time() - t)
 
     Device.call = timed_call  # type: ignore[method-assign]
-    backend = nvml.NvmlBackend(lambda f, e: None, profiling_interval=0.1)
-    for method in ("_process_utilization", "_gpm_activity", "_processes", "_fields"):
-        real = getattr(backend, method)
+    # The larger steps of a poll, each timed whole (their NVML calls are also timed one by one above).
+    steps = ((reads, "read_fields"), (reads, "read_migs"), (ProcessReader, "processes"),
+             (ProcessReader, "utilization"), (GpmReader, "gpu_activity"), (GpmReader, "mig_activity"),
+             (nvml_backend, "_pcie_sample"), (PcieCounters, "poll"))  # fmt: skip
+    for owner, name in steps:
+        real = getattr(owner, name)
+        label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
 
-        def wrapped(*args: Any, _real: Any = real, _name: str = method) -> Any:
+        def wrapped(*args: Any, _real: Any = real, _name: str = label) -> Any:
             t = time.thread_time()
             try:
                 return _real(*args)
             finally:
-                per_call[f"backend.{_name}"].append(time.thread_time() - t)
+                per_call[_name].append(time.thread_time() - t)
 
-        setattr(backend, method, wrapped)
+        setattr(owner, name, wrapped)
+    backend = nvml.NvmlBackend(lambda f, e: None, profiling_interval=0.1)
     poller = Poller(backend, errors=lambda f, e: None)
     poller.poll()
     per_call.clear()
