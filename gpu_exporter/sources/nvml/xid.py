@@ -140,7 +140,8 @@ class XidWatcher:
 
 
 def _register(event_set: Any, gpus: int) -> tuple[dict[int | None, str], bool]:
-    """Register every GPU that answers for XID events: (handle address -> UUID, whether one was left out)."""
+    """Register every GPU that answers for XID events: (handle address -> UUID, whether one was left out).
+    A GPU off the bus is left out: nvml.h lists GPU_IS_LOST among nvmlDeviceRegisterEvents' answers."""
     uuids: dict[int | None, str] = {}
     left_out = False
     for index in range(gpus):
