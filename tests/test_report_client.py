@@ -1,10 +1,12 @@
-"""``gpu-exporter report`` as a client of a query API that demands credentials, speaks TLS, or
-misbehaves: a real HTTP server on 127.0.0.1 stands in for Prometheus (or Thanos, Mimir...)."""
+"""``gpu-exporter report`` as a client of a query API that demands credentials or a tenant header,
+speaks TLS, or misbehaves: a real HTTP server on 127.0.0.1 stands in for Prometheus (or Thanos, Mimir,
+Cortex...). Secrets never appear in what the report prints."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -40,11 +42,14 @@ def api(
             length = int(self.headers.get("Content-Length", 0))
             form = parse_qs(self.rfile.read(length).decode())
             seen.append({"path": self.path, "auth": self.headers.get("Authorization", ""),
-                         "query": form.get("query", [""])[0]})  # fmt: skip
+                         "query": form.get("query", [""])[0], "tenant": self.headers.get("X-Scope-OrgID", ""),
+                         "time": form.get("time", [""])[0]})  # fmt: skip
             self.prom_query = seen[-1]["query"]
             status, body = answer(self, self.path)
             try:
                 self.send_response(status)
+                for name, value in getattr(self, "extra_headers", {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -68,9 +73,13 @@ def api(
         server.server_close()
 
 
-def report(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+NO_GPUS = 3  # the exit status of a report of no GPU (an empty store answers every query with nothing)
+
+
+def report(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--since", "1h", "--format", "json"]
-    return subprocess.run([*cmd, "--quiet", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([*cmd, "--quiet", *args], capture_output=True, text=True, timeout=60,
+                          env=None if env is None else {**os.environ, **env})  # fmt: skip
 
 
 def aggregated(e: pp.Expr) -> bool:
@@ -100,7 +109,7 @@ def requiring(expected: str) -> Answer:
 def test_it_posts_server_side_aggregations_only() -> None:
     with api() as (url, seen):
         out = report(url)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == NO_GPUS, out.stderr
     assert {s["path"] for s in seen} == {"/api/v1/query", "/api/v1/query_range"}
     # Every metric selector is inside an aggregation: no query asks for a series as it is stored.
     for s in seen:
@@ -112,7 +121,7 @@ def test_a_bearer_token_file_is_sent(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     with api(requiring("Bearer s3cret")) as (url, seen):
-        assert report(url, "--prometheus.bearer-token-file", str(token)).returncode == 0
+        assert report(url, "--prometheus.bearer-token-file", str(token)).returncode == NO_GPUS
         denied = report(url)
     assert all(s["auth"] == "Bearer s3cret" for s in seen[:-1])
     assert denied.returncode == 1 and "401" in denied.stderr and "check the credentials" in denied.stderr
@@ -125,7 +134,7 @@ def test_basic_auth_reads_the_password_from_a_file(tmp_path: Path) -> None:
     with api(requiring(expected)) as (url, _):
         ok = report(url, "--prometheus.username", "alice", "--prometheus.password-file", str(password))
         wrong = report(url, "--prometheus.username", "bob", "--prometheus.password-file", str(password))
-    assert ok.returncode == 0, ok.stderr
+    assert ok.returncode == NO_GPUS, ok.stderr
     assert wrong.returncode == 1 and "unauthorized: who are you?" in wrong.stderr
 
 
@@ -140,9 +149,9 @@ def test_tls_is_verified_against_the_ca_file(tmp_path: Path) -> None:
         trusted = report(url, "--prometheus.ca-file", str(ca_file))
         unknown = report(url)
         skipped = report(url, "--prometheus.insecure-skip-verify")
-    assert trusted.returncode == 0, trusted.stderr
+    assert trusted.returncode == NO_GPUS, trusted.stderr
     assert unknown.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in unknown.stderr
-    assert skipped.returncode == 0
+    assert skipped.returncode == NO_GPUS
 
 
 def slow(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
@@ -158,7 +167,7 @@ def slow(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
             lambda h, p: (400, b'{"status":"error","errorType":"bad_data","error":"parse error"}'),
             "bad_data: parse error",
         ),
-        (lambda h, p: (503, b"overloaded"), "503"),
+        (lambda h, p: retry_now(h, 503, b"overloaded"), "503 Service Unavailable (after 4 tries): overloaded"),
         (lambda h, p: slow(h, p), "no answer within 1 s"),
     ],
     ids=["not JSON", "query refused", "server error", "too slow"],
@@ -179,16 +188,152 @@ def test_an_unreachable_api_and_a_bad_url() -> None:
 
 def test_a_long_query_shows_progress_on_stderr() -> None:
     def peaks_take_long(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
-        if "quantile_over_time(0.98" in getattr(handler, "prom_query", ""):
+        if "quantile_over_time(0.95" in getattr(handler, "prom_query", ""):
             time.sleep(6)
         return prometheus_like(handler, path)
 
     with api(peaks_take_long) as (url, _):
         cmd = [sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--since", "1h"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == NO_GPUS, out.stderr
     lines = out.stderr.splitlines()
     assert lines[0].startswith("gpu-exporter report: 7 queries to")
     assert [line for line in lines if "[" in line and "/7]" in line][-1].startswith("gpu-exporter report: [7/7]")
-    assert any("still waiting for memory peaks (p98)" in line for line in lines), out.stderr
+    assert any("still waiting for activity while held (p95)" in line for line in lines), out.stderr
     assert "GPU cost and waste" in out.stdout and "still waiting" not in out.stdout
+
+
+def retry_now(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> tuple[int, bytes]:
+    handler.extra_headers = {"Retry-After": "0"}  # type: ignore[attr-defined]
+    return status, body
+
+
+def test_a_tenant_header_reaches_every_query() -> None:
+    """Issue 25: Mimir and Cortex need X-Scope-OrgID, and there was no way to send a header: a
+    tenant-checking proxy answered 401. --prometheus.header NAME=VALUE, repeatable, goes with every query."""
+
+    def tenant_proxy(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        if handler.headers.get("X-Scope-OrgID") != "team-a" or handler.headers.get("X-Extra") != "a=b":
+            return 401, b"no org id"
+        return prometheus_like(handler, path)
+
+    with api(tenant_proxy) as (url, seen):
+        denied = report(url)
+        ok = report(url, "--prometheus.header", "X-Scope-OrgID=team-a", "--prometheus.header", "X-Extra=a=b")
+    assert denied.returncode == 1 and "401" in denied.stderr
+    assert ok.returncode == NO_GPUS, ok.stderr
+    assert {s["tenant"] for s in seen[1:]} == {"team-a"} and len(seen) > 8
+
+
+def test_a_header_read_from_a_file_is_sent_and_never_shown(tmp_path: Path) -> None:
+    secret = tmp_path / "key"
+    secret.write_text("k3y-v4lue\n")
+    with api(lambda h, p: (401, b"bad key") if h.headers.get("X-Api-Key") != "k3y-v4lue" else prometheus_like(h, p)) \
+            as (url, _):  # fmt: skip
+        ok = report(url, "--prometheus.header-file", f"X-Api-Key={secret}")
+    assert ok.returncode == NO_GPUS and "k3y-v4lue" not in ok.stderr + ok.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--prometheus.header", "X-Scope-OrgID"),
+         "--prometheus.header takes NAME=VALUE (got a value without '=' or a name)"),
+        (("--prometheus.header", "Bad Name=x"), "--prometheus.header: 'Bad Name' is not a header name"),
+        (("--prometheus.header", "Host=evil"), "--prometheus.header: the report sets Host itself"),
+        (("--prometheus.header", "X-A=1\r\nX-B: 2"), "--prometheus.header: the value of X-A holds a line break"),
+        (("--prometheus.header-file", "X-Api-Key=/nonexistent/key"),
+         "cannot read the X-Api-Key header file /nonexistent/key: No such file or directory"),
+        (("--prometheus.timeout", "0s"), "--prometheus.timeout must be more than 0 s (got '0s')"),
+        (("--prometheus.timeout=-5s",), "--prometheus.timeout: '-5s': a duration cannot be negative"),
+        (("--min-history", "0h"), "--min-history must be more than 0"),
+        (("--min-saving-ratio", "2"), "--min-saving-ratio is a share of the cost, from 0 to 1 (got 2)"),
+        (("--min-saving", "nan"), "--min-saving must be a number of 0 or more (got nan)"),
+    ],
+    ids=["no-equals", "bad-name", "own-header", "line-break", "unreadable-file", "zero-timeout", "negative-timeout",
+         "zero-history", "ratio-over-1", "nan-saving"],
+)  # fmt: skip
+def test_bad_client_options_exit_2_naming_them_before_any_query(args: tuple[str, ...], message: str) -> None:
+    """Issue 25: --prometheus.timeout 0s gave "[Errno 115] Operation now in progress"."""
+    with api() as (url, seen):
+        out = report(url, *args)
+    assert out.returncode == 2 and out.stderr == f"gpu-exporter report: {message}\n", out.stderr
+    assert seen == [] and out.stdout == ""
+
+
+def test_a_password_in_the_url_is_used_and_never_shown() -> None:
+    """Issue 25: http://user:pw@host failed with the password printed in the error. The userinfo becomes
+    basic auth; every message names the URL with the password starred out, failing or not."""
+    expected = "Basic " + base64.b64encode(b"alice:pa ss@word").decode()
+    with api(requiring(expected)) as (url, seen):
+        host = url.removeprefix("http://")
+        ok = report(f"http://alice:pa%20ss%40word@{host}", "--quiet")
+        noisy = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url",
+                                f"http://alice:pa%20ss%40word@{host}", "--since", "1h"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        denied = report(f"http://alice:wrong-secret@{host}")
+    unreachable = report("http://bob:t0p-s3cret@127.0.0.1:1")
+    assert ok.returncode == NO_GPUS and all(s["auth"] == expected for s in seen[: len(seen) - 1]), ok.stderr
+    assert f"queries to http://alice:***@{host} over" in noisy.stderr, noisy.stderr
+    assert denied.returncode == 1 and f"http://alice:***@{host}/api/v1/query: 401" in denied.stderr
+    assert unreachable.returncode == 1 and "cannot reach http://bob:***@127.0.0.1:1/api/v1/query" in unreachable.stderr
+    for out in (ok, noisy, denied, unreachable):
+        for secret in ("pa ss@word", "pa%20ss%40word", "wrong-secret", "t0p-s3cret"):
+            assert secret not in out.stderr + out.stdout
+
+
+def test_credentials_from_the_environment_are_sent_and_never_shown() -> None:
+    token = {"GPU_EXPORTER_PROMETHEUS_BEARER_TOKEN": "env-t0ken"}
+    with api(requiring("Bearer env-t0ken")) as (url, _):
+        ok = report(url, env=token)
+    assert ok.returncode == NO_GPUS and "env-t0ken" not in ok.stderr
+    basic = "Basic " + base64.b64encode(b"carol:env-passw0rd").decode()
+    with api(requiring(basic)) as (url, _):
+        ok = report(url, "--prometheus.username", "carol", env={"GPU_EXPORTER_PROMETHEUS_PASSWORD": "env-passw0rd"})
+        both = report(url, "--prometheus.bearer-token-file", "/dev/null", env=token)
+    assert ok.returncode == NO_GPUS and "env-passw0rd" not in ok.stderr
+    assert both.returncode == 2 and "from --prometheus.bearer-token-file and from " \
+                                   "$GPU_EXPORTER_PROMETHEUS_BEARER_TOKEN: give one" in both.stderr  # fmt: skip
+
+
+def test_a_store_that_asks_to_come_back_later_is_retried_with_backoff() -> None:
+    """Issue 25: a single 503 aborted the whole report. A 503 or a 429 is tried again, up to three more
+    times, after the store's Retry-After (or 1, 2, 4 s): a store that recovers gives its report."""
+    failures = {"left": 3}
+    lock = threading.Lock()
+
+    def flaky(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        with lock:
+            if failures["left"] > 0:
+                failures["left"] -= 1
+                return retry_now(handler, 503 if failures["left"] % 2 else 429, b"busy")
+        return prometheus_like(handler, path)
+
+    with api(flaky) as (url, seen):
+        out = report(url)
+    assert out.returncode == NO_GPUS, out.stderr
+    assert failures["left"] == 0 and len(seen) >= 3 + 9
+
+
+def test_retries_wait_as_the_store_says_and_are_bounded() -> None:
+    from gpu_exporter.report.client import ClientOptions, PromClient, QueryError
+
+    waits: list[float] = []
+
+    def down(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        handler.extra_headers = {"Retry-After": "2"}  # type: ignore[attr-defined]
+        return 503, b"down"
+
+    with api(down) as (url, seen):
+        client = PromClient(ClientOptions(url), sleep=waits.append)
+        with pytest.raises(QueryError, match="503 Service Unavailable \\(after 4 tries\\): down"):
+            client.instant("vector(1)", 0)
+    assert waits == [2.0, 2.0, 2.0] and len(seen) == 4
+    waits.clear()
+    with api(lambda h, p: (429, b"slow down")) as (url, seen), pytest.raises(QueryError, match="429"):
+        PromClient(ClientOptions(url), sleep=waits.append).instant("vector(1)", 0)
+    assert waits == [1.0, 2.0, 4.0]
+    waits.clear()
+    with api(lambda h, p: (400, b"bad query")) as (url, seen), pytest.raises(QueryError, match="400"):
+        PromClient(ClientOptions(url), sleep=waits.append).instant("vector(1)", 0)
+    assert waits == [] and len(seen) == 1  # a refused query is not asked again

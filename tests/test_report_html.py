@@ -1,6 +1,7 @@
 """The report's HTML is one self-contained file whose charts a browser draws: opened in headless
 Chromium with the network cut off, the screenshot shows the timeline, the top wasters and the
-recommendation in their colours."""
+recommendation in their colours; and at 1,000 and 1,400 px wide the page reads whole: nothing runs
+off its side, no recommendation's sentence is split by its chart."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 from PIL import Image
 
 from gpu_exporter.report.catalogue import load_catalogue
-from gpu_exporter.report.model import build
+from gpu_exporter.report.model import Options, build
 from gpu_exporter.report.queries import window_for
-from gpu_exporter.report.render import COLOURS, as_html
+from gpu_exporter.report.render import COLOURS, as_html, as_markdown, as_table
 
 GIB = 1024**3
 END = 1_796_000_400.0  # a whole hour
@@ -28,20 +29,22 @@ def results() -> dict[str, Any]:
     h100 = {"node": "node-a", "instance": "node-a:9445", "name": "NVIDIA H100 80GB HBM3", "mig_mode": "disabled"}
     gpus = [
         ({**h100, "gpu": "0", "uuid": "GPU-0"}, {"busy": 168.0}, "ml", "train-a", 3.0, 60 * GIB, 0.8),
-        ({**h100, "gpu": "1", "uuid": "GPU-1"}, {"busy": 20.0, "allocated_idle": 148.0}, "ml", "notebook-b", 3.0,
+        ({**h100, "gpu": "1", "uuid": "GPU-1"}, {"busy": 120.0, "allocated_idle": 48.0}, "ml", "notebook-b", 3.0,
          11.2 * GIB, 0.18),
         ({"node": "node-b", "instance": "node-b:9445", "gpu": "0", "uuid": "GPU-2", "name": "NVIDIA L4",
           "mig_mode": "disabled"}, {"idle": 160.0, "down": 8.0}, "", "", 0.8, 0.0, None),
     ]  # fmt: skip
-    out: dict[str, Any] = {k: [] for k in ("hours", "prices", "info", "memory_total", "memory_peak", "activity")}
+    out: dict[str, Any] = {k: [] for k in ("hours", "prices", "seen", "info", "memory_total", "memory_peak",
+                                           "activity")}  # fmt: skip
     points = window_for(START, END).points
     for labels, states, ns, pod, price, peak, activity in gpus:
         key = {k: labels[k] for k in ("node", "instance", "gpu", "uuid")}
         for state, hours in states.items():
             holder = {"namespace": ns, "pod": pod} if state in ("busy", "allocated_idle") else {}
             out["hours"].append(({**key, **holder, "state": state}, hours))
-        for stat, v in (("max", price), ("min", price), ("count", points)):  # one price all week
-            out["prices"].append(({**key, "currency": "USD", "stat": stat}, v))
+        w = window_for(START, END)  # one price all week, at every step
+        out["prices"].append(({**key, "currency": "USD"}, [(w.start + (k + 1) * w.step, price) for k in range(points)]))
+        out["seen"].append((key, points))
         out["info"].append((labels, 1.0))
         out["memory_total"].append((key, 80 * GIB if "H100" in labels["name"] else 22.5 * GIB))
         out["memory_peak"].append((key, peak))
@@ -49,8 +52,8 @@ def results() -> dict[str, Any]:
             out["activity"].append(({**key, "signal": "sm_active"}, activity))
     steps = [START + 3600 * (i + 1) for i in range(168)]
     out["timeline"] = [
-        ({"state": "busy"}, [(t, 1.0 + (0.9 if i < 20 else 0.0)) for i, t in enumerate(steps)]),
-        ({"state": "allocated_idle"}, [(t, 0.0 if i < 20 else 1.0) for i, t in enumerate(steps)]),
+        ({"state": "busy"}, [(t, 1.0 + (0.9 if i < 120 else 0.0)) for i, t in enumerate(steps)]),
+        ({"state": "allocated_idle"}, [(t, 0.0 if i < 120 else 1.0) for i, t in enumerate(steps)]),
         ({"state": "idle"}, [(t, 1.0 if i < 160 else 0.0) for i, t in enumerate(steps)]),
         ({"state": "down"}, [(t, 0.0 if i < 160 else 1.0) for i, t in enumerate(steps)]),
     ]
@@ -65,7 +68,9 @@ def test_the_html_is_self_contained() -> None:
     # Nothing is fetched: no src, no stylesheet link, no URL but the SVG namespace.
     assert not re.search(r"\s(src|href)\s*=", html, re.IGNORECASE)
     assert set(re.findall(r"https?://[^\s\"'<>]+", html)) <= {"http://www.w3.org/2000/svg"}
-    assert html.count("<svg") == 3 + len(doc["recommendations"]) and doc["recommendations"]
+    # The three charts, and a bar pair for each recommendation with two monthly prices to compare.
+    compared = [r for r in doc["recommendations"] if r["kind"] in ("card", "mig") and r["saving_per_month"]]
+    assert compared and html.count("<svg") == 3 + len(compared)
 
 
 def _pixels(image: Image.Image, colour: str, tolerance: int = 12) -> int:
@@ -105,12 +110,12 @@ def test_chromium_draws_the_charts(tmp_path: Path) -> None:
 def test_the_scrape_interval_is_read_from_the_samples() -> None:
     from gpu_exporter.report.queries import scrape_interval
 
-    assert scrape_interval(240, 5) == 15  # 15 s scrape, an hour of history
-    assert scrape_interval(70, 60) == pytest.approx(60 / 59)  # 1 s scrape, but only 70 s of history
+    assert scrape_interval(240, 4) == 15  # 15 s scrape, an hour of history
+    assert scrape_interval(70, 60) == 1  # 1 s scrape, but only 70 s of history
     assert scrape_interval(12, 1) == 300  # 5 min scrape
     assert scrape_interval(None, None) == 0.0
     # A step is at least three scrape intervals, so each one's increase() sees samples.
-    assert window_for(START, END, 60).step == 900 and window_for(END - 3600, END, 60).step == 300
+    assert window_for(START, END, 60).step == 840 and window_for(END - 3600, END, 60).step == 180
 
 
 def test_money_is_never_summed_across_currencies_nor_made_up() -> None:
@@ -120,11 +125,87 @@ def test_money_is_never_summed_across_currencies_nor_made_up() -> None:
     ]
     with pytest.raises(ValueError, match="several currencies \\(EUR, USD\\); pick one with --currency"):
         build(window_for(START, END), r, load_catalogue())
-    doc = build(window_for(START, END), r, load_catalogue(), currency="EUR")
+    doc = build(window_for(START, END), r, load_catalogue(), Options(currency="EUR"))
     priced = [g for g in doc["gpus"] if g["cost"] is not None]
     assert doc["currency"] == "EUR" and len(priced) == 1 and doc["totals"]["unpriced_gpus"] == 2
+    assert "Cost €504, of which wasted €0.00 (2 GPUs without a price, 336.0 GPU-hours not in these figures)" in \
+        as_table(doc)  # fmt: skip
     unpriced = results()
     unpriced["prices"] = []
     doc = build(window_for(START, END), unpriced, load_catalogue())
     assert doc["totals"]["cost"] is None and all(g["cost"] is None for g in doc["gpus"])
-    assert "No prices in Prometheus" in as_html(doc)
+    why = "no prices: the store has no gpu_price_per_hour for these GPUs in the range"
+    assert why in as_html(doc) and why in as_table(doc) and why in as_markdown(doc)
+
+
+# What Chromium measures of the laid-out page, written into it for --dump-dom to print: the page's
+# width against the window's, each wide block's (charts, tables) against its own box, and each
+# recommendation's sentence against its chart (the chart starts below the sentence's last line).
+LAYOUT_PROBE = """<script>
+addEventListener('load', () => {
+  const out = {page: [document.documentElement.scrollWidth, innerWidth], wide: [], recs: []};
+  for (const el of document.querySelectorAll('.wide, .chart, .rec, table'))
+    out.wide.push([el.tagName + '.' + el.className.baseVal + el.className, el.getBoundingClientRect().right,
+                   document.body.getBoundingClientRect().right, el.scrollWidth, el.clientWidth]);
+  for (const rec of document.querySelectorAll('.rec')) {
+    const walker = document.createTreeWalker(rec, NodeFilter.SHOW_TEXT);
+    let bottom = 0;
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      if (n.parentElement.closest('svg')) continue;
+      const range = document.createRange(); range.selectNodeContents(n);
+      for (const r of range.getClientRects()) bottom = Math.max(bottom, r.bottom);
+    }
+    const chart = rec.querySelector('svg');
+    out.recs.push([bottom, chart ? chart.getBoundingClientRect().top : null]);
+  }
+  const pre = document.createElement('pre'); pre.id = 'layout'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def layout(html: str, width: int, tmp_path: Path) -> dict[str, Any]:
+    import json
+
+    page = tmp_path / f"probe-{width}.html"
+    page.write_text(html.replace("</body>", LAYOUT_PROBE + "</body>"))
+    out = subprocess.run(
+        ["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+         "--host-resolver-rules=MAP * ~NOTFOUND", f"--window-size={width},1200", "--virtual-time-budget=5000",
+         "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r'<pre id="layout">(.*?)</pre>', out.stdout, re.DOTALL)
+    assert m, out.stdout[-2000:]
+    found: dict[str, Any] = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return found
+
+
+def crowded() -> dict[str, Any]:
+    """The example week, with what makes a page wide: long pod names and a recommendation with its bars."""
+    r = results()
+    for labels, _ in r["hours"]:
+        if labels.get("pod"):
+            labels["pod"] = labels["pod"] + "-with-a-name-as-long-as-kubernetes-deployments-make-them-7f9c8d6b5"
+    return build(window_for(START, END), r, load_catalogue())
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (bash .ci/setup installs it)")
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_the_page_reads_whole_at_1000_and_1400_px(width: int, tmp_path: Path) -> None:
+    """Issue 25: at 1,400 px the recommendation's inline bar chart split its sentence in two; at 1,000 px
+    the GPU table ran off the page. Laid out by Chromium at both widths: the page is no wider than the
+    window, no table or chart is wider than the column it sits in, and each recommendation's sentence
+    is whole, its chart below it."""
+    doc = crowded()
+    assert any(r["kind"] in ("card", "mig") and r["saving_per_month"] for r in doc["recommendations"])
+    got = layout(as_html(doc), width, tmp_path)
+    scroll, inner = got["page"]
+    assert scroll <= inner, f"the page is {scroll} px wide in a {inner} px window"
+    for name, right, body_right, scroll_w, client_w in got["wide"]:
+        assert right <= body_right + 1, (name, right, body_right)
+        assert scroll_w <= client_w + 1, (name, scroll_w, client_w)
+    assert got["recs"], got
+    for text_bottom, chart_top in got["recs"]:
+        assert chart_top is None or chart_top >= text_bottom, got["recs"]

@@ -9,12 +9,13 @@ the labels Prometheus keeps (an empty label is no label)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from gpu_exporter.report.catalogue import load_catalogue
-from gpu_exporter.report.model import build
+from gpu_exporter.report.model import Options, build
 from gpu_exporter.report.queries import Window, window_for
 
 GIB = 1024**3
@@ -27,7 +28,14 @@ CATALOGUE = load_catalogue()
 
 
 def empty() -> dict[str, Any]:
-    return {k: [] for k in ("hours", "prices", "info", "memory_total", "memory_peak", "activity", "timeline")}
+    return {k: [] for k in ("hours", "prices", "seen", "info", "memory_total", "memory_peak", "activity", "timeline")}
+
+
+def steps(w: Window, price: float | Sequence[float | None], currency: str = "USD") -> list[tuple[float, float]]:
+    """A GPU's price at the end of each step, as the prices range query answers: one price throughout,
+    or one per step (None: no price at that step)."""
+    each = [price] * w.points if isinstance(price, float | int) else price
+    return [(w.start + (k + 1) * w.step, v) for k, v in enumerate(each) if v is not None]
 
 
 def add_gpu(r: dict[str, Any], key: dict[str, str], model: str, hours: dict[str, float], *, price: float | None = None,
@@ -38,8 +46,8 @@ def add_gpu(r: dict[str, Any], key: dict[str, str], model: str, hours: dict[str,
         held = holder if holder and state in ("busy", "allocated_idle") else {}
         r["hours"].append(({**key, **held, "state": state}, h))
     if price is not None:
-        for stat, v in (("max", price), ("min", price), ("count", w.points)):
-            r["prices"].append(({**key, "currency": "USD", "stat": stat}, v))
+        r["prices"].append(({**key, "currency": "USD"}, steps(w, price)))
+    r["seen"].append((key, float(w.points)))
     r["info"].append(({**key, "name": model, "mig_mode": mig_mode}, 1.0))
     r["memory_total"].append((key, total))
     if peak is not None:
@@ -120,7 +128,7 @@ def test_a_gpu_in_mig_mode_at_any_point_of_the_range_gets_no_card() -> None:
         return r
 
     advised = build(W, light(["disabled"]), CATALOGUE)["recommendations"]
-    assert [x["suggested"] for x in advised] == ["A100 80GB MIG 1g.10gb"]
+    assert [x["suggested"] for x in advised] == ["H100 80GB MIG 1g.10gb"]
     for mig in (["enabled"], ["enabled", "disabled"], ["disabled", "enabled"]):
         assert build(W, light(mig), CATALOGUE)["recommendations"] == [], mig
 
@@ -229,45 +237,54 @@ def light_h100s(prices: tuple[float | None, ...], w: Window = W) -> dict[str, An
 
 
 @pytest.mark.parametrize("hours", [100.0, 0.5])
-def test_a_gpu_without_a_price_is_advised_at_what_the_fleet_pays_for_its_model(hours: float) -> None:
-    """Two H100s bill 3.00 and 2.60 an hour: the fleet pays 2.80 for an H100, and that is what the third,
-    which has no price, is judged at; the others at their own.  Over 100 h or over the last half hour."""
+def test_a_gpu_without_a_price_is_not_advised_at_anyone_elses(hours: float) -> None:
+    """Issue 25: an unpriced node's GPU was told "saves $146/month". Two H100s bill 3.00 and 2.60 an hour
+    and are told of a slice of themselves; the third, with no price, is told nothing about money: no
+    card (there is no price to compare with), no saving. Over 100 h a month's figure; over the last half
+    hour none (less than the 24 h a monthly figure needs)."""
     w = window_for(END - hours * 3600, END)
     doc = build(w, light_h100s((3.0, 2.6, None), w), CATALOGUE)
     assert [g["price_per_hour"] for g in doc["gpus"]] == [3.0, 2.6, None]
     recs = {r["gpu"]: r for r in doc["recommendations"]}
-    for gpu, price_now in (("0", 3.0), ("1", 2.6), ("2", 2.8)):
+    assert set(recs) == {"0", "1"}
+    for gpu, price_now in (("0", 3.0), ("1", 2.6)):
         rec = recs[gpu]
-        # Held all the range: (now - suggested) x 730 h a month; the suggested price is shown to 4 digits.
-        assert rec["saving_per_month"] == pytest.approx((price_now - rec["suggested_price_per_hour"]) * 730, abs=0.05)
-    assert [r["gpu"] for r in doc["recommendations"]] == ["0", "2", "1"]  # the largest saving first
+        assert rec["suggested"] == "H100 80GB MIG 1g.10gb" and rec["suggested_price_per_hour"] == round(
+            price_now / 7, 4
+        )
+        if hours >= 24:
+            assert rec["saving_per_month"] == pytest.approx(price_now * 6 / 7 * 730, abs=0.01)
+            assert rec["no_saving_figure"] is None
+        else:
+            assert rec["saving_per_month"] is None and rec["no_saving_figure"] == "too little history"
+    assert [r["gpu"] for r in doc["recommendations"]] == ["0", "1"]  # the largest saving first, then by GPU
 
 
 def test_the_saving_thresholds_reach_the_advice() -> None:
     r = light_h100s((3.0,))
     assert build(W, r, CATALOGUE)["recommendations"]
-    assert build(W, r, CATALOGUE, min_saving=1e6)["recommendations"] == []
-    assert build(W, r, CATALOGUE, min_saving_ratio=0.99)["recommendations"] == []
+    assert build(W, r, CATALOGUE, Options(min_saving=1e6))["recommendations"] == []
+    assert build(W, r, CATALOGUE, Options(min_saving_ratio=0.99))["recommendations"] == []
+    assert build(W, r, CATALOGUE, Options(min_history_hours=101))["recommendations"][0]["saving_per_month"] is None
 
 
-def test_the_report_is_in_the_currency_of_its_prices_else_of_the_catalogue_it_advised_with() -> None:
+def test_the_report_is_in_the_currency_of_its_prices_and_without_one_when_nothing_is_priced() -> None:
     busy = empty()  # a busy, heavy H100: nothing to advise
     add_gpu(busy, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0},
             price=3.0, holder={"namespace": "ml", "pod": "big"}, peak=70 * GIB, activity=0.9)  # fmt: skip
     doc = build(W, busy, CATALOGUE)
-    assert (doc["currency"], doc["recommendations"]) == ("USD", [])
+    assert (doc["currency"], doc["recommendations"], doc["status"]) == ("USD", [], "ok")
     busy["prices"] = []
-    assert build(W, busy, CATALOGUE)["currency"] is None  # no price, no advice: no money at all
-    # No price in Prometheus: the advice is priced at the catalogue's example prices, in its currency.
+    doc = build(W, busy, CATALOGUE)
+    assert (doc["currency"], doc["status"]) == (None, "no_prices")  # no price: no money at all
+    assert "no prices: the store has no gpu_price_per_hour" in doc["status_reason"]
+    # Issue 25: a light job on an unpriced H100 was advised at the catalogue's example prices.
     doc = build(W, light_h100s((None,)), CATALOGUE)
-    assert doc["currency"] == "USD" and doc["totals"]["cost"] is None
-    (rec,) = doc["recommendations"]
-    assert rec["saving_per_month"] == pytest.approx((2.50 - rec["suggested_price_per_hour"]) * 730, abs=0.05)
+    assert doc["currency"] is None and doc["totals"]["cost"] is None and doc["recommendations"] == []
 
 
-def test_a_fleet_priced_in_another_currency_is_not_advised_at_the_catalogues_dollar_prices() -> None:
-    """Priced in EUR, an H100 is told of its own MIG slices (the fleet's EUR price x the share), never
-    of a card whose only price is the catalogue's USD example."""
+def test_a_fleet_priced_in_another_currency_is_advised_in_it() -> None:
+    """Priced in EUR, an H100 is told of its own MIG slices (its EUR price x the share)."""
     r = light_h100s((2.80,))
     for labels, _ in r["prices"]:
         labels["currency"] = "EUR"
@@ -275,50 +292,104 @@ def test_a_fleet_priced_in_another_currency_is_not_advised_at_the_catalogues_dol
     (rec,) = doc["recommendations"]
     assert doc["currency"] == "EUR"
     assert rec["suggested"] == "H100 80GB MIG 1g.10gb" and rec["suggested_price_per_hour"] == 0.4
+    assert "€1,752/month" in rec["reason"]
+    doc = build(W, r, CATALOGUE, Options(currency="USD"))
+    assert (doc["status"], doc["currency"], doc["totals"]["cost"]) == ("no_currency", None, None)
+    assert doc["status_reason"] == "no prices in USD: the GPUs are priced in EUR; leave out --currency or pick one " \
+                                   "of those"  # fmt: skip
 
 
-def test_gpus_without_a_uuid_whose_price_changed_are_still_priced_step_by_step() -> None:
-    """Their cost needs the eighth query (every step at its own price); without a uuid to name them it
-    reads every GPU, and keeps theirs."""
-    from gpu_exporter.report.model import steady_prices
+def test_where_prices_changed_the_hours_are_asked_in_pieces_of_one_price_each() -> None:
+    """Issue 25: step-by-step pricing was slow (one more pass over every counter) and dropped steps
+    whose price was stale. GPU-1's price went from 3.00 to 4.00 at step 61, GPU-2's from 1.00 to 1.50 at
+    step 31: the range is cut at steps 31 and 61, and each piece priced by its one price per GPU.
+    GPU-0's one price all range long costs its hours x that price."""
+    from gpu_exporter.report.cost import plan
+
+    w = window_for(START, END, 1200)  # hour-long steps: 100 of them
+    assert w.points == 100
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445"}
+    add_gpu(r, {**key, "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0}, price=3.0, w=w)
+    r["hours"] = []
+    for gpu, prices in (("1", [3.0] * 60 + [4.0] * 40), ("2", [1.0] * 30 + [1.5] * 70)):
+        add_gpu(r, {**key, "gpu": gpu, "uuid": f"GPU-{gpu}"}, H100, {}, w=w)
+        r["prices"].append(({**key, "gpu": gpu, "uuid": f"GPU-{gpu}", "currency": "USD"}, steps(w, prices)))
+    p = plan(w, r, "USD")
+    assert p.pieces == [(1, 30), (31, 60), (61, 100)] and p.steady == {"GPU-0": 3.0} and p.exact == {}
+    assert p.by_piece == {"GPU-1": [3.0, 3.0, 4.0], "GPU-2": [1.0, 1.5, 1.5]}
+    assert p.last == {"GPU-0": 3.0, "GPU-1": 4.0, "GPU-2": 1.5}
+    for (a, b), share in zip(p.pieces, (0.3, 0.3, 0.4), strict=True):  # each GPU busy throughout
+        r[f"hours:{a}:{b}"] = [({**key, "gpu": g, "uuid": f"GPU-{g}", "state": "busy"}, 100 * share)
+                               for g in ("0", "1", "2")]  # fmt: skip
+    doc = build(w, r, CATALOGUE)
+    costs = {g["gpu"]: (g["busy_hours"], g["cost"], g["price_now_per_hour"]) for g in doc["gpus"]}
+    assert costs == {"0": (100.0, 300.0, 3.0), "1": (100.0, 60 * 3.0 + 40 * 4.0, 4.0),
+                     "2": (100.0, 30 * 1.0 + 70 * 1.5, 1.5)}  # fmt: skip
+
+
+def test_a_price_missing_at_a_step_the_gpu_was_seen_is_priced_by_the_step_by_step_query() -> None:
+    """Pricing turned on half-way: hours x price would charge the first half too. Only the step-by-step
+    query prices it right, and only that GPU is asked for, by its uuid; a GPU without a uuid (an older
+    exporter) makes the query read every GPU, and the report keeps the one it asked for."""
+    from gpu_exporter.report.cost import plan
     from gpu_exporter.report.queries import exact_cost
 
     r = empty()
-    key = {"node": "n1", "instance": "n1:9445", "gpu": "0"}
-    add_gpu(r, key, H100, {"busy": 100.0})
-    r["prices"] = [({**key, "currency": "USD", "stat": s}, v) for s, v in (("max", 3.0), ("min", 2.0),
-                                                                          ("count", W.points))]  # fmt: skip
-    steady, varying = steady_prices(W, r)
-    assert steady == {} and varying == [""]
-    assert "uuid=~" not in exact_cost(W, "", varying).expr
-    r["cost"] = [({**key, "state": "busy", "currency": "USD"}, 250.0)]
-    (g,) = build(W, r, CATALOGUE)["gpus"]
-    assert (g["cost"], g["price_per_hour"]) == (250.0, 2.5)
-    # With a uuid, the query names the GPU, and only it: the steady one is priced as hours x its price
-    # (GPU-2's price is missing at one step).
-    add_gpu(r, {**key, "gpu": "1", "uuid": "GPU-1"}, H100, {"busy": 100.0}, price=3.0)
-    add_gpu(r, {**key, "gpu": "2", "uuid": "GPU-2"}, H100, {"busy": 100.0})
-    r["prices"] += [({**key, "gpu": "2", "uuid": "GPU-2", "currency": "USD", "stat": s}, v)
-                    for s, v in (("max", 3.0), ("min", 3.0), ("count", W.points - 1))]  # fmt: skip
-    steady, varying = steady_prices(W, r)
-    assert steady == {"GPU-1": ("USD", 3.0)} and varying == ["", "GPU-2"]
+    key = {"node": "n1", "instance": "n1:9445"}
+    add_gpu(r, {**key, "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0})
+    r["prices"].append(({**key, "gpu": "0", "uuid": "GPU-0", "currency": "USD"}, steps(W, [None] * 50 + [3.0] * 50)))
+    add_gpu(r, {**key, "gpu": "1"}, H100, {"busy": 100.0})
+    r["prices"].append(({**key, "gpu": "1", "currency": "USD"}, steps(W, [None] * 50 + [2.0] * 50)))
+    # A third seen only in the second half, priced all that time: steady.
+    add_gpu(r, {**key, "gpu": "2", "uuid": "GPU-2"}, H100, {"busy": 50.0})
+    r["prices"].append(({**key, "gpu": "2", "uuid": "GPU-2", "currency": "USD"}, steps(W, [None] * 50 + [3.0] * 50)))
+    r["seen"] = [(k, 50.0 if k.get("uuid") == "GPU-2" else v) for k, v in r["seen"]]
+    p = plan(W, r, "USD")
+    assert p.exact == {"GPU-0": "GPU-0", "n1/1": ""} and p.steady == {"GPU-2": 3.0}
+    assert "uuid=~" not in exact_cost(W, "", sorted(p.exact.values()), "USD").expr
+    r["cost"] = [({**key, "gpu": "0", "uuid": "GPU-0", "state": "busy", "currency": "USD"}, 150.0),
+                 ({**key, "gpu": "1", "state": "busy", "currency": "USD"}, 100.0),
+                 ({**key, "gpu": "2", "uuid": "GPU-2", "state": "busy", "currency": "USD"}, 999.0)]  # fmt: skip
+    doc = build(W, r, CATALOGUE)
+    assert [(g["gpu"], g["cost"]) for g in doc["gpus"]] == [("0", 150.0), ("1", 100.0), ("2", 150.0)]
+
+
+def test_a_range_cut_into_too_many_pieces_is_priced_step_by_step_instead() -> None:
+    from gpu_exporter.report.cost import MAX_PIECES, plan
+
+    r = empty()
+    prices = [1.0 + (k // 10) * 0.1 for k in range(W.points)]  # a new price every 10 steps: 10 pieces
+    add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0})
+    r["prices"] = [({"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0", "currency": "USD"},
+                    steps(W, prices))]  # fmt: skip
+    assert MAX_PIECES < 10
+    p = plan(W, r, "USD")
+    assert p.pieces == [(1, W.points)] and p.exact == {"GPU-0": "GPU-0"} and p.by_piece == {}
 
 
 def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
     doc = build(W, shared(), CATALOGUE)
     hours = {"gpu_hours", "busy_hours", "allocated_idle_hours", "idle_hours", "down_hours"}
-    assert set(doc["totals"]) == hours | {"cost", "wasted_cost", "gpus", "unpriced_gpus"}
+    assert set(doc) == {"schema", "range", "status", "status_reason", "currency", "advice_settings", "totals", "gpus",
+                        "holders", "recommendations", "timeline"}  # fmt: skip
+    assert set(doc["range"]) == {"start", "end", "hours", "step_seconds", "requested_start", "requested_end"}
+    assert set(doc["advice_settings"]) == {"min_history_hours", "allow_slower", "allow_consumer_cards", "min_saving",
+                                           "min_saving_ratio"}  # fmt: skip
+    assert set(doc["totals"]) == hours | {"cost", "wasted_cost", "gpus", "unpriced_gpus", "unpriced_hours",
+                                          "advised_saving_per_month"}  # fmt: skip
     for g in doc["gpus"]:
         assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
-                          "memory_total_bytes", "memory_peak_bytes", "activity_p95", "activity_signal", "holder",
-                          "notes"}  # fmt: skip
+                          "price_now_per_hour", "memory_total_bytes", "memory_peak_bytes", "activity_p95",
+                          "activity_signal", "dram_active_p95", "holder", "notes"}  # fmt: skip
         assert g["memory_total_bytes"] == 80 * GIB
     for h in doc["holders"]:
         assert set(h) == {"kind", "holder", "namespace", "pod", "user", "gpus", "gpu_hours", "busy_hours",
-                          "allocated_idle_hours", "cost", "wasted_cost"}  # fmt: skip
+                          "allocated_idle_hours", "cost", "wasted_cost", "unpriced_hours"}  # fmt: skip
     (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
-    assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "suggested", "reason", "saving_per_month",
-                        "suggested_price_per_hour", "slowdown"}  # fmt: skip
+    assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "kind", "suggested", "reason",
+                        "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source", "seen_hours",
+                        "no_saving_figure"}  # fmt: skip
 
 
 def test_a_currency_picked_among_several_counts_every_gpu_priced_in_it() -> None:
@@ -327,27 +398,27 @@ def test_a_currency_picked_among_several_counts_every_gpu_priced_in_it() -> None
     for i, cur in enumerate(("EUR", "USD", "USD")):
         key = {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-{i}"}
         add_gpu(r, key, H100, {"busy": 100.0}, price=3.0)
-        for labels, _ in r["prices"][-3:]:
-            labels["currency"] = cur
-    doc = build(W, r, CATALOGUE, currency="USD")
+        r["prices"][-1][0]["currency"] = cur
+    with pytest.raises(ValueError, match="several currencies \\(EUR, USD\\); pick one with --currency"):
+        build(W, r, CATALOGUE)
+    doc = build(W, r, CATALOGUE, Options(currency="USD"))
     assert [g["cost"] for g in doc["gpus"]] == [None, 300.0, 300.0] and doc["totals"]["cost"] == 600.0
 
 
-def test_a_gpu_priced_in_two_currencies_at_once_is_never_priced_in_one_of_them_alone() -> None:
+def test_a_gpu_priced_in_two_currencies_at_once_is_priced_in_the_one_picked() -> None:
     """Two price series for one GPU all range long, in USD and in EUR (two exporters with different
-    settings): its cost is each step's in each currency, and the report asks which one to show."""
-    from gpu_exporter.report.model import steady_prices
+    settings): the report asks which to show, and prices the GPU in that one alone."""
+    from gpu_exporter.report.cost import plan
 
     r = empty()
     key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
     add_gpu(r, key, H100, {"busy": 100.0}, price=3.0)
-    r["prices"] += [({**key, "currency": "EUR", "stat": s}, v) for s, v in (("max", 2.8), ("min", 2.8),
-                                                                           ("count", W.points))]  # fmt: skip
-    assert steady_prices(W, r) == ({}, ["GPU-0"])
-    r["cost"] = [({**key, "state": "busy", "currency": c}, v) for c, v in (("USD", 300.0), ("EUR", 280.0))]
+    r["prices"].append(({**key, "currency": "EUR"}, steps(W, 2.8)))
+    assert plan(W, r, "EUR").steady == {"GPU-0": 2.8}
     with pytest.raises(ValueError, match="several currencies"):
         build(W, r, CATALOGUE)
-    assert build(W, r, CATALOGUE, currency="EUR")["totals"]["cost"] == 280.0
+    assert build(W, r, CATALOGUE, Options(currency="EUR"))["totals"]["cost"] == 280.0
+    assert build(W, r, CATALOGUE, Options(currency="USD"))["totals"]["cost"] == 300.0
 
 
 def test_the_reports_times_are_utc_whatever_the_machines_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,4 +433,4 @@ def test_the_reports_times_are_utc_whatever_the_machines_time_zone(monkeypatch: 
         monkeypatch.undo()
         time.tzset()
     assert doc["range"] == {"start": "2026-11-25T21:00:00Z", "end": "2026-11-30T01:00:00Z", "hours": 100.0,
-                            "step_seconds": 600}  # fmt: skip
+                            "step_seconds": 500, "requested_start": None, "requested_end": None}  # fmt: skip

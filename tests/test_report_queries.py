@@ -1,12 +1,15 @@
 """What ``gpu-exporter report`` asks Prometheus, judged without one: every query is PromQL that reads
 only metrics gpu-exporter exports, each narrowed by the user's ``--selector``; the steps a range is
-cut into hold at most 720 points, span at least three scrapes and tile the range up to its end.
+cut into hold at most 720 points, span at least three scrapes and tile exactly [start, end), whatever
+the two times are; no query uses a construct the engines read differently.
 
-(What the answers add up to is test_report_history's, against a real Prometheus.)"""
+(What the answers add up to is test_report_history's and test_report_engines', against a real
+Prometheus and a real VictoriaMetrics.)"""
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -14,18 +17,22 @@ from typing import Any
 import promql_parser as pp
 import pytest
 
+from gpu_exporter.metric_defs import METRICS
 from gpu_exporter.report.queries import (
     MAX_POINTS,
-    STEPS,
+    MIN_STEP,
+    PROBES,
+    RangeError,
     SelectorError,
+    anywhere,
     exact_cost,
+    presence,
     probe,
     queries,
     scrape_interval,
     selector_matchers,
     window_for,
 )
-from gpu_exporter.serving.metrics import METRICS
 
 END = 1_796_000_400.0  # a whole hour
 DAY = 86400.0
@@ -47,9 +54,9 @@ def matchers_of(v: pp.VectorSelector) -> set[tuple[str, str, str]]:
 
 
 def every_query(matchers: str) -> list[str]:
-    w = window_for(END - 7 * DAY, END, 15)
-    return [*(q.expr for q in queries(w, matchers)), exact_cost(w, matchers, ["GPU-1", "GPU-2"]).expr,
-            probe(matchers, "1h"), probe(matchers, "1m")]  # fmt: skip
+    w = window_for(END - 7 * DAY - 17, END - 17, 15)  # not on a step boundary: every selector has an offset
+    return [*(q.expr for q in queries(w, matchers)), exact_cost(w, matchers, ["GPU-1", "GPU-2"], "USD").expr,
+            *(probe(matchers, p) for p in PROBES), presence(matchers, w), anywhere(matchers)]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -78,26 +85,30 @@ def test_no_selector_reads_the_whole_fleet(selector: str | None) -> None:
     assert selector_matchers(selector) == ""
     for expr in every_query(selector_matchers(selector)):
         for v in selectors(pp.parse(expr)):
-            assert {m[0] for m in matchers_of(v)} <= {"state", "uuid", "__name__"}, expr
+            assert {m[0] for m in matchers_of(v)} <= {"state", "uuid", "currency", "__name__"}, expr
 
 
 def test_the_report_reads_only_metrics_gpu_exporter_exports() -> None:
     """A misspelt metric would not fail: Prometheus answers nothing, and the report says 0 hours."""
     names = {v.name for expr in every_query('node="n2"') for v in selectors(pp.parse(expr))}
     assert names == {"gpu_state_seconds_total", "gpu_price_per_hour", "gpu_info", "gpu_memory_total_bytes",
-                     "gpu_memory_used_max_bytes", "gpu_sm_active_ratio", "gpu_utilization_ratio"}  # fmt: skip
+                     "gpu_memory_used_max_bytes", "gpu_sm_active_ratio", "gpu_utilization_ratio",
+                     "gpu_dram_active_ratio"}  # fmt: skip
     assert names <= set(METRICS)
 
 
 def test_the_scrape_interval_probe_counts_one_state_series_per_gpu_over_the_window() -> None:
     """The probe counts the samples of one series per GPU (the "down" state, which every GPU exports)
-    over the window asked: their average over the GPUs is the samples per hour or per minute."""
-    for window in ("1h", "1m"):
+    over an hour and a minute without the sample at their start (Prometheus 2 would count it, and
+    VictoriaMetrics not: a step one scrape longer on one engine than on the other); the most of any
+    GPU is the samples per hour or per minute."""
+    assert PROBES == ("3599999ms", "59999ms")
+    for window in PROBES:
         e = pp.parse(probe('node="n2"', window))
         (v,) = selectors(e)
         assert (v.name, matchers_of(v)) == ("gpu_state_seconds_total",
                                             {("node", "Equal", "n2"), ("state", "Equal", "down")})  # fmt: skip
-        assert f"[{window}]" in probe('node="n2"', window) and "count_over_time" in probe("", window)
+        assert probe("", window) == f'max(count_over_time(gpu_state_seconds_total{{state="down"}}[{window}]))'
 
 
 @pytest.mark.parametrize(
@@ -116,51 +127,110 @@ def test_a_bad_selector_is_refused_with_what_to_write_instead(selector: str, mes
     assert str(e.value) == message
 
 
-SPANS = [1, 4, 60, 3600, 3 * 3600, 7 * DAY, 720 * 900, 720 * 900 + 1, 720 * 3600, 720 * 3600 + 1, 90 * DAY, 400 * DAY]
+SPANS = [60, 3600, 3 * 3600, 7 * DAY, 720 * 900, 720 * 900 + 60, 720 * 3600, 721 * 3600, 90 * DAY, 181 * DAY,
+         365 * DAY, 366 * DAY, 36500 * DAY]  # fmt: skip
 SCRAPES = [0.0, 1.0, 5.0, 15.0, 60.0, 1200.0, 1200.2, 1500.0, 2400.0]  # as estimated: any float
+ENDS = [END, END - 17, END + 1234]  # on a whole hour, and not
 
 
-@pytest.mark.parametrize(("span", "scrape"), list(itertools.product(SPANS, SCRAPES)))
-def test_a_range_is_cut_into_the_finest_steps_of_720_points_at_most_and_3_scrapes(span: float, scrape: float) -> None:
-    """The finest step of the list that keeps to 720 points and spans three scrapes (so each step's
-    increase() sees samples); past them, whole hours.  The steps end at the last step boundary before
-    the range's end and cover its span to within a step."""
-    end = END - 7  # not on a boundary
+@pytest.mark.parametrize(("span", "scrape", "end"), list(itertools.product(SPANS, SCRAPES, ENDS)))
+def test_the_steps_tile_the_range_exactly_wherever_it_starts_and_ends(span: float, scrape: float, end: float) -> None:
+    """Whole steps from the range's start to its end, nothing before and nothing after: the step divides
+    the range's length; at most 720 of them, each at least 5 s and three scrapes long (so that every
+    step's increase() has samples), and the finest such step. The queries are evaluated at the first
+    multiple of the step at or after the end, every selector looking back by the difference, as a
+    subquery's points sit on multiples of its step."""
+    if span < max(MIN_STEP, 3 * scrape):
+        with pytest.raises(RangeError, match="make it longer"):
+            window_for(end - span, end, scrape)
+        return
     w = window_for(end - span, end, scrape)
-    allowed = [s for s in STEPS if span / s <= MAX_POINTS and s >= 3 * scrape]
-    if allowed:
-        assert w.step == allowed[0]
-    else:
-        assert w.step % 3600 == 0 and w.step > STEPS[-1] - 1
-        assert w.step - 3600 < max(span / MAX_POINTS, 3 * scrape), "no whole hour less would do"
-    assert w.step >= 3 * scrape and span / w.step <= MAX_POINTS and w.points <= MAX_POINTS
-    assert w.points == max(1, round(span / w.step)) and w.end - w.start == w.points * w.step
-    assert w.end % w.step == 0 and end - w.step < w.end <= end
-    assert w.hours == (w.end - w.start) / 3600
+    assert (w.start, w.end) == (end - span, end) and w.points * w.step == span
+    assert w.step >= max(MIN_STEP, 3 * scrape) and w.points <= MAX_POINTS
+    finer = [d for d in range(max(MIN_STEP, math.ceil(3 * scrape), math.ceil(span / MAX_POINTS)), w.step)
+             if span % d == 0]  # fmt: skip
+    assert not finer, f"{finer[:3]} would do"
+    assert w.at % w.step == 0 and w.at - w.offset == w.end and 0 <= w.offset < w.step
+    assert w.hours == span / 3600
 
 
-def test_long_ranges_and_slow_scrapes_are_cut_into_whole_hours() -> None:
-    assert window_for(END - 90 * DAY, END, 15).step == 3 * 3600  # 2,160 h / 720
-    assert window_for(END - 400 * DAY, END, 15).step == 14 * 3600  # 9,600 h / 720 = 13.3
-    assert window_for(END - DAY, END, 1200).step == 3600  # three 20-minute scrapes
-    assert window_for(END - DAY, END, 1500).step == 2 * 3600  # three 25-minute scrapes: 75 min, in whole hours
-    assert window_for(END - DAY, END, 2400).step == 2 * 3600  # three 40-minute scrapes: exactly 2 h
-    assert window_for(END - 720 * 3600 - 1, END, 15).step == 2 * 3600  # a second over 720 h of 1 h steps
-    assert window_for(END - 720 * 900, END, 5).step == 900  # exactly 720 points of 15 min
-    assert window_for(END - 3600, END, 5).step == 15  # exactly three scrapes
+def test_the_ranges_users_ask_for_are_cut_as_finely_as_they_allow() -> None:
+    """Issue 25: --start 2026-01-01 --end 2026-07-01 covered 2025-12-31T17:00 to 2026-06-30T20:00, and a
+    721-hour range lost its first hour. Now each is whole, in up to 720 steps of a length that divides it."""
+    jan, jul = 1_767_225_600, 1_782_864_000  # 2026-01-01 and 2026-07-01, 00:00 UTC
+    w = window_for(jan, jul, 15)
+    assert (w.start, w.end, w.step, w.points) == (jan, jul, 6 * 3600 + 2 * 60, 720)  # 4,344 h / 720
+    w = window_for(END - 721 * 3600, END, 15)
+    assert (w.start, w.step, w.points) == (END - 721 * 3600, 3605, 720)
+    assert window_for(END - 30 * DAY, END, 60).step == 3600
+    assert window_for(END - 7 * DAY, END, 60).step == 840
+    assert window_for(END - 3600, END, 60).step == 180  # three scrapes of a minute
+    assert window_for(END - 36500 * DAY, END, 15).points == 720  # --since 36500d ends where it was asked to
+
+
+@pytest.mark.parametrize(("start", "end", "message"), [
+    (END, END, "the range is empty"), (END, END - 60, "the range is empty"),
+    (END - 3600.5, END, "whole seconds"), (END - 1_000_003, END, "give a start and an end on whole minutes"),
+])  # fmt: skip
+def test_a_range_that_cannot_be_tiled_exactly_is_refused_with_what_to_give_instead(start: float, end: float,
+                                                                                   message: str) -> None:  # fmt: skip
+    """A range a prime number of seconds long divides into no steps of a useful length: refused, never
+    rounded (the report would cover a range other than the one asked)."""
+    with pytest.raises(RangeError, match=message):
+        window_for(start, end, 15)
 
 
 def test_a_series_younger_than_an_hour_is_judged_by_its_last_minute() -> None:
     """90 s of 30-second scrapes: 3 samples in the hour (1,200 s apart, if that were all) but 2 in the
-    last minute, which says at most 60 s."""
-    assert scrape_interval(3, 2) == 60
+    last minute, which says 30 s."""
+    assert scrape_interval(3, 2) == 30
     assert scrape_interval(3, 1) == 1200  # one sample in the minute says nothing
+    assert scrape_interval(240, 4) == 15 and scrape_interval(None, None) == 0.0
+
+
+def test_the_queries_avoid_what_the_engines_read_differently() -> None:
+    """Issue 25: an ``or on (...)`` filled SM activity's gaps with GPU-Util on VictoriaMetrics and not on
+    Prometheus. Every ``or`` now joins expressions that label_replace tells apart by a label of their
+    own; ranges other than a counter's for increase() leave out the sample at their start; a step's
+    price is the last the step saw, never an instant selector's (stale at the end of an outage)."""
+    for expr in every_query(""):
+        tree = pp.parse(expr)
+        for node in walk(tree):
+            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or"):
+                for side in (node.lhs, node.rhs):
+                    inner = side
+                    while isinstance(inner, pp.BinaryExpr) and str(inner.op).endswith("or"):
+                        inner = inner.rhs
+                    assert isinstance(inner, pp.Call) and inner.func.name == "label_replace", expr
+                assert node.modifier is None or not getattr(node.modifier, "labels", None), expr
+            if isinstance(node, pp.MatrixSelector) and node.vector_selector.name == "gpu_price_per_hour":
+                pass
+        for v in selectors(tree):
+            if v.name == "gpu_price_per_hour":
+                assert "last_over_time(gpu_price_per_hour" in expr or "max_over_time(gpu_price_per_hour" in expr \
+                    or "min_over_time(gpu_price_per_hour" in expr, expr  # fmt: skip
+    w = window_for(END - 7 * DAY - 17, END - 17, 15)
+    for q in queries(w, ""):
+        ranges = re.findall(r"\[(\d+m?s)\]", q.expr)
+        if q.kind == "instant":
+            assert ranges and all(r in ("839999ms", "840s") for r in ranges), q.expr
+            assert set(re.findall(r"offset \d+s", q.expr)) == {f"offset {w.offset}s"}, q.expr
+        assert "increase(" not in q.expr or re.search(r"increase\([^)]*\[840s\]", q.expr), q.expr
+
+
+def walk(e: Any) -> Iterator[Any]:
+    yield e
+    for attr in ("lhs", "rhs", "expr", "vector_selector"):
+        if (child := getattr(e, attr, None)) is not None:
+            yield from walk(child)
+    for child in getattr(e, "args", None) or ():
+        yield from walk(child)
 
 
 def test_each_query_is_named_in_the_progress_lines() -> None:
     """A long report says on stderr which query it waits on ("[3/7] GPU models: 2.1 s"): each has a name."""
     names = [q.what for q in queries(window_for(END - 7 * DAY, END, 15), "")]
-    names.append(exact_cost(window_for(END - 7 * DAY, END, 15), "", ["GPU-1"]).what)
+    names.append(exact_cost(window_for(END - 7 * DAY, END, 15), "", ["GPU-1"], "USD").what)
     assert all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names), names
 
 
@@ -174,12 +244,12 @@ def test_the_step_by_step_cost_reads_only_the_gpus_whose_price_changed(n: int) -
     """Their hours and prices, and no other GPU's (up to 200 of them, named in the query)."""
     uuids = [f"GPU-{i:04d}-aa" for i in range(n)]
     w = window_for(END - 7 * DAY, END, 15)
-    (pattern,) = uuid_filter(exact_cost(w, 'node="n2"', uuids).expr)
+    (pattern,) = uuid_filter(exact_cost(w, 'node="n2"', uuids, "USD").expr)
     assert pattern is not None
     assert all(re.fullmatch(pattern, u) for u in uuids)
     assert not any(re.fullmatch(pattern, u) for u in ("GPU-9999-aa", "GPU-0001", "GPU", ""))
-    assert {v.name for v in selectors(pp.parse(exact_cost(w, "", uuids).expr))} == {"gpu_state_seconds_total",
-                                                                                    "gpu_price_per_hour"}  # fmt: skip
+    assert {v.name for v in selectors(pp.parse(exact_cost(w, "", uuids, "USD").expr))} == {
+        "gpu_state_seconds_total", "gpu_price_per_hour"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -191,7 +261,16 @@ def test_a_long_or_odd_list_of_gpus_is_read_whole_not_written_into_the_query(uui
     """More than 200 GPUs, or a uuid label that is not letters, digits and dashes (a hostile or broken
     exporter): the query reads every GPU of the selector, still valid PromQL, and the report keeps those
     it asked for (model.cost_rows)."""
-    expr = exact_cost(window_for(END - 7 * DAY, END, 15), 'node="n2"', uuids).expr
+    expr = exact_cost(window_for(END - 7 * DAY, END, 15), 'node="n2"', uuids, "USD").expr
     assert uuid_filter(expr) == {None}
     for v in selectors(pp.parse(expr)):
-        assert matchers_of(v) == {("node", "Equal", "n2")}, expr
+        assert matchers_of(v) - {("currency", "Equal", "USD")} == {("node", "Equal", "n2")}, expr
+
+
+@pytest.mark.parametrize("currency", ["USD", 'E"UR\\'])
+def test_the_step_by_step_cost_reads_the_prices_of_the_reports_currency_only(currency: str) -> None:
+    """A GPU priced in two currencies at once would match two price series in one step, and the
+    multiplication would fail the whole query: only the report's currency is read, quoted safely."""
+    expr = exact_cost(window_for(END - 7 * DAY, END, 15), "", ["GPU-1"], currency).expr
+    (price,) = [v for v in selectors(pp.parse(expr)) if v.name == "gpu_price_per_hour"]
+    assert ("currency", "Equal", currency) in matchers_of(price)

@@ -1,4 +1,8 @@
-"""The catalogue of cards and MIG profiles right-sizing can suggest (``catalogue.yaml``, or a user's)."""
+"""The catalogue of cards and MIG profiles right-sizing can suggest (``catalogue.yaml``, or a user's).
+
+Throughput is one measure across the catalogue (``fp16_tflops``: dense FP16/BF16 tensor with FP32
+accumulate, no sparsity), so that cards compare; the shipped file cites the source of each figure
+and carries no prices (a card is suggested only at a price the user gives)."""
 
 from __future__ import annotations
 
@@ -31,10 +35,12 @@ class _Card(BaseModel):
     name: str = Field(min_length=1)
     match: list[str] = Field(min_length=1, description="regular expressions, searched in NVML's GPU name")
     memory_gib: Positive
-    fp16_tflops: Positive
-    fp32_tflops: Positive
+    fp16_tflops: Positive = Field(description="dense FP16/BF16 tensor TFLOPS with FP32 accumulate, no sparsity")
+    fp32_tflops: Positive | None = Field(None, description="not used: kept so that older catalogues still load")
     memory_bandwidth_gbps: Positive
-    price_per_hour: float | None = Field(None, ge=0, allow_inf_nan=False)
+    price_per_hour: float | None = Field(None, ge=0, allow_inf_nan=False, description="in the file's currency")
+    consumer: bool = Field(False, description="a GeForce card: suggested only with --allow-consumer-cards")
+    source: str | None = Field(None, description="where the figures come from")
     mig: list[_Mig] = Field(default_factory=list)
 
     @field_validator("match")
@@ -62,14 +68,20 @@ class Offer:
     card: str  # the card it is or is part of
     memory_bytes: float
     fp16_tflops: float
-    fp32_tflops: float
     memory_bandwidth_gbps: float
-    reference_price_per_hour: float | None
-    share: float = 1.0  # of the card: slices / 7 for a MIG profile
+    price_per_hour: float | None  # the catalogue's own, in its currency: only a user's catalogue has one
+    slices: int = 7  # of the card's 7: fewer for a MIG profile
+    mig: bool = False
+    consumer: bool = False
 
     @property
-    def is_mig(self) -> bool:
-        return self.share < 1.0 or "MIG" in self.name
+    def share(self) -> float:
+        return self.slices / 7
+
+    @property
+    def whole_card(self) -> bool:
+        """The card itself, or a MIG profile of all of it: the same hardware at the same price."""
+        return self.slices == 7
 
 
 @dataclass(frozen=True)
@@ -129,15 +141,18 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
         problems = "; ".join(_problem(err, raw) for err in e.errors())
         raise CatalogueError(f"catalogue {where}: {problems}") from e
     offers: list[Offer] = []
+    names = [c.name for c in doc.cards]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise CatalogueError(f"catalogue {where}: cards {twice} are listed twice")
     for c in doc.cards:
-        offers.append(Offer(c.name, c.name, c.memory_gib * GIB, c.fp16_tflops, c.fp32_tflops,
-                            c.memory_bandwidth_gbps, c.price_per_hour))  # fmt: skip
+        offers.append(Offer(c.name, c.name, c.memory_gib * GIB, c.fp16_tflops, c.memory_bandwidth_gbps,
+                            c.price_per_hour, consumer=c.consumer))  # fmt: skip
         for m in c.mig:
-            share = m.slices / 7
+            # A slice has its share of the SMs and of the memory, and the bandwidth of its memory slices.
             offers.append(Offer(
-                f"{c.name} MIG {m.profile}", c.name, m.memory_gib * GIB, c.fp16_tflops * share, c.fp32_tflops * share,
-                c.memory_bandwidth_gbps * m.memory_gib / c.memory_gib,
-                None if c.price_per_hour is None else c.price_per_hour * share, share,
+                f"{c.name} MIG {m.profile}", c.name, m.memory_gib * GIB, c.fp16_tflops * m.slices / 7,
+                c.memory_bandwidth_gbps * min(1.0, m.memory_gib / c.memory_gib),
+                None if c.price_per_hour is None else c.price_per_hour * m.slices / 7, m.slices, True, c.consumer,
             ))  # fmt: skip
     patterns = tuple((c.name, tuple(re.compile(p, re.IGNORECASE) for p in c.match)) for c in doc.cards)
     return Catalogue(doc.currency.upper() if doc.currency else None, tuple(offers), patterns)

@@ -1,20 +1,37 @@
-"""A client for the Prometheus HTTP query API, as Prometheus, Thanos Query, Mimir and VictoriaMetrics
-serve it: instant and range queries by POST, with the options Prometheus tooling has (bearer token
-file, basic auth, CA file, timeout)."""
+"""A client for the Prometheus HTTP query API, as Prometheus, Thanos Query, Mimir, Cortex and
+VictoriaMetrics serve it: instant and range queries by POST, with the options Prometheus tooling has
+(bearer token, basic auth, CA file, timeout), any headers a store needs (``X-Scope-OrgID`` for a
+Mimir or Cortex tenant), and bounded retries with backoff where the store says to come back later.
+
+Secrets never reach a message: the password of a URL's userinfo is taken out of the URL before
+anything names it, and header values are never printed.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 Labels = dict[str, str]
+
+RETRIES = 3  # after the first try: four in all
+BACKOFF_S = 1.0  # then 2 s, then 4 s
+MAX_WAIT_S = 30.0  # the longest Retry-After honoured
+TOKEN_ENV = "GPU_EXPORTER_PROMETHEUS_BEARER_TOKEN"
+PASSWORD_ENV = "GPU_EXPORTER_PROMETHEUS_PASSWORD"
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
+_OWN_HEADERS = {"content-type", "content-length", "host", "accept", "user-agent"}
 
 
 class QueryError(Exception):
@@ -30,6 +47,19 @@ class ClientOptions:
     ca_file: Path | None = None
     insecure_skip_verify: bool = False
     timeout: float = 120.0
+    headers: tuple[tuple[str, str], ...] = ()  # (name, value)
+    header_files: tuple[tuple[str, Path], ...] = ()  # (name, file holding the value)
+    environ: Mapping[str, str] = field(default_factory=dict)  # where TOKEN_ENV and PASSWORD_ENV are read
+    retries: int = RETRIES
+
+
+def redact(url: str) -> str:
+    """The URL without its userinfo's password: ``http://user:***@host``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def _secret(path: Path, what: str) -> str:
@@ -37,24 +67,44 @@ def _secret(path: Path, what: str) -> str:
         return path.read_text().strip()
     except OSError as e:
         raise QueryError(f"cannot read the {what} file {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise QueryError(f"the {what} file {path} is not text") from e
+
+
+def _header(name: str, value: str, where: str) -> tuple[str, str]:
+    if not _HEADER_NAME.match(name):
+        raise QueryError(f"{where}: {name!r} is not a header name")
+    if name.lower() in _OWN_HEADERS:
+        raise QueryError(f"{where}: the report sets {name} itself")
+    if any(c in value for c in "\r\n\0"):
+        raise QueryError(f"{where}: the value of {name} holds a line break")  # the value itself is never shown
+    return name, value
 
 
 class PromClient:
-    def __init__(self, opts: ClientOptions) -> None:
+    def __init__(self, opts: ClientOptions, sleep: Callable[[float], None] = time.sleep) -> None:
+        if not opts.timeout > 0:
+            raise QueryError(f"--prometheus.timeout must be more than 0 s (got {opts.timeout:g} s)")
         parsed = urllib.parse.urlsplit(opts.url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise QueryError(f"--prometheus.url {opts.url!r} must be an http:// or https:// URL")
-        self.base = opts.url.rstrip("/")
-        self.timeout = opts.timeout
+        self.shown = redact(opts.url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise QueryError(f"--prometheus.url {self.shown!r} must be an http:// or https:// URL")
+        try:
+            parsed.port  # noqa: B018 - raises on a port that is no number
+        except ValueError as e:
+            raise QueryError(f"--prometheus.url {self.shown!r} has a bad port") from e
+        # The userinfo goes into the Authorization header, not onto the wire as part of the URL.
+        userinfo = (urllib.parse.unquote(parsed.username or ""), urllib.parse.unquote(parsed.password or ""))
+        netloc = parsed.netloc.rsplit("@", 1)[-1]
+        self.base = urllib.parse.urlunsplit(parsed._replace(netloc=netloc)).rstrip("/")
+        self.shown = self.shown.rstrip("/")
+        self.timeout, self.retries, self.sleep = opts.timeout, opts.retries, sleep
         self.headers = {"Accept": "application/json", "User-Agent": "gpu-exporter-report"}
-        if opts.bearer_token_file is not None:
-            if opts.username is not None:
-                raise QueryError("use a bearer token or basic auth, not both")
-            self.headers["Authorization"] = "Bearer " + _secret(opts.bearer_token_file, "bearer token")
-        elif opts.username is not None:
-            password = _secret(opts.password_file, "password") if opts.password_file else ""
-            token = base64.b64encode(f"{opts.username}:{password}".encode()).decode()
-            self.headers["Authorization"] = "Basic " + token
+        self.headers.update(self._auth(opts, userinfo if parsed.username else None))
+        for name, value in opts.headers:
+            self._add(*_header(name, value, "--prometheus.header"))
+        for name, path in opts.header_files:
+            self._add(*_header(name, _secret(path, f"{name} header"), "--prometheus.header-file"))
         self.context: ssl.SSLContext | None = None
         if parsed.scheme == "https":
             try:
@@ -65,29 +115,69 @@ class PromClient:
                 self.context.check_hostname = False
                 self.context.verify_mode = ssl.CERT_NONE
 
+    def _add(self, name: str, value: str) -> None:
+        if name.lower() == "authorization" and "Authorization" in self.headers:
+            raise QueryError("an Authorization header and a bearer token or basic auth: give one")
+        self.headers[name] = value
+
+    @staticmethod
+    def _auth(opts: ClientOptions, userinfo: tuple[str, str] | None) -> dict[str, str]:
+        token_env = opts.environ.get(TOKEN_ENV)
+        tokens = [x for x in (opts.bearer_token_file, token_env) if x]
+        if len(tokens) > 1:
+            raise QueryError(f"a bearer token from --prometheus.bearer-token-file and from ${TOKEN_ENV}: give one")
+        users = [x for x in (opts.username, userinfo) if x]
+        if tokens and users:
+            raise QueryError("use a bearer token or basic auth, not both")
+        if len(users) > 1:
+            raise QueryError("a user in --prometheus.url and --prometheus.username: give one")
+        if opts.password_file and not opts.username:
+            raise QueryError("--prometheus.password-file needs --prometheus.username")
+        if opts.bearer_token_file:
+            return {"Authorization": "Bearer " + _secret(opts.bearer_token_file, "bearer token")}
+        if token_env:
+            return {"Authorization": "Bearer " + token_env.strip()}
+        if userinfo is not None:
+            user, password = userinfo
+        elif opts.username is not None:
+            user = opts.username
+            password = _secret(opts.password_file, "password") if opts.password_file else opts.environ.get(
+                PASSWORD_ENV, "")  # fmt: skip
+        else:
+            return {}
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
     def _post(self, path: str, params: dict[str, str]) -> Any:
-        url = f"{self.base}/api/v1/{path}"
+        url, shown = f"{self.base}/api/v1/{path}", f"{self.shown}/api/v1/{path}"
         body = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(url, data=body, method="POST", headers={
-            **self.headers, "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as e:
-            detail = _error_text(e.read())
-            if e.code in (401, 403):
-                raise QueryError(f"{url}: {e.code} {e.reason}: check the credentials ({detail})") from e
-            raise QueryError(f"{url}: {e.code} {e.reason}: {detail}") from e
-        except urllib.error.URLError as e:
-            raise QueryError(f"cannot reach {url}: {e.reason}") from e
-        except TimeoutError as e:
-            raise QueryError(f"{url}: no answer within {self.timeout:g} s (raise --prometheus.timeout)") from e
+        for attempt in range(self.retries + 1):
+            req = urllib.request.Request(url, data=body, method="POST", headers={
+                **self.headers, "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
+                    raw = r.read()
+                break
+            except urllib.error.HTTPError as e:
+                detail = _error_text(e.read())
+                if (e.code == 429 or e.code >= 500) and attempt < self.retries:
+                    self.sleep(_wait(e.headers.get("Retry-After"), attempt))
+                    continue
+                tried = f" (after {attempt + 1} tries)" if attempt else ""
+                if e.code in (401, 403):
+                    raise QueryError(f"{shown}: {e.code} {e.reason}: check the credentials ({detail})") from e
+                raise QueryError(f"{shown}: {e.code} {e.reason}{tried}: {detail}") from e
+            except urllib.error.URLError as e:
+                raise QueryError(f"cannot reach {shown}: {_reason(e.reason)}") from e
+            except TimeoutError as e:
+                raise QueryError(f"{shown}: no answer within {self.timeout:g} s (raise --prometheus.timeout)") from e
+            except OSError as e:  # a connection reset mid-answer
+                raise QueryError(f"{shown}: the connection failed: {_reason(e)}") from e
         try:
             doc = json.loads(raw)
         except ValueError as e:
-            raise QueryError(f"{url} did not answer with JSON: is it a Prometheus query API?") from e
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            raise QueryError(f"{url}: {_error_text(raw)}")
+            raise QueryError(f"{shown} did not answer with JSON: is it a Prometheus query API?") from e
+        if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(doc.get("data"), dict):
+            raise QueryError(f"{shown}: {_error_text(raw)}")
         return doc["data"]
 
     def instant(self, expr: str, at: float) -> list[tuple[Labels, float]]:
@@ -97,14 +187,35 @@ class PromClient:
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, list[tuple[float, float]]]]:
+        # nocache: VictoriaMetrics would otherwise align the start to its cache's grid.
         data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                          "step": f"{step:g}"})  # fmt: skip
+                                          "step": f"{step:g}", "nocache": "1"})  # fmt: skip
         return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+
+
+def _wait(retry_after: str | None, attempt: int) -> float:
+    """Retry-After (seconds or an HTTP date) where the store sends one, within MAX_WAIT_S; else doubling."""
+    backoff = BACKOFF_S * float(1 << attempt)
+    if not retry_after:
+        return backoff
+    try:
+        seconds = float(retry_after)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(retry_after).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return backoff
+    return min(max(seconds, 0.0), MAX_WAIT_S) if seconds == seconds else backoff
+
+
+def _reason(reason: object) -> str:
+    text = getattr(reason, "strerror", None) or str(reason)
+    return text if text else type(reason).__name__
 
 
 def _error_text(raw: bytes) -> str:
     try:
         doc = json.loads(raw)
         return f"{doc.get('errorType', 'error')}: {doc.get('error', raw[:200].decode(errors='replace'))}"
-    except ValueError:
+    except (ValueError, AttributeError):
         return raw[:200].decode(errors="replace").strip() or "(empty answer)"

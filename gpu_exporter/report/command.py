@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
-from .client import ClientOptions, PromClient, QueryError
-from .model import build, steady_prices
+from .client import PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
+from .cost import pick_currency, plan
+from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .queries import (
+    PROBES,
     Query,
+    RangeError,
     SelectorError,
     Window,
+    anywhere,
     exact_cost,
+    hours,
+    presence,
     probe,
     queries,
     scrape_interval,
@@ -31,6 +39,8 @@ from .queries import (
     window_for,
 )
 from .render import as_html, as_markdown, as_table
+from .settings import ReportConfigError, ReportSettings
+from .settings import load as load_report_settings
 
 FORMATS = ("table", "json", "markdown", "html")
 
@@ -38,41 +48,98 @@ FORMATS = ("table", "json", "markdown", "html")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-exporter report",
-        description="What the GPUs cost and wasted over a range of time, who held them, and which would do "
-        "the same work for less: from any Prometheus-compatible query API (Prometheus, Thanos Query, Mimir, "
-        "VictoriaMetrics) that holds gpu-exporter's metrics. Every figure is aggregated by the server.",
+        description="What the GPUs cost and wasted over a range of time, who held them, and what to do about it: "
+        "release, reclaim, or a cheaper card that does the same work at least as fast. From any Prometheus-compatible "
+        "query API (Prometheus, Thanos Query, Mimir, Cortex, VictoriaMetrics) that holds gpu-exporter's metrics; every "
+        "figure is aggregated by the server.",
+        epilog="Exit status: 0 a report with costs; 1 the store failed or refused a query; 2 bad flags or files; "
+        "3 no GPU in the range (no data, or a selector that matched nothing); 4 GPUs but no prices (in the currency "
+        "asked for). The reason is written on stderr, with --quiet too.",
     )
-    p.add_argument("--prometheus.url", dest="url", required=True, metavar="URL", help="base URL of the query API")
+    p.add_argument(
+        "--prometheus.url",
+        dest="url",
+        required=True,
+        metavar="URL",
+        help="base URL of the query API (userinfo in it is used as basic auth and never shown)",
+    )
     p.add_argument("--since", metavar="DURATION", help="the range ends now and spans this (e.g. 1h, 7d); default 7d")
     p.add_argument("--start", metavar="TIME", help="start of the range: RFC 3339 (2026-11-01T00:00:00Z) or unix time")
-    p.add_argument("--end", metavar="TIME", help="end of the range (default: now)")
+    p.add_argument(
+        "--end", metavar="TIME", help="end of the range, not included (default: now; a later end is cut to now)"
+    )
     p.add_argument("--selector", metavar="'{LABEL=\"VALUE\"}'", help="only series matching these label matchers")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--output", type=Path, metavar="FILE", help="write here instead of standard output")
     p.add_argument("--currency", metavar="CODE", help="the currency to report where GPUs are priced in several")
     p.add_argument("--catalogue", type=Path, metavar="FILE", help="cards right-sizing may suggest (default: shipped)")
     p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the exporter's config file: its pricing section prices the cards advice may suggest, and "
+        "its report section sets the options below (flags win)",
+    )
+    p.add_argument(
         "--min-saving",
         type=float,
-        default=0.0,
         metavar="AMOUNT",
-        help="suggest only what saves at least this much a month (default 0)",
+        help="advise only what saves at least this much a month (default 0)",
     )
     p.add_argument(
         "--min-saving-ratio",
         type=float,
-        default=0.2,
         metavar="RATIO",
-        help="suggest only what saves at least this share of the GPU's cost (default 0.2)",
+        help="advise only what saves at least this share of the GPU's cost (default 0.2)",
     )
-    p.add_argument("--prometheus.bearer-token-file", dest="bearer_token_file", type=Path, metavar="FILE")
+    p.add_argument(
+        "--min-history",
+        metavar="DURATION",
+        help="the history a GPU needs for a monthly saving (default 24h); below it the advice says what "
+        "it saw and gives no monthly figure",
+    )
+    p.add_argument(
+        "--allow-slower",
+        action="store_true",
+        default=None,
+        help="where no cheaper card is as fast, show the cheapest slower one: cost and time side by side",
+    )
+    p.add_argument(
+        "--allow-consumer-cards",
+        action="store_true",
+        default=None,
+        help="suggest GeForce cards too (NVIDIA's GeForce driver licence keeps them out of data centres)",
+    )
+    p.add_argument(
+        "--prometheus.header",
+        dest="headers",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="send this header with every query (repeat for more), e.g. X-Scope-OrgID=team-a",
+    )
+    p.add_argument(
+        "--prometheus.header-file",
+        dest="header_files",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="send this header with the value read from FILE (for secrets)",
+    )
+    p.add_argument(
+        "--prometheus.bearer-token-file",
+        dest="bearer_token_file",
+        type=Path,
+        metavar="FILE",
+        help=f"bearer token, from a file (or ${TOKEN_ENV})",
+    )
     p.add_argument("--prometheus.username", dest="username", metavar="USER", help="basic auth user")
     p.add_argument(
         "--prometheus.password-file",
         dest="password_file",
         type=Path,
         metavar="FILE",
-        help="basic auth password, from a file",
+        help=f"basic auth password, from a file (or ${PASSWORD_ENV})",
     )
     p.add_argument(
         "--prometheus.ca-file",
@@ -94,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="how long one query may take (default 2m)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (why a report is empty still is)")
     return p  # fmt: skip
 
 
@@ -116,10 +183,22 @@ def parse_time(text: str, flag: str) -> float:
     return t.timestamp()
 
 
-def time_range(args: argparse.Namespace, now: float) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Range:
+    start: float
+    end: float
+    requested_end: float | None = None  # an end in the future, cut to now
+
+
+def time_range(args: argparse.Namespace, now: float) -> Range:
+    """[start, end) as asked, in whole seconds; an end in the future is cut to the last whole minute
+    (the store has nothing after now, and a step past now would count no hours)."""
     if args.since and args.start:
         raise UsageError("give --since or --start, not both")
-    end = parse_time(args.end, "--end") if args.end else now
+    end = parse_time(args.end, "--end") if args.end else math.floor(now)
+    requested = None
+    if end > now:
+        requested, end = end, math.floor(now / 60) * 60
     if args.start:
         start = parse_time(args.start, "--start")
     else:
@@ -127,10 +206,12 @@ def time_range(args: argparse.Namespace, now: float) -> tuple[float, float]:
             span = float(parse_duration(args.since or "7d"))
         except ValueError as e:
             raise UsageError(f"--since: {e}") from e
-        start = end - span
+        start = (requested if requested is not None else end) - span
     if start >= end:
+        if requested is not None:
+            raise UsageError(f"the range starts at {iso(start)}, after now: nothing has happened in it yet")
         raise UsageError("the range is empty: the start must be before the end")
-    return start, end
+    return Range(start, end, requested)
 
 
 class Progress:
@@ -175,13 +256,14 @@ class Progress:
                 self.say(f"still waiting for {waiting} ({time.monotonic() - self.t0:.0f} s)")
 
 
-def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress) -> dict[str, Any]:
+def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress,
+                currency: str | None) -> dict[str, Any]:  # fmt: skip
     def one(q: Query) -> Any:
         progress.started(q.what)
         try:
             if q.kind == "range":
                 return client.range(q.expr, w.start + w.step, w.end, w.step)
-            return client.instant(q.expr, w.end)
+            return client.instant(q.expr, w.at if q.at is None else q.at)
         except QueryError as e:
             raise QueryError(f"{q.what}: {e}") from e
 
@@ -195,12 +277,34 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
                 q = pending.pop(f)
                 results[q.key] = f.result()
                 progress.finished(q.what)
-                if q.key == "prices" and (varying := steady_prices(w, results)[1]):
-                    # Hours x price is exact only where one price held throughout: the others, step by step.
-                    exact = exact_cost(w, matchers, varying)
-                    progress.total += 1
-                    pending[pool.submit(one, exact)] = exact
+                if q.key not in ("prices", "seen") or not {"prices", "seen"} <= set(results):
+                    continue
+                # The prices say where to cut the range for the hours, and which GPUs need every step's.
+                picked = pick_currency(results, currency)  # several and none asked for: stop here
+                p = plan(w, results, picked)
+                more = [hours(w, matchers, a, b) for a, b in p.pieces]
+                if p.exact:
+                    assert picked is not None
+                    more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked))
+                progress.total += len(more) - 1  # the hours were counted from the start
+                pending.update({pool.submit(one, x): x for x in more})
     return results
+
+
+def why_empty(client: PromClient, w: Window, matchers: str, selector: str | None) -> tuple[str, str]:
+    """Why no GPU came back: a selector that matched nothing, or no data in the range (and whether the
+    store holds gpu-exporter's series at all)."""
+    span = f"from {iso(w.start)} to {iso(w.end)}"
+    if matchers:
+        (found,) = client.instant(presence("", w), w.at) or [({}, 0.0)]
+        if found[1] > 0:
+            return NO_MATCH, f"the selector {selector} matched none of the {found[1]:.0f} GPUs in the store {span}"
+    now = client.instant(anywhere(""), time.time())
+    if now and now[0][1] > 0:
+        return NO_DATA, (f"no gpu-exporter data {span}; the store has {now[0][1]:.0f} GPUs' series now: is the range "
+                         "right?")  # fmt: skip
+    return NO_DATA, (f"no gpu-exporter data {span}, nor now: is this store scraping gpu-exporter (its "
+                     "gpu_state_seconds_total series)?")  # fmt: skip
 
 
 def write(text: str, output: Path | None) -> None:
@@ -228,43 +332,110 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
-def main(argv: Sequence[str], now: Callable[[], float] = time.time) -> int:
+def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for v in values:
+        name, eq, value = v.partition("=")
+        if not eq or not name.strip():
+            raise UsageError(f"{flag} takes NAME=VALUE (got a value without '=' or a name)")
+        out.append((name.strip(), value))
+    return out
+
+
+def _options(args: argparse.Namespace) -> tuple[Options, float]:
+    """The advice options: flags, else the config file's report section, else the defaults; and the timeout."""
+    report, pricing = ReportSettings(), None
+    if args.config is not None:
+        report, pricing = load_report_settings(args.config)
+    min_history = report.min_history
+    if args.min_history is not None:
+        try:
+            min_history = float(parse_duration(args.min_history))
+        except ValueError as e:
+            raise UsageError(f"--min-history: {e}") from e
+        if min_history <= 0:
+            raise UsageError("--min-history must be more than 0")
+    for flag, value in (("--min-saving", args.min_saving), ("--min-saving-ratio", args.min_saving_ratio)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{flag} must be a number of 0 or more (got {value:g})")
+    if args.min_saving_ratio is not None and args.min_saving_ratio > 1:
+        raise UsageError(f"--min-saving-ratio is a share of the cost, from 0 to 1 (got {args.min_saving_ratio:g})")
+    try:
+        timeout = float(parse_duration(args.timeout))
+    except ValueError as e:
+        raise UsageError(f"--prometheus.timeout: {e}") from e
+    if timeout <= 0:
+        raise UsageError(f"--prometheus.timeout must be more than 0 s (got {args.timeout!r})")
+    opts = Options(
+        currency=args.currency.upper() if args.currency else None,
+        pricing=pricing,
+        min_saving=report.min_saving if args.min_saving is None else args.min_saving,
+        min_saving_ratio=report.min_saving_ratio if args.min_saving_ratio is None else args.min_saving_ratio,
+        min_history_hours=min_history / 3600,
+        allow_slower=report.allow_slower if args.allow_slower is None else args.allow_slower,
+        allow_consumer=report.allow_consumer_cards if args.allow_consumer_cards is None else args.allow_consumer_cards,
+    )
+    return opts, timeout
+
+
+def main(argv: Sequence[str], now: Callable[[], float] = time.time,
+         environ: Mapping[str, str] | None = None) -> int:  # fmt: skip
     args = build_parser().parse_args(argv)
     try:
-        start, end = time_range(args, now())
+        span = time_range(args, now())
         matchers = selector_matchers(args.selector)
-        timeout = float(parse_duration(args.timeout))
+        opts, timeout = _options(args)
         catalogue = load_catalogue(args.catalogue)
-        client = PromClient(ClientOptions(args.url, args.bearer_token_file, args.username, args.password_file,
-                                          args.ca_file, args.insecure, timeout))  # fmt: skip
-        if args.password_file and not args.username:
-            raise UsageError("--prometheus.password-file needs --prometheus.username")
-    except (UsageError, SelectorError, CatalogueError, QueryError, ValueError) as e:
+        client = PromClient(ClientOptions(
+            args.url, args.bearer_token_file, args.username, args.password_file, args.ca_file, args.insecure, timeout,
+            tuple(_pairs(args.headers, "--prometheus.header")),
+            tuple((n, Path(v)) for n, v in _pairs(args.header_files, "--prometheus.header-file")),
+            os.environ if environ is None else environ,
+        ))  # fmt: skip
+    except (UsageError, SelectorError, CatalogueError, QueryError, ReportConfigError, RangeError) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
+    say = Progress(sys.stderr, 0)  # what must be said, --quiet or not
     try:
-        counts = [client.instant(probe(matchers, window), end) for window in ("1h", "1m")]
+        counts = [client.instant(probe(matchers, window), span.end) for window in PROBES]
         per_hour, per_minute = (c[0][1] if c else None for c in counts)
-        w = window_for(start, end, scrape_interval(per_hour, per_minute))
+        asked = window_for(span.start, span.end, scrape_interval(per_hour, per_minute))
+        w = asked.from_epoch()
         qs = queries(w, matchers)
-        progress = Progress(None if args.quiet else sys.stderr, len(qs))
-        progress.say(f"{len(qs)} queries to {args.url} over {w.hours:g} h ({w.points} steps of {w.step} s)")
+        progress = Progress(None if args.quiet else sys.stderr, len(qs) + 1)  # and the hours, after the prices
+        if span.requested_end is not None:
+            say.say(f"the range ended in the future ({iso(span.requested_end)}): cut to now, {iso(w.end)}")
+        if w != asked:
+            say.say(f"the range started before any store holds samples ({iso(asked.start)}): cut to "
+                    f"{iso(w.start)}")  # fmt: skip
+        progress.say(f"{len(qs) + 1} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
         with progress:
-            results = run_queries(client, w, matchers, qs, progress)
-        doc = build(w, results, catalogue, currency=args.currency.upper() if args.currency else None,
-                    min_saving=args.min_saving, min_saving_ratio=args.min_saving_ratio)  # fmt: skip
+            results = run_queries(client, w, matchers, qs, progress, opts.currency)
+        empty = None if any(v for k, v in results.items() if k.startswith("hours")) else \
+            why_empty(client, w, matchers, args.selector)  # fmt: skip
+        doc = build(
+            w,
+            results,
+            catalogue,
+            replace(
+                opts,
+                requested_end=span.requested_end,
+                empty_because=empty,
+                requested_start=None if w == asked else asked.start,
+            ),
+        )
     except QueryError as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:
+    except (ValueError, RangeError) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
-    if not doc["gpus"]:
-        progress.say(f"no gpu-exporter series in the range{' matching ' + args.selector if args.selector else ''}")
+    if doc["status"] != OK:
+        say.say(doc["status_reason"])
     try:
         write(RENDERERS[args.format](doc), args.output)
     except UsageError as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
     progress.say(f"done in {time.monotonic() - progress.t0:.1f} s")
-    return 0
+    return EXIT_STATUS[doc["status"]]

@@ -1,5 +1,5 @@
 """The report: figures per GPU, per holder and in total, recommendations and a timeline, built from
-the query results; ``as_json`` is its stable, documented form, which every other format renders.
+the query results; its JSON is the stable, documented form, which every other format renders.
 
 Schema ``gpu-exporter.report/v1``: hours are hours, money is in ``currency``, times are RFC 3339 UTC.
 A figure that cannot be known is ``null``, never 0: a GPU without a price has ``cost: null``.
@@ -12,16 +12,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
 from .catalogue import Catalogue
 from .client import Labels
+from .cost import cost_rows, currencies, hours_rows, pick_currency, plan
+from .cost import gpu_key as _gpu_key
+from .prices import PriceList
 from .queries import Window
-from .rightsizing import Sizer, Usage
+from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage
 
 SCHEMA = "gpu-exporter.report/v1"
 HOURS_DIGITS = 6
 MONEY_DIGITS = 4
 Results = dict[str, Any]
+
+# Why a report has nothing to show, and the exit status that says so (docs/cost.md).
+OK, NO_DATA, NO_MATCH, NO_PRICES, NO_PRICES_IN_CURRENCY = "ok", "no_data", "no_match", "no_prices", "no_currency"
+EXIT_STATUS = {OK: 0, NO_DATA: 3, NO_MATCH: 3, NO_PRICES: 4, NO_PRICES_IN_CURRENCY: 4}
 
 
 def iso(t: float) -> str:
@@ -50,11 +58,13 @@ class _Gpu:
     hours: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     cost: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     priced: bool = False
+    price_now: float | None = None
     holders: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # holder -> held hours
+    idle_holders: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # -> allocated idle hours
+    holders_now: set[str] = field(default_factory=set)  # who held it in the range's last step
     memory_total: float | None = None
     memory_peak: float | None = None
-    activity: float | None = None
-    signal: str = "GPU utilization"
+    signals: dict[str, float] = field(default_factory=dict)
 
 
 def holder_of(labels: Labels) -> tuple[str, str, str, str]:
@@ -71,42 +81,23 @@ def holder_name(kind: str, ns: str, pod: str, user: str) -> str:
     return f"pod {ns}/{pod}" if kind == "pod" else (f"user {user}" if kind == "user" else "")
 
 
-def _gpu_key(labels: Labels) -> str:
-    node = labels.get("node") or labels.get("instance", "")
-    return labels.get("uuid") or f"{node}/{labels.get('gpu', '')}"
+@dataclass(frozen=True)
+class Options:
+    """What the user asked of the report beyond the range."""
+
+    currency: str | None = None
+    pricing: PricingSettings | None = None
+    min_saving: float = 0.0
+    min_saving_ratio: float = 0.2
+    min_history_hours: float = MIN_HISTORY_HOURS
+    allow_slower: bool = False
+    allow_consumer: bool = False
+    requested_end: float | None = None  # where a range that ended in the future was cut to now
+    requested_start: float | None = None  # where a range that started before 1970 was cut to it
+    empty_because: tuple[str, str] | None = None  # (status, why) when the store had nothing to show
 
 
-def steady_prices(w: Window, results: Results) -> tuple[dict[str, tuple[str, float]], list[str]]:
-    """GPU -> (currency, price) where one price held at every step of the range, and the UUIDs of
-    the GPUs priced otherwise (changed, or missing at some steps), whose cost needs every step's."""
-    stats: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-    uuids: dict[str, str] = {}
-    for labels, v in results["prices"]:
-        key = _gpu_key(labels)
-        stats[(key, labels.get("currency", ""))][labels.get("stat", "")] = v
-        uuids[key] = labels.get("uuid", "")
-    steady: dict[str, tuple[str, float]] = {}
-    varying: set[str] = set()
-    for (key, currency), st in stats.items():
-        if st.get("max") == st.get("min") and st.get("count") == w.points and key not in steady:
-            steady[key] = (currency, st["max"])
-        else:
-            varying.add(key)
-    for key in varying:  # several currencies on one GPU over the range: price it step by step too
-        steady.pop(key, None)
-    return steady, sorted(uuids[k] for k in varying)
-
-
-def cost_rows(w: Window, results: Results) -> list[tuple[Labels, float]]:
-    """Cost by GPU, holder and state: hours x the one price, or every step at its own price."""
-    steady, _ = steady_prices(w, results)
-    rows = [({**labels, "currency": steady[k][0]}, v * steady[k][1]) for labels, v in results["hours"]
-            if (k := _gpu_key(labels)) in steady]  # fmt: skip
-    return rows + [(labels, v) for labels, v in results.get("cost", []) if _gpu_key(labels) not in steady]
-
-
-def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | None = None,
-          min_saving: float = 0.0, min_saving_ratio: float = 0.2) -> dict[str, Any]:  # fmt: skip
+def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Options()) -> dict[str, Any]:
     gpus: dict[str, _Gpu] = {}
 
     def gpu(labels: Labels) -> _Gpu:
@@ -116,28 +107,26 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
                              labels.get("uuid", ""))  # fmt: skip
         return gpus[key]
 
-    costs = cost_rows(w, results)
-    currencies = sorted({labels.get("currency", "") for labels, _ in costs} - {""})
-    if currency is None and len(currencies) > 1:
-        raise ValueError(f"the GPUs are priced in several currencies ({', '.join(currencies)}); pick one with "
-                         "--currency")  # fmt: skip
-    currency = currency or (currencies[0] if currencies else None)
+    currency = pick_currency(results, opts.currency)
+    priced_by = plan(w, results, currency)
     holders: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for labels, v in results["hours"]:
+    for labels, v in hours_rows(results, priced_by):
         g, state = gpu(labels), labels.get("state", "")
         if state not in STATES:
             continue
         g.hours[state] += v
         h = holder_of(labels)
         if h[0] and state in (BUSY, ALLOCATED_IDLE):
-            g.holders[holder_name(*h)] += v
-            row = holders.setdefault(h, {"hours": defaultdict(float), "cost": 0.0, "wasted": 0.0, "gpus": set(),
-                                         "priced": False})  # fmt: skip
+            name = holder_name(*h)
+            g.holders[name] += v
+            if state == ALLOCATED_IDLE:
+                g.idle_holders[name] += v
+            row = holders.setdefault(h, {"hours": defaultdict(float), "cost": 0.0, "wasted": 0.0, "gpus": {}})
             row["hours"][state] += v
-            row["gpus"].add(g.uuid or f"{g.node}/{g.gpu}")
-    for labels, v in costs:
+            row["gpus"][_gpu_key(labels)] = g
+    for labels, v in cost_rows(results, priced_by, currency):
         state = labels.get("state", "")
-        if labels.get("currency") != currency or state not in STATES:  # as its hours: a state unknown here
+        if state not in STATES:  # as its hours: a state unknown here
             continue
         g = gpu(labels)
         g.cost[state] += v
@@ -145,9 +134,11 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
         h = holder_of(labels)
         if h in holders:
             holders[h]["cost"] += v
-            holders[h]["priced"] = True
             if state in WASTE_STATES:
                 holders[h]["wasted"] += v
+    for key, last in priced_by.last.items():
+        if key in gpus:
+            gpus[key].price_now = last
     for labels, _ in results["info"]:
         g = gpu(labels)
         g.model = labels.get("name") or g.model
@@ -157,58 +148,75 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
     for labels, v in results["memory_peak"]:
         gpu(labels).memory_peak = v
     for labels, v in results["activity"]:
-        # A GPU whose SM activity is missing at some steps (the first poll has no GPM pair yet) has a
-        # series of each signal, in no set order: SM activity, as GpuUnderutilized uses, wins.
-        g, sm = gpu(labels), labels.get("signal") == "sm_active"
-        if sm or g.signal != "SM activity":
-            g.activity = v
-            g.signal = "SM activity" if sm else "GPU utilization"
+        gpu(labels).signals[labels.get("signal", "")] = v
+    for labels, v in results.get("holders_now", []):
+        if v > 0 and (h := holder_of(labels))[0] and _gpu_key(labels) in gpus:
+            gpus[_gpu_key(labels)].holders_now.add(holder_name(*h))
 
-    # What the fleet pays per card of the catalogue: the price of the hours it was billed.
-    paid: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    # What the fleet pays now for each card of the catalogue: the highest where several prices.
+    fleet: dict[str, float] = {}
     for g in gpus.values():
         card = catalogue.card_of(g.model) if g.model else None
-        total = sum(g.hours.values())
-        if card and g.priced and total > 0:
-            paid[card.name][0] += sum(g.cost.values())
-            paid[card.name][1] += total
-    fleet_prices = {card: c / h for card, (c, h) in paid.items() if h > 0}
-    sizer = Sizer(catalogue, currency or catalogue.currency, fleet_prices, min_saving, min_saving_ratio)
+        if card is not None and g.price_now is not None and g.priced:
+            fleet[card.name] = max(fleet.get(card.name, 0.0), g.price_now)
+    sizer = Sizer(catalogue, PriceList(catalogue, currency, fleet, opts.pricing), min_saving=opts.min_saving,
+                  min_saving_ratio=opts.min_saving_ratio, min_history_hours=opts.min_history_hours,
+                  allow_slower=opts.allow_slower, allow_consumer=opts.allow_consumer)  # fmt: skip
 
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
     for g in sorted(gpus.values(), key=lambda g: (g.node, _index(g.gpu), g.uuid)):
         total = sum(g.hours.values())
         price = sum(g.cost.values()) / total if g.priced and total > 0 else None
-        top = max(g.holders.items(), key=lambda kv: kv[1])[0] if g.holders else ""
-        usage = Usage(g.node, g.gpu, g.uuid, g.model, top, g.hours[BUSY] + g.hours[ALLOCATED_IDLE], g.hours[IDLE],
-                      w.hours, price, g.memory_total, g.memory_peak, g.activity, g.signal, g.mig_mode)  # fmt: skip
+        # Its holder: who holds it now, else who held it longest (by hours, holders that come and go can
+        # tie, and two engines would pick different ones).
+        top = _most({h: g.holders.get(h, 0.0) for h in g.holders_now}) or _most(g.holders)
+        activity: float | None = g.signals.get("sm_active")
+        signal = "SM activity" if activity is not None else "GPU utilization"
+        activity = g.signals.get("utilization") if activity is None else activity
+        # The one to reclaim it from: who holds it now, else who held it idle longest.
+        now = {h: g.idle_holders.get(h, 0.0) for h in g.holders_now}
+        usage = Usage(g.node, g.gpu, g.uuid, g.model, top, _most(now) or _most(g.idle_holders), g.hours[BUSY],
+                      g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
+                      g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
+                      g.mig_mode)  # fmt: skip
         rows.append({
             "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
             "cost": _m(sum(g.cost.values())) if g.priced else None,
             "wasted_cost": _m(sum(g.cost[s] for s in WASTE_STATES)) if g.priced else None,
-            "price_per_hour": _m(price), "memory_total_bytes": g.memory_total, "memory_peak_bytes": g.memory_peak,
-            "activity_p95": None if g.activity is None else round(g.activity, 4), "activity_signal": g.signal,
+            "price_per_hour": _m(price), "price_now_per_hour": _m(usage.price_per_hour),
+            "memory_total_bytes": g.memory_total, "memory_peak_bytes": g.memory_peak,
+            "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
+            "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
             "holder": top, "notes": sizer.notes(usage),
         })  # fmt: skip
         advice = sizer.advise(usage)
         if advice is not None:
             recommendations.append({
                 "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "holder": top, "current_model": g.model,
-                "suggested": advice.suggested, "reason": advice.reason,
+                "kind": advice.kind, "suggested": advice.suggested, "reason": advice.reason,
                 "saving_per_month": _m(advice.saving_per_month),
                 "suggested_price_per_hour": _m(advice.suggested_price_per_hour), "slowdown": round(advice.slowdown, 2),
+                "price_source": advice.price_source, "seen_hours": _h(usage.seen_hours),
+                "no_saving_figure": _no_figure(advice, usage),
             })  # fmt: skip
-    recommendations.sort(key=lambda r: -float(r["saving_per_month"] or 0))
+    # The largest saving first; advice without a monthly figure after, slower cards last.
+    recommendations.sort(key=lambda r: (r["kind"] == "slower", r["saving_per_month"] is None,
+                                        -float(r["saving_per_month"] or 0), r["node"], _index(r["gpu"])))  # fmt: skip
 
     holder_rows: list[dict[str, Any]] = []
     for (kind, ns, pod, user), acc in holders.items():
+        held_gpus = acc["gpus"].values()
+        unpriced = [x for x in held_gpus if not x.priced]
+        priced_any = len(unpriced) < len(held_gpus)
+        unpriced_hours = sum(x.holders.get(holder_name(kind, ns, pod, user), 0.0) for x in unpriced)
         holder_rows.append({
             "kind": kind, "holder": holder_name(kind, ns, pod, user), "namespace": ns, "pod": pod, "user": user,
-            "gpus": len(acc["gpus"]), "gpu_hours": _h(acc["hours"][BUSY] + acc["hours"][ALLOCATED_IDLE]),
+            "gpus": len(held_gpus), "gpu_hours": _h(acc["hours"][BUSY] + acc["hours"][ALLOCATED_IDLE]),
             "busy_hours": _h(acc["hours"][BUSY]), "allocated_idle_hours": _h(acc["hours"][ALLOCATED_IDLE]),
-            "cost": _m(acc["cost"]) if acc["priced"] else None,
-            "wasted_cost": _m(acc["wasted"]) if acc["priced"] else None,
+            "cost": _m(acc["cost"]) if priced_any else None,
+            "wasted_cost": _m(acc["wasted"]) if priced_any else None,
+            "unpriced_hours": _h(unpriced_hours),
         })  # fmt: skip
     holder_rows.sort(key=lambda r: (-float(r["allocated_idle_hours"]), str(r["holder"])))
 
@@ -219,17 +227,65 @@ def build(w: Window, results: Results, catalogue: Catalogue, *, currency: str | 
         "cost": _m(sum(sum(g.cost.values()) for g in priced)) if priced else None,
         "wasted_cost": _m(sum(g.cost[s] for g in priced for s in WASTE_STATES)) if priced else None,
         "gpus": len(gpus), "unpriced_gpus": len(gpus) - len(priced),
+        "unpriced_hours": _h(sum(sum(g.hours.values()) for g in gpus.values() if not g.priced)),
+        "advised_saving_per_month": _m(sum(r["saving_per_month"] or 0.0 for r in recommendations)),
     }  # fmt: skip
+    status, why = _status(gpus, priced, currency, results, opts)
     return {
         "schema": SCHEMA,
-        "range": {"start": iso(w.start), "end": iso(w.end), "hours": _h(w.hours), "step_seconds": w.step},
-        "currency": currency or (sizer.currency if recommendations else None),
+        "range": {
+            "start": iso(w.start),
+            "end": iso(w.end),
+            "hours": _h(w.hours),
+            "step_seconds": w.step,
+            "requested_start": None if opts.requested_start is None else iso(opts.requested_start),
+            "requested_end": None if opts.requested_end is None else iso(opts.requested_end),
+        },
+        "status": status,
+        "status_reason": why,
+        "currency": currency if priced else None,
+        "advice_settings": {
+            "min_history_hours": opts.min_history_hours,
+            "allow_slower": opts.allow_slower,
+            "allow_consumer_cards": opts.allow_consumer,
+            "min_saving": opts.min_saving,
+            "min_saving_ratio": opts.min_saving_ratio,
+        },
         "totals": totals,
         "gpus": rows,
         "holders": holder_rows,
         "recommendations": recommendations,
         "timeline": _timeline(results),
     }
+
+
+def _no_figure(advice: Advice, u: Usage) -> str | None:
+    """Why an advice has no monthly saving: none for a slower card, none without a price, none from too
+    little history."""
+    if advice.saving_per_month is not None:
+        return None
+    if advice.kind == SLOWER:
+        return "a slower card"
+    return "no price" if u.price_per_hour is None else "too little history"
+
+
+def _most(hours: dict[str, float]) -> str:
+    """Who held it longest; of several as long, the first by name."""
+    return min(hours.items(), key=lambda kv: (-kv[1], kv[0]))[0] if hours else ""
+
+
+def _status(gpus: dict[str, _Gpu], priced: list[_Gpu], currency: str | None, results: Results,
+            opts: Options) -> tuple[str, str]:  # fmt: skip
+    if not gpus:
+        return opts.empty_because or (NO_DATA, "no gpu-exporter series in the range")
+    if priced:
+        return OK, ""
+    found = currencies(results)
+    if currency and found:
+        return NO_PRICES_IN_CURRENCY, (f"no prices in {currency}: the GPUs are priced in {', '.join(found)}; "
+                                       "leave out --currency or pick one of those")  # fmt: skip
+    return NO_PRICES, ("no prices: the store has no gpu_price_per_hour for these GPUs in the range; set the "
+                       "exporter's pricing section (docs/cost.md) to see costs")  # fmt: skip
 
 
 def _index(gpu: str) -> tuple[int, str]:
@@ -247,4 +303,4 @@ def _timeline(results: Results) -> list[dict[str, Any]]:
     return [points[t] for t in sorted(points)]
 
 
-__all__ = ["DOWN", "IDLE", "SCHEMA", "build"]
+__all__ = ["DOWN", "EXIT_STATUS", "IDLE", "SCHEMA", "Options", "build"]

@@ -1,11 +1,21 @@
-"""The PromQL the report asks, over a window of whole steps.
+"""The PromQL the report asks, over a window of whole steps that tiles the range exactly.
 
 Every query aggregates on the server: per GPU and holder at most, never raw samples.  Sums over
 the range are subqueries of ``increase()`` over consecutive steps, so no single evaluation loads
-more than one step of samples (Prometheus's ``query.max-samples`` is per evaluation), and the
-steps tile the range exactly: the window's end is aligned to the step, as Prometheus aligns a
-subquery's points, and its span is just under a whole number of steps so that both Prometheus 2
-(whose ranges include their start) and 3 (whose do not) see the same points.
+more than one step of samples (Prometheus's ``query.max-samples`` is per evaluation).
+
+The steps tile ``[start, end)`` exactly, whatever the two times are: the step divides the range's
+length, and since a subquery's points sit on multiples of its step (in Prometheus and in
+VictoriaMetrics alike), the queries are evaluated at the first multiple of the step at or after the
+end, and every selector inside them looks back by the difference (``offset``).  The subquery spans
+just under a whole number of steps, so that Prometheus 2 (whose ranges include their start) and 3
+(whose do not) see the same points.
+
+Only constructs that Prometheus and VictoriaMetrics read alike are used (docs/cost.md lists the
+ones that differ): no ``or`` between series whose labels match (VictoriaMetrics fills one's gaps
+with the other's points, Prometheus keeps both), prices per step by ``last_over_time`` of the step
+(an instant selector at a step's end finds nothing during an outage, and finds a staleness marker
+right after one).
 """
 
 from __future__ import annotations
@@ -14,11 +24,12 @@ import math
 import re
 from dataclasses import dataclass
 
-STEPS = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 MAX_POINTS = 720
+MIN_STEP = 5  # seconds
 GPU = "node, instance, gpu, uuid"
-WASTE = 'state=~"idle|allocated_idle"'
+JOIN = "job, instance, gpu, uuid"  # what a GPU's series from one exporter share
 HELD = 'state=~"busy|allocated_idle"'
+DOWN = 'state="down"'
 
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^\s*\{{\s*(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
@@ -26,6 +37,10 @@ _SELECTOR = re.compile(rf"^\s*\{{\s*(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$"
 
 class SelectorError(ValueError):
     pass
+
+
+class RangeError(ValueError):
+    """A range the report cannot tile exactly in enough steps."""
 
 
 def selector_matchers(selector: str | None) -> str:
@@ -45,30 +60,72 @@ def selector_matchers(selector: str | None) -> str:
 
 @dataclass(frozen=True)
 class Window:
-    start: float
-    end: float
+    """``points`` steps of ``step`` seconds that tile ``[start, end)``."""
+
+    start: int
+    end: int
     step: int
 
     @property
     def points(self) -> int:
-        return round((self.end - self.start) / self.step)
+        return (self.end - self.start) // self.step
 
     @property
     def hours(self) -> float:
         return (self.end - self.start) / 3600
 
+    def from_epoch(self) -> Window:
+        """The steps that start three steps or more after 1970: no store holds samples before 1970, and
+        VictoriaMetrics 1.79 answers nothing for a subquery whose range reaches back to within about
+        two steps of it (measured with steps of 1,000,000 to 4,380,000 s)."""
+        least = 3 * self.step
+        if self.start >= least:
+            return self
+        return Window(self.start + -((self.start - least) // self.step) * self.step, self.end, self.step)
+
+    @property
+    def at(self) -> int:
+        """When the instant queries are evaluated: the first multiple of the step at or after the end."""
+        return -(-self.end // self.step) * self.step
+
+    @property
+    def offset(self) -> int:
+        """How far every selector looks back from ``at``, so that the steps end where the range does."""
+        return self.at - self.end
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+    return small + large[::-1]
+
 
 def window_for(start: float, end: float, scrape_interval: float = 0.0) -> Window:
-    """Whole steps ending at the last step boundary before ``end``; at most MAX_POINTS of them, and
-    each at least three scrape intervals long, so that every step's ``increase()`` has samples."""
-    span = end - start
+    """The finest steps that tile ``[start, end)`` exactly: a step that divides the range's length,
+    at most MAX_POINTS of them, each at least MIN_STEP and three scrape intervals long (so that every
+    step's ``increase()`` has samples)."""
+    if start != int(start) or end != int(end):
+        raise RangeError("the range's start and end must be whole seconds")
+    lo, hi = int(start), int(end)
+    span = hi - lo
     if span <= 0:
-        raise ValueError("the range is empty: --start must be before --end")
-    step = next((s for s in STEPS if span / s <= MAX_POINTS and s >= 3 * scrape_interval),
-                3600 * math.ceil(max(span / 3600 / MAX_POINTS, 3 * scrape_interval / 3600)))  # fmt: skip
-    aligned = math.floor(end / step) * step
-    n = max(1, round(span / step))
-    return Window(aligned - n * step, aligned, step)
+        raise RangeError("the range is empty: the start must be before the end")
+    least = max(MIN_STEP, math.ceil(3 * scrape_interval), math.ceil(span / MAX_POINTS))
+    if least > span:
+        raise RangeError(f"the range is {span} s long, less than a step can be ({least} s: three scrape intervals, "
+                         "at least 5 s), so no step in it could count anything: make it longer")  # fmt: skip
+    step = next(d for d in _divisors(span) if d >= least)
+    # A length with no divisor near the wanted step (a prime number of seconds) would leave a handful
+    # of steps, too few for the percentiles right-sizing reads: refuse it, rather than round it.
+    wanted = min(60, span // least)
+    if span // step < wanted / 2:
+        raise RangeError(f"a range of {span} s cannot be cut into equal steps of {least} s or more ({span // step} "
+                         "would be all): give a start and an end on whole minutes")  # fmt: skip
+    return Window(lo, hi, step)
 
 
 @dataclass(frozen=True)
@@ -77,6 +134,7 @@ class Query:
     what: str  # for progress lines
     expr: str
     kind: str = "instant"  # or "range"
+    at: int | None = None  # an instant query's time, where it is not the window's
 
 
 def _sel(name: str, matchers: str, *extra: str) -> str:
@@ -84,12 +142,13 @@ def _sel(name: str, matchers: str, *extra: str) -> str:
     return f"{name}{{{', '.join(parts)}}}" if parts else name
 
 
-DOWN = 'state="down"'
+PROBES = ("3599999ms", "59999ms")  # an hour and a minute, without the sample at their start, as both engines read
 
 
 def probe(matchers: str, window: str) -> str:
-    """Samples in ``window`` of one state series per GPU, at the range's end, for the scrape interval."""
-    return f"avg(count_over_time({_sel('gpu_state_seconds_total', matchers, DOWN)}[{window}]))"
+    """The most samples in ``window`` of one GPU's state series, at the range's end, for the scrape
+    interval: the most, so that a GPU whose exporter restarted in that window does not slow the guess."""
+    return f"max(count_over_time({_sel('gpu_state_seconds_total', matchers, DOWN)}[{window}]))"
 
 
 def scrape_interval(per_hour: float | None, per_minute: float | None) -> float:
@@ -97,68 +156,138 @@ def scrape_interval(per_hour: float | None, per_minute: float | None) -> float:
     less (series younger than an hour); 0 where there are none."""
     guesses = [3600 / per_hour] if per_hour else []
     if per_minute and per_minute >= 2:
-        guesses.append(60 / (per_minute - 1))
+        guesses.append(60 / per_minute)
     return min(guesses, default=0.0)
 
 
+class _Tiles:
+    """Selectors and subqueries over a window's steps."""
+
+    def __init__(self, w: Window, matchers: str) -> None:
+        self.w, self.matchers = w, matchers
+        self.s = f"{w.step}s"
+        self.off = f" offset {w.offset}s" if w.offset else ""
+        self.span = f"{w.points * w.step * 1000 - 1}ms"
+        self.open = f"{w.step * 1000 - 1}ms"
+
+    def range(self, metric: str, *extra: str) -> str:
+        """One step of samples, ending at a step's end, without the sample at its start (Prometheus 2
+        would read it twice, in this step and the one before; VictoriaMetrics never reads it)."""
+        return f"{_sel(metric, self.matchers, *extra)}[{self.open}]{self.off}"
+
+    def counter(self, metric: str, *extra: str) -> str:
+        """One step of a counter's samples for ``increase()``, with the sample at the step's start:
+        the increase since it is the step's (Prometheus 2 reads it in the range; VictoriaMetrics reads
+        the last sample before the range)."""
+        return f"{_sel(metric, self.matchers, *extra)}[{self.s}]{self.off}"
+
+    def over(self, inner: str) -> str:
+        """A subquery of ``inner`` at the end of every step."""
+        return f"({inner})[{self.span}:{self.s}]"
+
+    def tiled(self, outer: str, inner: str, metric: str, *extra: str) -> str:
+        """``outer`` over the range of ``inner`` of each step, each sample read once: a subquery of an
+        instant selector would decode the chunk around every step, most samples twice."""
+        return f"{outer}({inner}({self.range(metric, *extra)})[{self.span}:{self.s}])"
+
+
+def _union(parts: list[tuple[str, str, str]]) -> str:
+    """Expressions told apart by a label of their own: their label sets never match, so ``or`` is a
+    plain union on every engine."""
+    return " or ".join(f'label_replace({expr}, "{label}", "{value}", "", "")' for label, value, expr in parts)
+
+
 def queries(w: Window, matchers: str) -> list[Query]:
-    """Aggregations sit outside the subqueries: per series, a subquery costs a step's samples; an
-    aggregation inside one would be redone, label sets and all, at every one of its steps.  The
-    state counters, the bulk of the samples, are read twice: once for the hours, once for the
-    timeline (and a third time, for the held steps' activity, only the held states)."""
-    s, span = f"{w.step}s", f"{w.points * w.step * 1000 - 1}ms"
-    states = _sel("gpu_state_seconds_total", matchers)
-    price = _sel("gpu_price_per_hour", matchers)
-    held = f"increase({_sel('gpu_state_seconds_total', matchers, HELD)}[{s}]) > 0"
-    # The signal GpuUnderutilized uses: SM activity where the GPU has it (GPM), else GPU-Util.
-    signal = (
-        f'label_replace(avg_over_time({_sel("gpu_sm_active_ratio", matchers)}[{s}]), "signal", "sm_active", '
-        f'"", "") or on (job, instance, gpu, uuid) avg_over_time({_sel("gpu_utilization_ratio", matchers)}[{s}])'
-    )
-    peaks = f"max_over_time({_sel('gpu_memory_used_max_bytes', matchers)}[{s}])"
-    holder = f"{GPU}, namespace, pod, user, state"
-
-    def tiled(metric: str) -> str:
-        """The highest value over the range, each sample read once: a subquery of an instant selector
-        would decode the chunk around every step, most samples twice."""
-        return f"max_over_time(max_over_time({_sel(metric, matchers)}[{s}])[{span}:{s}])"
-
-    # Each GPU's highest and lowest price over the range, and on how many steps it had one.
-    stats = " or ".join(
-        f"label_replace({agg} by ({GPU}, currency) ({outer}({inner}({price}[{s}])[{span}:{s}])), "
-        f'"stat", "{name}", "", "")'
-        for name, agg, outer, inner in (("max", "max", "max_over_time", "max_over_time"),
-                                        ("min", "min", "min_over_time", "min_over_time"),
-                                        ("count", "max", "count_over_time", "max_over_time"))
-    )  # fmt: skip
+    """What the report asks whatever the prices say (the hours follow, once the prices tell where to
+    cut the range: ``hours``).  Aggregations sit outside the subqueries where they can: per series, a
+    subquery costs a step's samples; an aggregation inside one is redone at every one of its steps."""
+    t = _Tiles(w, matchers)
+    price, state = "gpu_price_per_hour", "gpu_state_seconds_total"
+    # Held in a step: a held state's counter changed between two of the step's samples. Not increase() > 0,
+    # which the engines answer differently where a counter starts (a new holder) or restarts; and one
+    # pass over the samples, where max > min would take two.
+    held = f"stddev_over_time({t.range(state, HELD)}) > 0"
+    # The activity while held, per signal: SM activity where the GPU has GPM, else GPU-Util (as
+    # GpuUnderutilized reads it), and DRAM bandwidth used. One held test per step serves all three.
+    signals = _union([
+        ("signal", "sm_active", f"avg_over_time({t.range('gpu_sm_active_ratio')})"),
+        ("signal", "utilization", f"avg_over_time({t.range('gpu_utilization_ratio')})"),
+        ("signal", "dram_active", f"avg_over_time({t.range('gpu_dram_active_ratio')})"),
+    ])  # fmt: skip
+    step_price = f"last_over_time({_sel(price, matchers)}[{t.open}])"
     return [
-        Query("hours", "GPU-hours by state and holder",
-              f"sum by ({holder}) (sum_over_time(increase({states}[{s}])[{span}:{s}])) / 3600"),
-        Query("prices", "prices", stats),
-        Query("info", "GPU models", f"max by ({GPU}, name, mig_mode) "
-                                    f"({tiled('gpu_info')})"),
-        Query("memory_total", "memory sizes", f"max by ({GPU}) ({tiled('gpu_memory_total_bytes')})"),
-        Query("memory_peak", "memory peaks (p98)", f"max by ({GPU}) (quantile_over_time(0.98, {peaks}[{span}:{s}]))"),
+        # Every GPU's price at the end of each step, by a range query: a handful of points per GPU-day,
+        # and one pass over the price samples tells which prices held, where they changed, and the last.
+        Query("prices", "prices", f"max by ({GPU}, currency) ({step_price})", "range"),
+        # On how many steps the exporter saw each GPU (its unheld "down" series exists from its first poll).
+        Query("seen", "GPUs seen", f"max by ({GPU}) ({t.tiled('count_over_time', 'max_over_time', state, DOWN)})"),
+        Query("info", "GPU models",
+              f"max by ({GPU}, name, mig_mode) ({t.tiled('max_over_time', 'max_over_time', 'gpu_info')})"),
+        Query("memory_total", "memory sizes",
+              f"max by ({GPU}) ({t.tiled('max_over_time', 'max_over_time', 'gpu_memory_total_bytes')})"),
+        Query("memory_peak", "memory peaks (highest)",
+              f"max by ({GPU}) ({t.tiled('max_over_time', 'max_over_time', 'gpu_memory_used_max_bytes')})"),
         Query("activity", "activity while held (p95)",
-              f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signal}) and on (job, instance, gpu, uuid) "
-              f"{held})[{span}:{s}]))"),
-        Query("timeline", "hours over time", f"sum by (state) (increase({states}[{s}])) / 3600", "range"),
+              f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signals}) and on ({JOIN}) ({held}))"
+              f"[{t.span}:{t.s}]))"),
+        Query("timeline", "hours over time", f"sum by (state) (increase({_sel(state, matchers)}[{t.s}])) / 3600",
+              "range"),
+        # Who holds each GPU at the end of the range: the one to reclaim it from (a GPU's holders by
+        # hours can tie, where pods come and go, and rank differently on two engines).
+        Query("holders_now", "holders now",
+              f"max by ({GPU}, namespace, pod, user) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
     ]  # fmt: skip
+
+
+def hours(w: Window, matchers: str, first: int = 1, last: int | None = None) -> Query:
+    """GPU-hours by GPU, holder and state over steps ``first`` to ``last`` of the window (1-based, both
+    included; all of them by default): ``increase()`` over consecutive steps, summed.  A range whose
+    prices changed is asked in pieces that each hold one price per GPU, so that hours x price is its cost."""
+    last = w.points if last is None else last
+    if not 1 <= first <= last <= w.points:
+        raise ValueError(f"steps {first} to {last} are not within the window's 1 to {w.points}")
+    t = _Tiles(w, matchers)
+    holder = f"{GPU}, namespace, pod, user, state"
+    inner = f"increase({t.counter('gpu_state_seconds_total')})"
+    span = f"{(last - first + 1) * w.step * 1000 - 1}ms"
+    whole = (first, last) == (1, w.points)
+    what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
+    return Query("hours" if whole else f"hours:{first}:{last}", what,
+                 f"sum by ({holder}) (sum_over_time(({inner})[{span}:{t.s}])) / 3600",
+                 at=w.at - (w.points - last) * w.step)  # fmt: skip
 
 
 _UUID = re.compile(r"^[A-Za-z0-9-]+$")
 
 
-def exact_cost(w: Window, matchers: str, uuids: list[str]) -> Query:
-    """The cost of each step at that step's price, for GPUs whose price changed or was missing in
-    part of the range (for the others, hours x their one price is exact and costs no query)."""
-    s, span = f"{w.step}s", f"{w.points * w.step * 1000 - 1}ms"
+def _currency_matcher(currency: str) -> str:
+    return 'currency="' + currency.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str) -> Query:
+    """The cost of each step at the price of that step (the last one the step saw), for GPUs whose
+    price changed or was missing in part of the range (for the others, hours x their one price is
+    exact and costs no query).  Prices of one currency only: a GPU priced in two at once would match
+    two price series and fail the whole query."""
+    t = _Tiles(w, matchers)
     only = f'uuid=~"{"|".join(uuids)}"' if len(uuids) <= 200 and all(_UUID.match(u) for u in uuids) else ""
-    states = _sel("gpu_state_seconds_total", matchers, only)
-    price = f"max by (job, instance, gpu, uuid, currency) ({_sel('gpu_price_per_hour', matchers, only)})"
-    priced = f"increase({states}[{s}]) * on (job, instance, gpu, uuid) group_left (currency) {price}"
+    prices = t.range("gpu_price_per_hour", only, _currency_matcher(currency))
+    price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
+    priced = f"increase({t.counter('gpu_state_seconds_total', only)}) * on ({JOIN}) group_left (currency) {price}"
     return Query(
         "cost",
         "cost of GPUs whose price changed",
-        f"sum by ({GPU}, namespace, pod, user, state, currency) (sum_over_time(({priced})[{span}:{s}])) / 3600",
+        f"sum by ({GPU}, namespace, pod, user, state, currency) (sum_over_time({t.over(priced)})) / 3600",
     )
+
+
+def presence(matchers: str, w: Window) -> str:
+    """How many GPUs the store saw in the range (their unheld "down" series), for an empty report: run
+    without the selector, it tells a selector that matched nothing from a range without data."""
+    t = _Tiles(w, matchers)
+    return f"count({t.tiled('max_over_time', 'max_over_time', 'gpu_state_seconds_total', DOWN)})"
+
+
+def anywhere(matchers: str) -> str:
+    """Whether the store holds gpu-exporter's series now."""
+    return f"count({_sel('gpu_state_seconds_total', matchers, DOWN)})"

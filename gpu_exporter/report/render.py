@@ -3,7 +3,8 @@
 The HTML draws its charts as inline SVG: no script, no library, nothing fetched, so the file opens
 anywhere, offline and under any Content-Security-Policy (a week at 15-minute steps is about 250 KiB,
 mostly the timeline's bars and their tooltips).  A plotting library would add a megabyte of
-JavaScript, or a Python dependency, for three simple charts.
+JavaScript, or a Python dependency, for three simple charts.  The page reads whole from 1,000 px
+wide: the charts scale to the column, and the GPU table wraps its long cells.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from html import escape
 from typing import Any
 
 from ..accounting.states import STATES
-from .rightsizing import money
+from .rightsizing import HOURS_PER_MONTH, money
 
 GIB = 1024**3
 COLOURS = {"busy": "#2e7d32", "allocated_idle": "#ef6c00", "idle": "#c62828", "down": "#757575"}
 LABELS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": "idle", "down": "down"}
 TOP = 10
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def _num(v: float | None, digits: int = 1) -> str:
@@ -49,17 +54,26 @@ def headline(doc: dict[str, Any]) -> list[str]:
     t, cur, r = doc["totals"], doc["currency"], doc["range"]
     wasted = _wasted_h(t)
     share = f" ({wasted / t['gpu_hours'] * 100:.0f}% of GPU time)" if t["gpu_hours"] else ""
-    lines = [
-        f"GPU cost and waste from {r['start']} to {r['end']} ({_num(r['hours'])} h)",
-        f"{t['gpus']} GPUs, {_num(t['gpu_hours'])} GPU-hours: busy {_num(t['busy_hours'])}, allocated but idle "
-        f"{_num(t['allocated_idle_hours'])}, idle {_num(t['idle_hours'])}, down {_num(t['down_hours'])}; "
-        f"wasted {_num(wasted)}{share}",
-    ]
+    lines = [f"GPU cost and waste from {r['start']} to {r['end']} ({_num(r['hours'])} h)"]
+    if r.get("requested_end"):
+        lines.append(f"The range asked for ended at {r['requested_end']}, in the future: it is cut to now, {r['end']}")
+    if doc.get("status", "ok") in ("no_data", "no_match"):
+        return [*lines, f"Nothing to report: {doc['status_reason']}"]
+    lines.append(
+        f"{plural(t['gpus'], 'GPU')}, {_num(t['gpu_hours'])} GPU-hours: busy {_num(t['busy_hours'])}, allocated but "
+        f"idle {_num(t['allocated_idle_hours'])}, idle {_num(t['idle_hours'])}, down {_num(t['down_hours'])}; "
+        f"wasted {_num(wasted)}{share}"
+    )
     if t["cost"] is not None:
-        lines.append(f"Cost {_cash(t['cost'], cur)}, of which wasted {_cash(t['wasted_cost'], cur)}"
-                     + (f" ({t['unpriced_gpus']} GPUs without a price)" if t["unpriced_gpus"] else ""))  # fmt: skip
+        unpriced = (f" ({plural(t['unpriced_gpus'], 'GPU')} without a price, {_num(t['unpriced_hours'])} GPU-hours "
+                    "not in these figures)" if t["unpriced_gpus"] else "")  # fmt: skip
+        lines.append(f"Cost {_cash(t['cost'], cur)}, of which wasted {_cash(t['wasted_cost'], cur)}{unpriced}")
     else:
-        lines.append("No prices in Prometheus (gpu_price_per_hour): hours only; see the pricing settings")
+        lines.append(f"Hours only: {doc.get('status_reason') or 'no prices'}")
+    if doc["recommendations"]:
+        saving = t.get("advised_saving_per_month") or 0
+        monthly = f"; together they save about {_cash(saving, cur)}/month" if saving else ""
+        lines.append(f"{plural(len(doc['recommendations']), 'recommendation')}{monthly}")
     return lines
 
 
@@ -71,15 +85,23 @@ def _gpu_rows(doc: dict[str, Any]) -> list[list[str]]:
              _gib(g["memory_peak_bytes"]), _pct(g["activity_p95"]), g["holder"] or "-"] for g in rows]  # fmt: skip
 
 
-GPU_HEAD = ["node", "gpu", "model", "busy h", "alloc-idle h", "idle h", "down h", "cost", "wasted", "peak mem (p98)",
+GPU_HEAD = ["node", "gpu", "model", "busy h", "alloc-idle h", "idle h", "down h", "cost", "wasted", "peak mem",
             "activity p95", "main holder"]  # fmt: skip
 HOLDER_HEAD = ["holder", "gpus", "held h", "alloc-idle h", "cost", "wasted"]
+
+
+def _holder_cost(h: dict[str, Any], key: str, cur: str | None) -> str:
+    """A holder's cost, and the hours it held GPUs that have no price (not in the figure), never silently."""
+    unpriced = h.get("unpriced_hours") or 0.0
+    if h[key] is None:
+        return "unpriced" if unpriced else "-"
+    return _cash(h[key], cur) + (f" (+{_num(unpriced)} h unpriced)" if unpriced and key == "cost" else "")
 
 
 def _holder_rows(doc: dict[str, Any]) -> list[list[str]]:
     cur = doc["currency"]
     return [[h["holder"], str(h["gpus"]), _num(h["gpu_hours"]), _num(h["allocated_idle_hours"]),
-             _cash(h["cost"], cur), _cash(h["wasted_cost"], cur)] for h in doc["holders"]]  # fmt: skip
+             _holder_cost(h, "cost", cur), _holder_cost(h, "wasted_cost", cur)] for h in doc["holders"]]  # fmt: skip
 
 
 def _grid(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -92,14 +114,29 @@ def _notes(doc: dict[str, Any]) -> list[str]:
     return [f"GPU {g['gpu']} on {g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
 
 
+def saving_text(r: dict[str, Any], currency: str | None) -> str:
+    """What a recommendation saves, as its title says it."""
+    if r["kind"] == "slower":
+        return f"slower ({r['slowdown']:.1f}x as long), cheaper for the same work"
+    if r["saving_per_month"] is None:
+        return {"no price": "no price, so no figure"}.get(r["no_saving_figure"], "no monthly figure yet")
+    return f"saves about {_cash(r['saving_per_month'], currency)}/month"
+
+
+def _title(r: dict[str, Any]) -> str:
+    return f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} -> {r['suggested']}"
+
+
 def as_table(doc: dict[str, Any]) -> str:
-    out = [*headline(doc), "", "GPUs, most wasted first", *_grid(GPU_HEAD, _gpu_rows(doc))]
+    out = [*headline(doc)]
+    if doc["gpus"]:
+        out += ["", "GPUs, most wasted first", *_grid(GPU_HEAD, _gpu_rows(doc))]
     if doc["holders"]:
         out += ["", "Holders, most allocated-but-idle first", *_grid(HOLDER_HEAD, _holder_rows(doc))]
-    out += ["", "Recommendations" if doc["recommendations"] else "Recommendations: none"]
+    if doc["gpus"]:
+        out += ["", "Recommendations" if doc["recommendations"] else "Recommendations: none"]
     for r in doc["recommendations"]:
-        out += [f"  GPU {r['gpu']} on {r['node']}: {r['current_model']} -> {r['suggested']}, saves about "
-                f"{_cash(r['saving_per_month'], doc['currency'])}/month", f"    {r['reason']}"]  # fmt: skip
+        out += [f"  {_title(r)}, {saving_text(r, doc['currency'])}", f"    {r['reason']}"]
     if notes := _notes(doc):
         out += ["", "Notes", *(f"  {n}" for n in notes)]
     return "\n".join(out) + "\n"
@@ -115,20 +152,25 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def as_markdown(doc: dict[str, Any]) -> str:
     h = headline(doc)
-    out = [f"# {h[0]}", "", *(f"- {line}" for line in h[1:]), "", "## GPUs", "", *_md_table(GPU_HEAD, _gpu_rows(doc))]
+    out = [f"# {h[0]}", "", *(f"- {line}" for line in h[1:])]
+    if doc["gpus"]:
+        out += ["", "## GPUs", "", *_md_table(GPU_HEAD, _gpu_rows(doc))]
     if doc["holders"]:
         out += ["", "## Holders", "", *_md_table(HOLDER_HEAD, _holder_rows(doc))]
-    out += ["", "## Recommendations", ""]
-    out += [f"- **GPU {r['gpu']} on {r['node']}: {r['current_model']} → {r['suggested']}** "
-            f"({_cash(r['saving_per_month'], doc['currency'])}/month): {r['reason']}"
-            for r in doc["recommendations"]] or ["None."]  # fmt: skip
+    if doc["gpus"]:
+        out += ["", "## Recommendations", ""]
+        out += [f"- **{_title(r).replace(' -> ', ' → ')}** ({saving_text(r, doc['currency'])}): {r['reason']}"
+                for r in doc["recommendations"]] or ["None."]  # fmt: skip
     if notes := _notes(doc):
         out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
     return "\n".join(out) + "\n"
 
 
 # -- HTML ----------------------------------------------------------------------------------------------
-def _svg_timeline(doc: dict[str, Any], width: int = 860, height: int = 240) -> str:
+WIDTH = 860  # the charts' drawing width; they scale down to the column
+
+
+def _svg_timeline(doc: dict[str, Any], width: int = WIDTH, height: int = 240) -> str:
     points = doc["timeline"]
     pad_l, pad_b, pad_t = 56, 28, 10
     inner_w, inner_h = width - pad_l - 10, height - pad_b - pad_t
@@ -160,14 +202,15 @@ def _svg_timeline(doc: dict[str, Any], width: int = 860, height: int = 240) -> s
     return "".join(parts)
 
 
-def _svg_bars(items: list[tuple[str, list[tuple[str, float]]]], unit: str, chart_id: str, width: int = 860) -> str:
+def _svg_bars(items: list[tuple[str, list[tuple[str, float]]]], unit: str, chart_id: str, width: int = WIDTH,
+              label_w: int = 300) -> str:  # fmt: skip
     """Horizontal stacked bars: (label, [(colour, value), ...]) each."""
     if not items:
         return '<p class="empty">Nothing to show.</p>'
-    row, label_w = 26, 300
+    row = 26
     height = row * len(items) + 10
     peak = max(sum(v for _, v in segs) for _, segs in items) or 1.0
-    scale = (width - label_w - 110) / peak
+    scale = (width - label_w - 150) / peak
     parts = [f'<svg class="chart" id="{chart_id}" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              'xmlns="http://www.w3.org/2000/svg" role="img">']  # fmt: skip
     for i, (label, segs) in enumerate(items):
@@ -184,19 +227,39 @@ def _svg_bars(items: list[tuple[str, list[tuple[str, float]]]], unit: str, chart
     return "".join(parts)
 
 
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
+def _html_table(head: list[str], rows: list[list[str]], cls: str) -> str:
     th = "".join(f"<th>{escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{escape(x)}</td>" for x in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wide"><table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;font-size:12.5px}
-td,th{border-bottom:1px solid #e3e3e3;padding:3px 8px;text-align:left;white-space:nowrap}
-.chart text{font:11px system-ui,sans-serif;fill:#333}.legend span{display:inline-block;margin-right:14px}
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;padding:0 16px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;font-size:12.5px;width:100%}
+td,th{border-bottom:1px solid #e3e3e3;padding:3px 6px;text-align:left;vertical-align:top}
+td{overflow-wrap:anywhere}th{white-space:nowrap}
+table.gpus td:nth-child(n+4):nth-child(-n+11){white-space:nowrap;text-align:right}
+.wide{max-width:100%;overflow-x:auto}
+.chart{display:block;max-width:100%;height:auto}.chart text{font:11px system-ui,sans-serif;fill:#333}
+.legend span{display:inline-block;margin-right:14px}
 .legend i{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
 .rec{border-left:4px solid #ef6c00;padding:4px 10px;margin:10px 0;background:#fff8f0}
-.note{border-left:4px solid #757575;padding:4px 10px;margin:8px 0;background:#f6f6f6}"""
+.rec p{margin:4px 0}.rec .bars{margin-top:6px}
+.note{border-left:4px solid #757575;padding:4px 10px;margin:8px 0;background:#f6f6f6}
+.why{border-left:4px solid #c62828;padding:4px 10px;background:#fdf0f0}"""
+
+
+def _rec_bars(r: dict[str, Any], i: int, cur: str | None) -> str:
+    """What the GPU costs a month now and on the suggestion: only where both are known, never for a GPU
+    without a price, a saving without a monthly figure, or a slower card (whose saving is no rate)."""
+    if r["saving_per_month"] is None or r["kind"] == "slower":
+        return ""
+    now = r["saving_per_month"] + (r["suggested_price_per_hour"] or 0.0) * HOURS_PER_MONTH
+    if r["kind"] in ("release", "reclaim"):
+        return ""  # the saving is the waste's cost, not the difference of two prices: the sentence says it
+    bars = _svg_bars([(f"now: {r['current_model']}", [(COLOURS["idle"], now)]),
+                      (r["suggested"], [(COLOURS["busy"], now - r["saving_per_month"])])],
+                     "{:,.0f} " + (cur or "") + "/month", f"rec-{i}", width=640, label_w=240)  # fmt: skip
+    return f'<div class="bars">{bars}</div>'
 
 
 def as_html(doc: dict[str, Any]) -> str:
@@ -211,24 +274,14 @@ def as_html(doc: dict[str, Any]) -> str:
                    for x in doc["holders"][:TOP] if x["allocated_idle_hours"] > 0]  # fmt: skip
     recs = []
     for i, r in enumerate(doc["recommendations"]):
-        g = next(x for x in doc["gpus"] if x["uuid"] == r["uuid"] and x["node"] == r["node"])
-        monthly_now = (g["price_per_hour"] or 0) * 730
-        # Monthly cost at the held hours' rate, now and on the suggestion, as the saving is computed.
-        monthly_new = max(monthly_now - (r["saving_per_month"] or 0), 0)
-        bars = _svg_bars([(f"now: {r['current_model']}", [(COLOURS["idle"], monthly_now)]),
-                          (f"{r['suggested']}", [(COLOURS["busy"], monthly_new)])],
-                         "{:,.0f} " + (cur or "") + "/month", f"rec-{i}")  # fmt: skip
-        title = f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} → {r['suggested']}"
-        recs.append(f'<div class="rec"><b>{escape(title)}</b>, about {escape(_cash(r["saving_per_month"], cur))}'
-                    f"/month<br>{escape(r['reason'])}{bars}</div>")  # fmt: skip
+        title = _title(r).replace(" -> ", " → ")
+        recs.append(f'<div class="rec"><p><b>{escape(title)}</b>, {escape(saving_text(r, cur))}</p>'
+                    f"<p>{escape(r['reason'])}</p>{_rec_bars(r, i, cur)}</div>")  # fmt: skip
     notes = "".join(f'<div class="note">{escape(n)}</div>' for n in _notes(doc))
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{escape(h[0])}</title>
-<meta name="generator" content="gpu-exporter report ({escape(doc["schema"])})"><style>{CSS}</style></head>
-<body>
-<h1>{escape(h[0])}</h1>
-{"".join(f"<p>{escape(line)}</p>" for line in h[1:])}
-<h2>Waste over time (GPU-hours per step of {doc["range"]["step_seconds"]} s)</h2>
+    why = f'<p class="why">{escape(doc["status_reason"])}</p>' if doc.get("status", "ok") != "ok" else ""
+    body = ""
+    if doc["gpus"]:
+        body = f"""<h2>Waste over time (GPU-hours per step of {doc["range"]["step_seconds"]} s)</h2>
 <div class="legend">{legend}</div>
 {_svg_timeline(doc)}
 <h2>Top wasters: GPUs (wasted GPU-hours)</h2>
@@ -239,8 +292,17 @@ def as_html(doc: dict[str, Any]) -> str:
 {"".join(recs) or "<p>None.</p>"}
 {"<h2>Notes</h2>" + notes if notes else ""}
 <h2>GPUs</h2>
-{_html_table(GPU_HEAD, _gpu_rows(doc))}
+{_html_table(GPU_HEAD, _gpu_rows(doc), "gpus")}
 <h2>Holders</h2>
-{_html_table(HOLDER_HEAD, _holder_rows(doc))}
+{_html_table(HOLDER_HEAD, _holder_rows(doc), "holders")}"""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(h[0])}</title>
+<meta name="generator" content="gpu-exporter report ({escape(doc["schema"])})"><style>{CSS}</style></head>
+<body>
+<h1>{escape(h[0])}</h1>
+{"".join(f"<p>{escape(line)}</p>" for line in h[1:])}
+{why}
+{body}
 </body></html>
 """

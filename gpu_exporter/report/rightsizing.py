@@ -1,16 +1,33 @@
-"""Right-sizing, in the style of Kruize: what smaller card or MIG profile would do a GPU's work for less.
+"""Advice a platform engineer can act on: release a GPU nobody uses, reclaim one held but idle, or
+move a job to a cheaper card or MIG slice that holds it and does its work at least as fast.
 
-1. The job's needs: the p98 of its memory peaks times a headroom (1.2), and the compute it used,
-   the p95 of its activity times the current card's FP16 TFLOPS.
-2. Every card or MIG profile in the catalogue whose memory holds that need is a candidate.
-3. Each candidate's cost is its price x the hours x the slowdown, where the slowdown is the compute
-   needed / the candidate's TFLOPS, at least 1: a faster card is not assumed to speed the job up
-   (it was not using the card it has), a slower one makes it take longer, and pay for longer.
-4. The cheapest candidate is suggested where it saves at least ``min_saving_ratio`` (20%) of what the
-   GPU's held hours cost and at least ``min_saving`` a month; a saving exactly at a threshold counts.
+Judged on the time the exporter saw each GPU (``seen``: every hour it counted, down included),
+never on the requested range:
 
-Memory that frameworks reserve up front (TensorFlow, JAX) makes a job look as big as the card: where
-the peak is the whole card, no card is suggested and a note says why.
+1. **release**: idle and held by nobody for at least 90% of the time it was up. Saving: the cost
+   of those idle hours, per month.
+2. **reclaim** from its holder: held but idle for at least half the time it was held. Saving: the
+   cost of the held-but-idle hours, per month.
+3. **a cheaper card or MIG slice**, for a job on a card of the catalogue, out of MIG mode:
+   - its memory holds the highest memory use seen over the range (not a percentile) x 1.2;
+   - it does the work at least as fast: the compute the job used (the p95 of its activity while
+     held x its card's throughput) fits within the candidate's throughput, and where the GPU
+     reports DRAM activity, the bandwidth it used fits within the candidate's;
+   - it has a price the user gave (``prices``), lower than what this GPU costs now: never the
+     same card, its full-card MIG profile, or a card at the same or a higher price;
+   - GeForce cards only with ``allow_consumer``.
+   The cheapest such offer wins (then the one with least memory). Saving: the difference in price
+   x 730 h a month.
+4. With ``allow_slower``, where no cheaper card is as fast, the cheapest slower one by the cost of
+   the work (price x time) is shown as its own answer: cost and time side by side, and no monthly
+   saving, never the headline.
+
+A monthly figure needs ``min_history_hours`` (24 h) of what the exporter saw: below that, the
+advice says how much it saw and gives none. Savings must reach ``min_saving`` a month and
+``min_saving_ratio`` of what the GPU costs (a saving exactly at either counts).
+
+Memory that frameworks reserve up front (TensorFlow, JAX) makes a job look as big as the card:
+where the highest use is the whole card, no card is suggested and a note says why.
 """
 
 from __future__ import annotations
@@ -18,10 +35,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .catalogue import GIB, Catalogue, Offer
+from .prices import Price, PriceList
 
 HEADROOM = 1.2
 HOURS_PER_MONTH = 730.0
-FULL_CARD = 0.95  # a p98 peak at this share of the card's memory is "the whole card"
+FULL_CARD = 0.95  # the highest memory use at this share of the card is "the whole card"
+RELEASE_SHARE = 0.9  # of the time up, idle and held by nobody
+RECLAIM_SHARE = 0.5  # of the time held, idle
+MIN_HISTORY_HOURS = 24.0
+CARD, MIG, RELEASE, RECLAIM, SLOWER = "card", "mig", "release", "reclaim", "slower"
+OWN_PRICE = "this GPU's price"
 RESERVED_NOTE = (
     "peak memory is the whole card ({peak:.1f} of {total:.1f} GiB): frameworks that reserve memory up front "
     "(TensorFlow, JAX, some PyTorch allocators) make a job look this big; set TF_FORCE_GPU_ALLOW_GROWTH=true or "
@@ -37,25 +60,42 @@ class Usage:
     gpu: str
     uuid: str
     model: str | None
-    holder: str  # "pod ml/train-a", "user alice", "" for nobody
-    held_hours: float  # busy + allocated_idle
+    holder: str  # who held it longest: "pod ml/train-a", "user alice", "" for nobody known
+    idle_holder: str  # who held it longest while it sat idle
+    busy_hours: float
+    allocated_idle_hours: float
     idle_hours: float  # idle and held by nobody
-    range_hours: float
-    price_per_hour: float | None  # what it costs now (Prometheus), else None
+    down_hours: float
+    price_per_hour: float | None  # what it costs now (its last price in the range), else None
     memory_total_bytes: float | None
-    memory_peak_bytes: float | None  # p98 of the peaks
-    activity_p95: float | None
+    memory_peak_bytes: float | None  # the highest over the range
+    activity_p95: float | None  # while held
     activity_signal: str  # "SM activity" or "GPU utilization"
+    dram_p95: float | None = None  # DRAM bandwidth used / peak, while held, where the GPU has GPM
     mig_mode: bool = False
+
+    @property
+    def held_hours(self) -> float:
+        return self.busy_hours + self.allocated_idle_hours
+
+    @property
+    def up_hours(self) -> float:
+        return self.held_hours + self.idle_hours
+
+    @property
+    def seen_hours(self) -> float:
+        return self.up_hours + self.down_hours
 
 
 @dataclass(frozen=True)
 class Advice:
+    kind: str  # CARD, MIG, RELEASE, RECLAIM or SLOWER
     suggested: str
     reason: str
-    saving_per_month: float
+    saving_per_month: float | None  # None: too little history, no price, or a slower card
     suggested_price_per_hour: float | None = None
     slowdown: float = 1.0
+    price_source: str | None = None
 
 
 def money(amount: float, currency: str | None) -> str:
@@ -73,24 +113,22 @@ def hours_text(h: float) -> str:
     return f"{h:,.0f} h" if h >= 10 else (f"{h:.1f} h" if h >= 1 else f"{h * 60:.0f} min")
 
 
+def _pct(part: float, whole: float) -> str:
+    return f"{part / whole * 100:.0f}%"
+
+
 class Sizer:
-    def __init__(self, catalogue: Catalogue, currency: str | None, fleet_prices: dict[str, float],
-                 min_saving: float = 0.0, min_saving_ratio: float = 0.2) -> None:  # fmt: skip
-        """``fleet_prices``: what the fleet pays per hour for each catalogue card, from Prometheus."""
+    def __init__(self, catalogue: Catalogue, prices: PriceList, *, min_saving: float = 0.0,
+                 min_saving_ratio: float = 0.2, min_history_hours: float = MIN_HISTORY_HOURS,
+                 allow_slower: bool = False, allow_consumer: bool = False) -> None:  # fmt: skip
         self.catalogue = catalogue
-        self.currency = currency
-        self.fleet_prices = fleet_prices
+        self.prices = prices
+        self.currency = prices.currency
         self.min_saving = min_saving
         self.min_saving_ratio = min_saving_ratio
-
-    def price(self, offer: Offer) -> float | None:
-        """The fleet's price for the card, else the catalogue's reference price in the same currency."""
-        whole = self.fleet_prices.get(offer.card)
-        if whole is not None:
-            return whole * offer.share
-        if offer.reference_price_per_hour is not None and self.catalogue.currency == self.currency:
-            return offer.reference_price_per_hour
-        return None
+        self.min_history_hours = min_history_hours
+        self.allow_slower = allow_slower
+        self.allow_consumer = allow_consumer
 
     def notes(self, u: Usage) -> list[str]:
         if u.memory_peak_bytes and u.memory_total_bytes and u.memory_peak_bytes >= FULL_CARD * u.memory_total_bytes:
@@ -98,64 +136,114 @@ class Sizer:
         return []
 
     def advise(self, u: Usage) -> Advice | None:
+        if u.up_hours <= 0:
+            return None
+        if u.idle_hours >= RELEASE_SHARE * u.up_hours:
+            return self._waste(u, RELEASE, u.idle_hours)
+        if u.held_hours > 0 and u.allocated_idle_hours >= RECLAIM_SHARE * u.held_hours:
+            return self._waste(u, RECLAIM, u.allocated_idle_hours)
+        return self._size(u)
+
+    # -- release and reclaim --------------------------------------------------------------------------
+    def _waste(self, u: Usage, kind: str, hours: float) -> Advice | None:
+        price = u.price_per_hour if u.price_per_hour else None
+        share = hours / u.seen_hours
+        saving = None if price is None or not self._monthly(u) else price * share * HOURS_PER_MONTH
+        if not self._worth(saving, share):
+            return None
+        where = f"GPU {u.gpu} on {u.node} ({u.model or 'model unknown'})"
+        cost = f", which cost {money(price * hours, self.currency)}" if price is not None else ""
+        if kind == RELEASE:
+            told = (f"{where} sat idle, held by nobody, for {hours_text(hours)} of the {hours_text(u.seen_hours)} "
+                    f"the exporter saw it ({_pct(hours, u.seen_hours)}){cost}; releasing it")  # fmt: skip
+            return Advice(RELEASE, "release", f"{told} {self._saves(u, saving, price)}", saving, 0.0)
+        holder = u.idle_holder or "an unattributed process"
+        told = (f"{where} was held but left idle for {hours_text(hours)} of the {hours_text(u.held_hours)} it was held "
+                f"({_pct(hours, u.held_hours)}){cost}; reclaiming it from {holder}")  # fmt: skip
+        return Advice(RECLAIM, f"reclaim from {holder}", f"{told} {self._saves(u, saving, price)}", saving, 0.0)
+
+    # -- a cheaper card or slice ------------------------------------------------------------------------
+    def _size(self, u: Usage) -> Advice | None:
         current = self.catalogue.card_of(u.model) if u.model else None
-        if current is None or u.mig_mode or u.range_hours <= 0:
+        price = u.price_per_hour
+        if current is None or u.mig_mode or not price or u.memory_peak_bytes is None or u.activity_p95 is None:
             return None
-        price_now = u.price_per_hour if u.price_per_hour is not None else self.price(current)
-        if price_now is None or price_now <= 0:
-            return None
-        per_month = HOURS_PER_MONTH / u.range_hours
-        where = f"GPU {u.gpu} on {u.node} ({u.model})"
-        if u.held_hours <= 0:
-            if u.idle_hours < 0.95 * u.range_hours:
-                return None
-            saving = price_now * u.idle_hours * per_month
-            if not self._worth(saving, price_now * u.range_hours * per_month):
-                return None
-            reason = (f"{where} sat idle, held by nobody, for {hours_text(u.idle_hours)} of "
-                      f"{hours_text(u.range_hours)}; releasing it would save an estimated "
-                      f"{money(saving, self.currency)}/month")  # fmt: skip
-            return Advice("release", reason, saving, 0.0)
-        if u.memory_peak_bytes is None or u.activity_p95 is None or self.notes(u):
+        if self.notes(u):
             return None
         need_memory = u.memory_peak_bytes * HEADROOM
         need_tflops = u.activity_p95 * current.fp16_tflops
-        best: tuple[tuple[float, float, float], Offer, float, float] | None = None
+        need_bandwidth = None if u.dram_p95 is None else u.dram_p95 * current.memory_bandwidth_gbps
+        fast: list[tuple[tuple[float, float, str], Offer, Price]] = []
+        slow: list[tuple[tuple[float, float, float, str], Offer, Price, float]] = []
         for offer in self.catalogue.offers:
-            if (offer.card == current.name and not offer.is_mig) or offer.memory_bytes < need_memory:
+            if offer.memory_bytes < need_memory or (offer.consumer and not self.allow_consumer):
                 continue
-            price = self.price(offer)
-            if price is None:
+            if offer.card == current.name:
+                if offer.whole_card:
+                    continue  # the same card, or all of it as one MIG slice: nothing saved
+                p: Price | None = Price(price * offer.share, OWN_PRICE)
+            else:
+                p = self.prices.of(offer)
+            # Rounded, so that float noise never makes a card at the same price look cheaper.
+            if p is None or round(p.per_hour, 9) >= round(price, 9):
                 continue
-            slowdown = max(1.0, need_tflops / offer.fp16_tflops)
-            # The cheapest for the work; at the same cost the one that slows the job least, then the
-            # smallest. A card's MIG slices that are all too slow for a job cost it the same (fewer
-            # slices for longer): of those, the one that takes least long. Rounded, so that float
-            # noise does not decide a tie.
-            rank = (round(price * slowdown, 9), round(slowdown, 9), offer.memory_bytes)
-            if best is None or rank < best[0]:
-                best = (rank, offer, price, slowdown)
-        if best is None:
-            return None
-        _, offer, price, slowdown = best
-        cost_per_hour = price * slowdown
-        saving = (price_now - cost_per_hour) * u.held_hours * per_month
-        if not self._worth(saving, price_now * u.held_hours * per_month):
-            return None
-        # Over a peak of 0 (a job that never touched the memory) headroom is no percentage: left out.
-        room = (
-            f" with {(offer.memory_bytes / u.memory_peak_bytes - 1) * 100:.0f}% headroom" if u.memory_peak_bytes else ""
-        )
+            slowdown = max(
+                need_tflops / offer.fp16_tflops,
+                need_bandwidth / offer.memory_bandwidth_gbps if need_bandwidth is not None else 0.0,
+            )
+            if round(slowdown, 9) <= 1:
+                fast.append(((round(p.per_hour, 9), offer.memory_bytes, offer.name), offer, p))
+            elif offer.card != current.name:  # a slower slice of its own card is the same card, busier
+                slow.append(((round(p.per_hour * slowdown, 9), slowdown, offer.memory_bytes, offer.name), offer, p,
+                             slowdown))  # fmt: skip
         who = u.holder or "an unattributed process"
-        slower = f", taking about {slowdown:.1f}x as long" if slowdown > 1.05 else ""
-        reason = (f"{who} peaked at {u.memory_peak_bytes / GIB:.1f} GiB and {u.activity_p95 * 100:.0f}% "
-                  f"{u.activity_signal} on {u.model} ({where.split(' (')[0]}) for {hours_text(u.held_hours)}; "
-                  f"{article(offer.name)} {offer.name} would hold it{room}{slower}; "
-                  f"estimated saving {money(saving, self.currency)}/month")  # fmt: skip
-        return Advice(offer.name, reason, saving, price, slowdown)
+        used = (f"{who} used at most {u.memory_peak_bytes / GIB:.1f} GiB and {u.activity_p95 * 100:.0f}% "
+                f"{u.activity_signal}{self._dram(u)} (p95 while held) on {u.model} (GPU {u.gpu} on {u.node}) "
+                f"over {hours_text(u.seen_hours)}")  # fmt: skip
+        if fast:
+            _, offer, p = min(fast, key=lambda x: x[0])
+            saving = (price - p.per_hour) * HOURS_PER_MONTH if self._monthly(u) else None
+            if not self._worth(saving, (price - p.per_hour) / price):
+                return None
+            room = (f" with {(offer.memory_bytes / u.memory_peak_bytes - 1) * 100:.0f}% headroom"
+                    if u.memory_peak_bytes else "")  # fmt: skip
+            reason = (f"{used}; {article(offer.name)} {offer.name} holds that{room} and is at least as fast, at "
+                      f"{money(p.per_hour, self.currency)}/h ({p.source}) instead of {money(price, self.currency)}/h; "
+                      f"moving it {self._saves(u, saving, price)}")  # fmt: skip
+            return Advice(MIG if offer.mig else CARD, offer.name, reason, saving, p.per_hour, 1.0, p.source)
+        if not (self.allow_slower and slow):
+            return None
+        (cost_of_work, *_), offer, p, slowdown = min(slow, key=lambda x: x[0])
+        if cost_of_work >= round(price, 9):
+            return None
+        work = u.busy_hours or u.held_hours
+        reason = (f"{used}; no cheaper card is as fast. {article(offer.name).capitalize()} {offer.name} would hold it "
+                  f"but is slower: the work of {hours_text(work)} would take about {slowdown:.1f}x as long "
+                  f"({hours_text(work * slowdown)}), at {money(p.per_hour, self.currency)}/h ({p.source}) instead of "
+                  f"{money(price, self.currency)}/h: {money(p.per_hour * work * slowdown, self.currency)} instead of "
+                  f"{money(price * work, self.currency)} for the same work (price x time)")  # fmt: skip
+        return Advice(SLOWER, offer.name, reason, None, p.per_hour, slowdown, p.source)
 
-    def _worth(self, saving: float, cost_now: float) -> bool:
-        """At least both thresholds, a saving exactly at one included: the figures come from float
-        arithmetic, so "exactly" is within a billionth, or 20% of 3.00 vs 2.40 would fall either side."""
+    # -- shared ------------------------------------------------------------------------------------------
+    def _dram(self, u: Usage) -> str:
+        return "" if u.dram_p95 is None else f" and {u.dram_p95 * 100:.0f}% DRAM bandwidth"
+
+    def _monthly(self, u: Usage) -> bool:
+        return u.seen_hours >= self.min_history_hours
+
+    def _saves(self, u: Usage, saving: float | None, price: float | None) -> str:
+        if saving is not None:
+            return f"would save about {money(saving, self.currency)}/month"
+        if price is None:
+            return "would save what it costs (it has no price here, so no figure)"
+        return (f"would pay off, but the exporter saw it for only {hours_text(u.seen_hours)}: a monthly figure needs "
+                f"{hours_text(self.min_history_hours)} of history")  # fmt: skip
+
+    def _worth(self, saving: float | None, share: float) -> bool:
+        """At least both thresholds (``share``: of what the GPU costs), a saving exactly at one included:
+        the figures come from float arithmetic, so "exactly" is within a billionth, or 20% of 3.00 vs
+        2.40 would fall either side. Without a monthly figure, only the share can be judged."""
         slack = 1 - 1e-9
-        return saving > 0 and saving >= self.min_saving * slack and saving >= self.min_saving_ratio * cost_now * slack
+        if share <= 0 or share < self.min_saving_ratio * slack:
+            return False
+        return saving is None or saving >= self.min_saving * slack

@@ -1,0 +1,115 @@
+"""What each GPU cost: its price in effect x its hours, step by step where the price changed.
+
+The prices come first, one point per GPU and step (the last price each step saw, so that an outage
+or a failed scrape at a step's end drops nothing).  From them:
+
+- a GPU with one price at every step the exporter saw it costs its hours x that price;
+- where prices changed, the range is cut at the steps where they did, and the hours are asked piece
+  by piece (``queries.hours``): within a piece each GPU has one price, so hours x price is exact, and
+  the pieces together read the samples once, as one query over the range would;
+- a GPU whose price is missing at a step the exporter saw it (pricing turned on or off in the range),
+  or a range cut into more than ``MAX_PIECES``, is priced by one more query, every step at its own
+  price (``queries.exact_cost``), for those GPUs alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import Labels
+from .queries import Window
+
+MAX_PIECES = 8
+Results = dict[str, Any]
+
+
+def gpu_key(labels: Labels) -> str:
+    node = labels.get("node") or labels.get("instance", "")
+    return labels.get("uuid") or f"{node}/{labels.get('gpu', '')}"
+
+
+def currencies(results: Results) -> list[str]:
+    return sorted({labels["currency"] for labels, points in results["prices"] if labels.get("currency") and points})
+
+
+def pick_currency(results: Results, asked: str | None) -> str | None:
+    """The currency of the report: the one asked for, else the only one the prices are in."""
+    if asked is not None:
+        return asked
+    found = currencies(results)
+    if len(found) > 1:
+        raise ValueError(f"the GPUs are priced in several currencies ({', '.join(found)}); pick one with --currency")
+    return found[0] if found else None
+
+
+@dataclass
+class Plan:
+    pieces: list[tuple[int, int]]  # (first, last) step of each piece, 1-based, together 1..points
+    steady: dict[str, float] = field(default_factory=dict)  # GPU -> its one price
+    by_piece: dict[str, list[float | None]] = field(default_factory=dict)  # GPU -> its price in each piece
+    exact: dict[str, str] = field(default_factory=dict)  # GPU -> uuid, priced step by step by one more query
+    last: dict[str, float] = field(default_factory=dict)  # GPU -> its price at the end of the range
+
+
+def plan(w: Window, results: Results, currency: str | None) -> Plan:
+    steps: dict[str, dict[int, float]] = defaultdict(dict)
+    uuids: dict[str, str] = {}
+    for labels, points in results["prices"]:
+        if labels.get("currency") != currency or not currency:
+            continue
+        key = gpu_key(labels)
+        uuids[key] = labels.get("uuid", "")
+        for t, v in points:
+            steps[key][round((t - w.start) / w.step)] = v
+    seen = {gpu_key(labels): v for labels, v in results["seen"]}
+    p = Plan([(1, w.points)])
+    cuts: set[int] = set()
+    changing: dict[str, dict[int, float]] = {}
+    for key, prices in steps.items():
+        if not prices:
+            continue
+        order = sorted(prices)
+        p.last[key] = prices[order[-1]]
+        # Without the "down" series (an older exporter), a GPU counts as seen at every step.
+        if len(prices) < seen.get(key, w.points):
+            p.exact[key] = uuids[key]  # no price at a step that has hours: only step by step is right
+        elif len(set(prices.values())) == 1:
+            p.steady[key] = prices[order[0]]
+        else:
+            changing[key] = prices
+            cuts |= {k for k, before in zip(order[1:], order, strict=False) if prices[k] != prices[before]}
+    if len(cuts) + 1 > MAX_PIECES:
+        p.exact.update({key: uuids[key] for key in changing})
+        return p
+    starts = [1, *sorted(cuts)]
+    p.pieces = [(a, b - 1) for a, b in zip(starts, [*starts[1:], w.points + 1], strict=True)]
+    for key, prices in changing.items():
+        p.by_piece[key] = [next((prices[k] for k in range(a, b + 1) if k in prices), None) for a, b in p.pieces]
+    return p
+
+
+def hours_rows(results: Results, p: Plan) -> list[tuple[Labels, float]]:
+    """The hours of the whole range, the pieces' added up by label set."""
+    if len(p.pieces) == 1:
+        rows: list[tuple[Labels, float]] = results["hours"]
+        return rows
+    total: dict[tuple[tuple[str, str], ...], float] = defaultdict(float)
+    for a, b in p.pieces:
+        for labels, v in results[f"hours:{a}:{b}"]:
+            total[tuple(sorted(labels.items()))] += v
+    return [(dict(k), v) for k, v in total.items()]
+
+
+def cost_rows(results: Results, p: Plan, currency: str | None) -> list[tuple[Labels, float]]:
+    """Cost by GPU, holder and state: hours x the one price, piece by piece, or every step at its own."""
+    rows = [(labels, v * p.steady[k]) for labels, v in hours_rows(results, p) if (k := gpu_key(labels)) in p.steady]
+    for i, (a, b) in enumerate(p.pieces):
+        piece = results["hours"] if len(p.pieces) == 1 else results[f"hours:{a}:{b}"]
+        for labels, v in piece:
+            price = p.by_piece.get(gpu_key(labels), [None] * len(p.pieces))[i]
+            if price is not None:
+                rows.append((labels, v * price))
+    return rows + [(labels, v) for labels, v in results.get("cost", [])
+                   if gpu_key(labels) in p.exact and labels.get("currency") == currency]  # fmt: skip
