@@ -38,6 +38,7 @@ from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
 from .metric_defs import COLLECTOR_HELP, Collector
 from .redaction import is_secret_key, redact_text, redacted
+from .report.settings import ReportSettings
 from .web.address import parse_listen_address
 from .yamlfile import YamlFileError, clip, read_mapping, short
 
@@ -157,6 +158,7 @@ class Settings(BaseSettings):
     pricing: PricingSettings | None = None
     accounting: AccountingSettings = AccountingSettings()
     collectors: CollectorSettings = CollectorSettings()
+    report: ReportSettings = ReportSettings()  # gpu-exporter report's; the daemon does not read it
 
     @field_validator("listen_address")
     @classmethod
