@@ -243,3 +243,106 @@ def test_a_failed_check_rests_as_long_as_it_took(tmp_path: Path, monkeypatch: py
 )  # fmt: skip
 def test_one_host_is_one_ipv4_address_or_one_ipv6_slash_64(address: str, key: str) -> None:
     assert host_key(address) == key
+
+
+def test_each_user_is_checked_against_their_own_hash(tmp_path: Path) -> None:
+    cfg = config(tmp_path, {"cheap": hashed("one", rounds=4), "dear": hashed("two", rounds=5)})
+    passwords = Passwords()
+    assert passwords.check(cfg, header("cheap", "one")) is True  # not against the decoy (dear's hash)
+    assert passwords.check(cfg, header("dear", "two")) is True
+    assert passwords.check(cfg, header("cheap", "two")) is False
+
+
+@pytest.mark.parametrize(("password", "remembered"), [("p" * 72, None), ("\u00e9" * 36, None), ("p" * 73, False),
+                                                      ("\u00e9" * 36 + "p", False)])  # fmt: skip
+def test_a_password_over_72_bytes_is_wrong_without_a_check(
+    tmp_path: Path, password: str, remembered: bool | None
+) -> None:
+    cfg = config(tmp_path, {"prom": PW})
+    assert Passwords().remembered(cfg, header("prom", password)) is remembered
+
+
+def test_an_unreadable_hash_is_logged_paced_and_only_with_a_configured_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from structlog.testing import capture_logs
+
+    from gpu_exporter.web.pacing import Pacer
+
+    cfg = config(tmp_path, {"prom": PW})
+
+    def unreadable(password: bytes, hashed: bytes) -> bool:
+        raise ValueError("Invalid salt")
+
+    monkeypatch.setattr(bcrypt, "checkpw", unreadable)
+    now = [0.0]
+    passwords = Passwords(Pacer(60.0, lambda: now[0]))
+    with capture_logs() as logs:
+        for i in range(5):
+            assert passwords.check(cfg, header("prom", f"p{i}")) is False
+        now[0] = 60.0
+        assert passwords.check(cfg, header("x" * 10_000, "p")) is False
+    assert [(line["event"], line["user"], line["held_back"]) for line in logs] == [
+        ("basic_auth_hash_unreadable", "prom", 0), ("basic_auth_hash_unreadable", None, 4)]  # fmt: skip
+    assert Passwords()._pacer.every == 60.0
+
+
+def test_checks_run_in_basic_auth_threads_with_the_config_given(tmp_path: Path) -> None:
+    cfg = config(tmp_path, {"prom": PW})
+    seen: list[tuple[str, WebConfig]] = []
+
+    class Recording(Passwords):
+        def check(self, config: WebConfig, header: str | None) -> bool:
+            seen.append((threading.current_thread().name, config))
+            return True
+
+    gate = PasswordGate(Recording())
+    try:
+        assert asyncio.run(gate.authenticate(cfg, header("prom", "new"), "a")) is True
+    finally:
+        gate.shutdown()
+    assert seen[0][0].startswith("basic-auth") and seen[0][1] is cfg
+
+
+def test_by_default_one_check_runs_four_wait_and_one_host_holds_one_place(tmp_path: Path) -> None:
+    cfg = config(tmp_path, {"prom": PW})
+    held = Held()
+    gate = PasswordGate(held)
+
+    async def scene() -> list[bool | None]:
+        first = asyncio.create_task(gate.authenticate(cfg, header("prom", "a0"), "a"))
+        await asyncio.sleep(0.05)
+        same_host = await gate.authenticate(cfg, header("prom", "a1"), "a")
+        others = [asyncio.create_task(gate.authenticate(cfg, header("prom", f"h{i}"), f"h{i}")) for i in range(4)]
+        await asyncio.sleep(0.05)
+        sixth = await gate.authenticate(cfg, header("prom", "z"), "z")
+        held.release.set()
+        return [same_host, sixth, await first, *await asyncio.gather(*others)]
+
+    try:
+        assert asyncio.run(scene()) == [None, None, False, False, False, False, False]
+    finally:
+        gate.shutdown()
+    assert held.most == 1
+
+
+def test_shutdown_neither_waits_for_a_check_nor_runs_those_waiting(tmp_path: Path) -> None:
+    cfg = config(tmp_path, {"prom": PW})
+    held = Held()
+    gate = PasswordGate(held, workers=1, queue=2, per_host=3)
+    outcome: list[str] = []
+
+    async def scene() -> None:
+        running = asyncio.create_task(gate.authenticate(cfg, header("prom", "a"), "a"))
+        waiting = asyncio.create_task(gate.authenticate(cfg, header("prom", "b"), "a"))
+        await asyncio.sleep(0.05)
+        stopper = threading.Thread(target=gate.shutdown)
+        stopper.start()
+        stopper.join(5)
+        outcome.append("returned" if not stopper.is_alive() else "blocked")
+        held.release.set()
+        results = await asyncio.gather(running, waiting, return_exceptions=True)
+        outcome.append(type(results[1]).__name__)
+
+    asyncio.run(scene())
+    assert outcome == ["returned", "CancelledError"]

@@ -326,3 +326,209 @@ def test_client_ca_file_wins_over_client_ca_as_in_exporter_toolkit(certs: Path, 
     config = load(certs, TLS + "client_auth_type: VerifyClientCertIfGiven, client_ca_file: client_ca.pem, "
                                "client_ca: 'not a certificate'}")  # fmt: skip
     assert config.tls is not None and "both client_ca and client_ca_file are given" in config.warnings[0]
+
+
+# -- each refusal's whole sentence (it is what the operator reads) ----------------------------------------------
+def cost(c: int) -> str:
+    return HASH[:4] + f"{c:02d}" + HASH[6:]
+
+
+@pytest.mark.parametrize(
+    ("c", "why"),
+    [(3, "bcrypt cannot check it"), (32, "bcrypt cannot check it"), (99, "bcrypt cannot check it"),
+     (17, "each check would take seconds"), (31, "each check would take seconds")],
+)  # fmt: skip
+def test_a_bcrypt_cost_outside_4_to_16_is_refused_saying_why(tmp_path: Path, c: int, why: str) -> None:
+    message = refused(tmp_path, f"basic_auth_users: {{prom: '{cost(c)}'}}")
+    assert message.endswith(f": basic_auth_users.prom: bcrypt cost {c} is outside 4..16: {why}; "
+                            "use 10 to 12 (htpasswd -nbB -C 10 user password)")  # fmt: skip
+
+
+@pytest.mark.parametrize("c", [4, 10, 16])
+def test_bcrypt_costs_from_4_to_16_load(tmp_path: Path, c: int) -> None:
+    assert set(load(tmp_path, f"basic_auth_users: {{prom: '{cost(c)}'}}").users) == {"prom"}
+
+
+def test_what_is_not_a_bcrypt_hash_is_refused_in_one_sentence(tmp_path: Path) -> None:
+    message = refused(tmp_path, "basic_auth_users: {john: doe}")
+    assert message.endswith(": basic_auth_users.john: must be a bcrypt hash ($2b$, cost, 53 characters of salt "
+                            "and hash; 60 in all)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("a\x00b", "contains the control character '\\x00', which would end the header and start another"),
+     ("\x1f", "contains the control character '\\x1f', which would end the header and start another"),
+     ("a\x7f", "contains the control character '\\x7f', which would end the header and start another"),
+     ("a\rb", "contains the control character '\\r', which would end the header and start another"),
+     ("\u2603x", "'\u2603' is outside Latin-1, which HTTP headers are written in")],
+)  # fmt: skip
+def test_a_header_value_that_would_break_the_answer_is_refused(tmp_path: Path, value: str, problem: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump({"http_server_config": {"headers": {"X-XSS-Protection": value}}}))
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(path)
+    assert str(e.value) == f"web config file {path}: http_server_config.headers.X-XSS-Protection: {problem}"
+
+
+@pytest.mark.parametrize("value", ["1; mode=block", "a\tb", "caf\u00e9", "\x80\xff", " "])
+def test_tabs_and_latin_1_are_a_header_value(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump({"http_server_config": {"headers": {"X-XSS-Protection": value}}}))
+    assert dict(load_web_config(path).headers) == {"X-XSS-Protection": value}
+
+
+def test_every_problem_is_named_in_one_message(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text("basic_auth_users: {john: doe}\nrate_limit: {burst: x}\nextra: 1\n")
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(path)
+    assert str(e.value) == (
+        f"web config file {path}: basic_auth_users.john: must be a bcrypt hash ($2b$, cost, 53 characters of salt "
+        "and hash; 60 in all); rate_limit.burst: Input should be a valid integer, unable to parse string as an "
+        "integer; extra: unknown key"
+    )
+
+
+def test_a_web_config_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_bytes(b"http_server_config: {headers: {X-XSS-Protection: caf\xe9}}\n")
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(path)
+    assert str(e.value) == f"web config file {path} is not UTF-8 text: byte 0xe9 on line 1 (save it as UTF-8)"
+
+
+def test_without_tls_and_rate_limit_there_are_none(tmp_path: Path) -> None:
+    for text in ("", "basic_auth_users: {}", "rate_limit: {interval: 0s, burst: 5}", "rate_limit: {burst: 5}"):
+        config = load(tmp_path, text)
+        assert config.tls is None and config.rate_limit is None and config.warnings == (), text
+    assert load_web_config(None) == WebConfig()
+
+
+def test_a_burst_of_one_is_a_limit(tmp_path: Path) -> None:
+    assert load(tmp_path, "rate_limit: {interval: 2s, burst: 1}").rate_limit == RateLimit(2.0, 1)
+
+
+def test_the_http2_warning_in_full(tmp_path: Path) -> None:
+    config = load(tmp_path, "http_server_config: {http2: true}")
+    assert config.warnings == (
+        f"web config file {tmp_path / 'web.yml'}: http_server_config.http2: HTTP/2 is not served here; clients use "
+        "HTTP/1.1 (TLS offers only http/1.1 by ALPN), which every Prometheus speaks",
+    )
+    assert load(tmp_path, "http_server_config: {http2: false}").warnings == ()
+
+
+# -- tls_server_config, sentence by sentence ----------------------------------------------------------------------
+def only_warning(config: WebConfig) -> str:
+    assert len(config.warnings) == 1, config.warnings
+    return config.warnings[0].split(": ", 1)[1]
+
+
+def test_the_server_context_keeps_pythons_defaults_and_sets_the_cipher_order(certs: Path) -> None:
+    default = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).options
+    for prefer, expected in (("true", default | ssl.OP_CIPHER_SERVER_PREFERENCE),
+                             ("false", default & ~ssl.OP_CIPHER_SERVER_PREFERENCE)):  # fmt: skip
+        config = load(certs, TLS + f"prefer_server_cipher_suites: {prefer}}}")
+        assert config.tls is not None and config.tls.context.options == expected
+        assert config.tls.context.protocol == ssl.PROTOCOL_TLS_SERVER
+
+
+def test_tls_1_3_suites_with_a_tls_1_3_minimum_need_no_warning(certs: Path) -> None:
+    config = load(certs, TLS + "min_version: TLS13, cipher_suites: [TLS_AES_128_GCM_SHA256]}")
+    assert config.warnings == () and config.tls is not None
+    assert config.tls.context.minimum_version == ssl.TLSVersion.TLSv1_3
+
+
+def test_the_tls_1_3_only_sentences(certs: Path) -> None:
+    config = load(certs, TLS + "cipher_suites: [TLS_AES_128_GCM_SHA256]}")
+    assert only_warning(config) == (
+        "tls_server_config.cipher_suites lists only TLS 1.3 suites, which cannot be chosen: TLS 1.2 has no cipher "
+        "left, so only TLS 1.3 is served, as in Go"
+    )
+    message = refused(certs, TLS + "cipher_suites: [TLS_AES_128_GCM_SHA256], max_version: TLS12}")
+    assert message.endswith(": tls_server_config.cipher_suites lists only TLS 1.3 suites, which leave TLS 1.2 no "
+                            "cipher, and max_version is TLS12: no handshake could succeed")  # fmt: skip
+
+
+def test_suites_this_openssl_lacks(certs: Path) -> None:
+    suites = (
+        "TLS_RSA_WITH_3DES_EDE_CBC_SHA, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA"
+    )
+    config = load(certs, TLS + f"cipher_suites: [{suites}]}}")
+    assert only_warning(config) == (
+        "tls_server_config.cipher_suites: TLS_RSA_WITH_3DES_EDE_CBC_SHA, TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA not "
+        f"available in {ssl.OPENSSL_VERSION}; the others are used"
+    )
+    message = refused(
+        certs, TLS + "cipher_suites: [TLS_RSA_WITH_3DES_EDE_CBC_SHA, TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA]}"
+    )
+    assert message.endswith(": tls_server_config.cipher_suites: none of TLS_RSA_WITH_3DES_EDE_CBC_SHA, "
+                            f"TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA is available in {ssl.OPENSSL_VERSION}")  # fmt: skip
+
+
+def test_the_curves_sentence(certs: Path) -> None:
+    config = load(certs, TLS + "curve_preferences: [X25519, CurveP256]}")
+    assert only_warning(config) == (
+        "tls_server_config.curve_preferences lists 2 curves; Python's ssl can restrict the key exchange to one curve "
+        "only, so OpenSSL's default curves are kept (they include every curve listed, in OpenSSL's order): list one "
+        "curve to restrict it"
+    )
+
+
+def test_unknown_names_are_listed_with_the_known_ones(certs: Path) -> None:
+    message = refused(certs, TLS + "curve_preferences: [X25519, P-256, Curve25519]}")
+    assert message.endswith(": tls_server_config.curve_preferences: unknown curve 'P-256', 'Curve25519'; known: "
+                            "CurveP256, CurveP384, CurveP521, X25519")  # fmt: skip
+
+
+def test_the_key_and_the_certificate_are_named_by_file_or_as_inline(tmp_path: Path, ca: trustme.CA) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    other_key = trustme.CA().issue_cert("x").private_key_pem.bytes().decode()
+    message = refused(tmp_path, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key": other_key}}))
+    assert f": cannot load TLS certificate {crt} with the inline key (key): " in message
+    message = refused(tmp_path, yaml.safe_dump({"tls_server_config": {"cert": "junk", "key_file": str(key)}}))
+    assert f": cannot load the inline TLS certificate (cert) with key {key}: " in message
+    message = refused(tmp_path, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": "nokey"}}))
+    assert message.endswith(
+        f": cannot load TLS certificate {crt} with key {tmp_path / 'nokey'}: No such file or directory"
+    )
+
+
+def test_both_key_and_key_file_use_the_file(tmp_path: Path, ca: trustme.CA) -> None:
+    crt, key = tls_files(tmp_path, ca)
+    config = load(tmp_path, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key),
+                                                                   "key": "ignored"}}))  # fmt: skip
+    assert config.tls is not None and only_warning(config) == (
+        "tls_server_config: both key and key_file are given; key_file is used, as exporter-toolkit does"
+    )
+
+
+def test_client_ca_sentences(certs: Path) -> None:
+    message = refused(certs, TLS + "client_auth_type: VerifyClientCertIfGiven, client_ca_file: nofile}")
+    assert message.endswith(f": cannot load client CA file {certs / 'nofile'}: No such file or directory")
+    for ca_text, reason in (("not a certificate", "no start line"), ("caf\u00e9", "ASCII")):
+        message = refused(certs, yaml.safe_dump({"tls_server_config": {
+            "cert_file": "server.crt", "key_file": "server.key", "client_auth_type": "VerifyClientCertIfGiven",
+            "client_ca": ca_text}}, allow_unicode=True))  # fmt: skip
+        assert ": cannot load the inline client CA (client_ca): " in message and reason in message, message
+
+
+def test_an_absolute_path_is_read_as_it_is(tmp_path: Path, ca: trustme.CA) -> None:
+    (tmp_path / "certs").mkdir()
+    crt, key = tls_files(tmp_path / "certs", ca)
+    other = tmp_path / "conf"
+    other.mkdir()
+    config = load(other, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}}))
+    assert config.files == (other / "web.yml", crt, key)
+
+
+def test_certificate_names_as_go_writes_them() -> None:
+    from gpu_exporter.web.tls_context import certificate_names
+
+    cert = {"subjectAltName": (("DirName", ((("commonName", "x"),),)), ("DNS", "a.example"),
+                               ("othername", "<unsupported>"), ("IP Address", "2001:DB8:0:0:0:0:0:1\n"),
+                               ("IP Address", "192.0.2.1"), ("IP Address", "<invalid>"), ("email", "a@example.org"),
+                               ("URI", "spiffe://x/y"), ("Registered ID", "1.2.3"))}  # fmt: skip
+    assert certificate_names(cert) == {"a.example", "2001:db8::1", "192.0.2.1", "<invalid>", "a@example.org",
+                                       "spiffe://x/y"}  # fmt: skip
+    assert certificate_names(None) == set() and certificate_names({}) == set()

@@ -8,6 +8,7 @@ one is pinned at its edge, in milliseconds, with the clock in the test's hands.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
@@ -100,11 +101,13 @@ class Stub:
         self.raw = None
         self.transport = None
         self.refused = False
+        self.forgets = True
         self._table = table
 
     def abort(self) -> None:
         self.aborted += 1
-        self._table.forget(self)  # type: ignore[arg-type]  # as connection_lost does
+        if self.forgets:
+            self._table.forget(self)  # type: ignore[arg-type]  # as connection_lost does, later
 
     def __repr__(self) -> str:
         return self.name
@@ -672,5 +675,257 @@ def test_a_tls_client_waits_for_its_first_bytes_before_a_handshake_slot(
         await asyncio.sleep(0)
         assert other.refused and served == [conn] and other_raw.events == ["abort"]
         assert table.counts == {"client_san_refused": 1}
+
+    run(scene)
+
+
+# -- more edges -----------------------------------------------------------------------------------------------------
+def test_the_tables_defaults() -> None:
+    table = make_table()
+    assert (table.pressure_idle_timeout, table.max_handshakes, table.handshake_timeout, table.handshake_preempt,
+            table.max_stalled) == (5.0, 128, 5.0, 1.0, 64)  # fmt: skip
+    assert len(table.scratch) == 64 * 1024  # one read at a time, shared by every connection
+    assert table._libc is not None and table._libc.malloc_trim.argtypes == [ctypes.c_size_t]
+
+
+def test_eviction_forgets_at_once_whatever_the_socket_does_later(clock: Clock) -> None:
+    table = make_table(max_connections=2)
+    old = admit(table, IDLE)
+    old.forgets = False  # a real socket reports its loss later
+    admit(table, IDLE)
+    admit(table, IDLE)
+    assert old.aborted == 1 and len(table) == 2 and table.counts == {"evicted_idle": 1}
+    admit(table, IDLE)
+    assert table.counts == {"evicted_idle": 2}
+
+
+def test_with_two_of_five_never_speaking_the_silent_that_spoke_go_first(clock: Clock) -> None:
+    table = make_table(max_connections=5)
+    mute = [admit(table, IDLE, name=f"mute{i}") for i in range(2)]
+    silent = admit(table, IDLE, spoke=True, name="silent")
+    others = [admit(table, BUSY) for _ in range(2)]
+    admit(table, BUSY)
+    assert silent.aborted == 1 and [m.aborted for m in mute] == [0, 0] and [o.aborted for o in others] == [0, 0]
+
+
+def test_a_connection_leaves_its_old_tier_when_it_changes_state(clock: Clock) -> None:
+    table = make_table(max_connections=3)
+    a = admit(table, IDLE, name="a")  # never spoke
+    b = admit(table, READING, name="b")  # active
+    table.set_state(a, READING)  # type: ignore[arg-type]
+    table.set_state(a, BUSY)  # type: ignore[arg-type]
+    table.set_state(b, BUSY)  # type: ignore[arg-type]
+    c = admit(table, IDLE, name="c")
+    admit(table, IDLE, name="d")  # room is made: neither busy one may go
+    assert (a.aborted, b.aborted, c.aborted) == (0, 0, 1)
+    assert len(table) == 3
+
+
+def test_a_failed_handshake_is_forgotten_at_once(clock: Clock) -> None:
+    table = make_table()
+    stub = tls_stub(table, "x")
+    stub.forgets = False
+    table._handshake_done(stub, _done(failed=True))  # type: ignore[arg-type]
+    assert len(table) == 0 and stub.aborted == 1
+
+
+def test_a_quiet_handshake_with_bytes_not_yet_read_keeps_its_slot(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    table = make_table(max_handshakes=1, handshake_preempt=1.0)
+    monkeypatch.setattr(table, "_start_tls", Handshakes(table))
+    a, b = socket.socketpair()
+    try:
+        quiet = tls_stub(table, "quiet", heard_at=900.0)
+        quiet.raw = Transport(extra={"socket": a})  # type: ignore[assignment]
+        b.sendall(b"the rest of the handshake")  # arrived, but the busy loop has not read it yet
+        table.request_handshake(quiet)  # type: ignore[arg-type]
+        table.request_handshake(tls_stub(table, "next"))  # type: ignore[arg-type]
+        assert quiet.aborted == 0 and table.counts == {}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_pending_input() -> None:
+    import socket
+
+    from gpu_exporter.web.table import _pending_input
+
+    a, b = socket.socketpair()
+    try:
+        assert _pending_input(Transport(extra={"socket": a})) is False
+        b.sendall(b"x")
+        assert _pending_input(Transport(extra={"socket": a})) is True
+        assert _pending_input(None) is False and _pending_input(Transport()) is False
+        a.close()
+        assert _pending_input(Transport(extra={"socket": a})) is False  # closed: fileno() is -1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_trim_is_not_repeated_without_new_garbage(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    collects: list[int] = []
+    monkeypatch.setattr("gpu_exporter.web.table.gc", SimpleNamespace(collect=lambda: collects.append(1)))
+    table = make_table(max_connections=1000)
+    libc = Libc()
+    table._libc = libc
+    for _ in range(200):
+        admit(table, IDLE)  # open, none closed: nothing to collect
+    asyncio.run(table._give_memory_back())
+    assert collects == []
+    for stub in list(table._open)[:56]:
+        stub.abort()  # 256 accepted - 144 open = 56 closed, 56 below the peak: still nothing
+    asyncio.run(table._give_memory_back())
+    assert collects == []
+    for _ in range(256):
+        admit(table, IDLE).abort()
+    asyncio.run(table._give_memory_back())
+    assert collects == [1] and libc.trims == [0]
+    for step in (5.0, 5.0, 10.0):
+        clock.now += step
+        asyncio.run(table._give_memory_back())
+    assert collects == [1] and libc.trims == [0]
+
+
+def test_a_finished_handler_leaves_no_task_and_abort_all_ends_the_others(clock: Clock) -> None:
+    async def scene() -> None:
+        forever = asyncio.Event()
+        done: list[str] = []
+
+        async def handler(conn: Connection) -> None:
+            if conn.peer == "192.0.2.1":
+                return
+            try:
+                await forever.wait()
+            except asyncio.CancelledError:
+                done.append("cancelled")
+                raise
+
+        table = make_table(handler)
+        plain(table)
+        conn = Connection(table, None)
+        transport = Transport(conn, peer=("192.0.2.2", 1))
+        conn.connection_made(transport)
+        await asyncio.sleep(0.01)
+        assert len(table._tasks) == 1  # the first handler ended and was dropped; the second runs
+        table.abort_all()
+        await asyncio.sleep(0.01)
+        assert done == ["cancelled"] and transport.events == ["abort"] and len(table._tasks) == 0
+
+    run(scene)
+
+
+def test_the_sweep_runs_twice_a_second_and_says_what_it_cut(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from structlog.testing import capture_logs
+
+    async def scene() -> list[Any]:
+        table = make_table(read_timeout=10.0)
+        stale = admit(table, TLS_WAIT)
+        stale.accepted_at = clock.now - 11
+        with capture_logs() as logs:
+            sweeping = asyncio.create_task(table.sweep_forever())
+            await asyncio.sleep(0.7)
+            assert stale.aborted == 1
+            clock.now += 10.0
+            await asyncio.sleep(0.6)
+            clock.now += 5.0  # half the interval: no line
+            await asyncio.sleep(0.6)
+            clock.now += 5.0
+            await asyncio.sleep(0.6)
+            sweeping.cancel()
+        return logs
+
+    logs = run(scene)
+    lines = [line for line in logs if line["event"] == "http_connections"]
+    assert len(lines) == 2 and lines[0]["timed_out_tls_wait"] == 1 and lines[0]["accepted"] == 1, logs
+    assert [line for line in logs if line["event"] != "http_connections"] == []
+
+
+def test_reading_stops_at_exactly_the_limit(clock: Clock) -> None:
+    async def scene() -> None:
+        conn, _ = plain(make_table(limit=1000))
+        feed(conn, b"x" * 1000)
+        with pytest.raises(HeadTooLarge):
+            await conn.read_until(b"\r\n\r\n", 5)
+
+    run(scene)
+
+
+def test_a_head_ends_at_the_first_empty_line_and_a_pipelined_one_waits(clock: Clock) -> None:
+    async def scene() -> None:
+        conn, _ = plain(make_table())
+        feed(conn, b"A\r\n\r\nB\r\n\r\n")
+        assert await conn.read_until(b"\r\n\r\n", 1) == b"A\r\n\r\n"
+        assert await conn.read_until(b"\r\n\r\n", 1) == b"B\r\n\r\n"
+
+    run(scene)
+
+
+def test_bytes_after_a_read_that_waited_wake_nobody_and_break_nothing(clock: Clock) -> None:
+    async def scene() -> None:
+        conn, _ = plain(make_table())
+        asyncio.get_running_loop().call_later(0.01, feed, conn, b"GET")
+        assert await conn.wait_for_request(5) is True
+        feed(conn, b" / HTTP/1.0\r\n\r\n")  # no reader waits now
+        conn.resume_writing()  # and no writer
+        assert await conn.read_until(b"\r\n\r\n", 1) == b"GET / HTTP/1.0\r\n\r\n"
+
+    run(scene)
+
+
+def test_a_body_that_does_not_come_times_out_and_is_dropped_to_the_byte(clock: Clock) -> None:
+    async def scene() -> None:
+        conn, _ = plain(make_table())
+        feed(conn, b"12345")
+        with pytest.raises(TimeoutError):
+            await conn.discard(6, 0.05)
+        feed(conn, b"6789")
+        await conn.discard(2, 1)
+        assert conn.buffered() == 2
+
+    run(scene)
+
+
+def test_an_answer_that_is_not_held_up_does_not_count_as_stalled(clock: Clock) -> None:
+    async def scene() -> None:
+        table = make_table(max_stalled=1)
+        waiting, _ = plain(table)
+        waiting.pause_writing()
+        stalled = asyncio.create_task(waiting.send(b"H", b"x" * (WRITE_CHUNK * 2), 5))
+        await asyncio.sleep(0.02)
+        other, _ = plain(table)
+        await other.send(b"H", b"x" * (WRITE_CHUNK * 2), 5)  # its client reads: never stalled
+        assert list(table._stalled) == [waiting] and table.counts == {}
+        waiting.resume_writing()
+        await stalled
+
+    run(scene)
+
+
+def test_a_new_connection_has_not_spoken_and_is_timed_from_its_accept(clock: Clock) -> None:
+    async def scene() -> None:
+        table = make_table()
+        conn = Connection(table, SimpleNamespace(admits=lambda cert: True))  # type: ignore[arg-type]
+        conn.connection_made(Transport(conn))
+        assert (conn.state, conn.spoke, conn.accepted_at, conn.since) == (TLS_WAIT, False, clock.now, clock.now)
+        plain_conn, _ = plain(table)
+        assert (plain_conn.state, plain_conn.spoke) == (IDLE, False)
+
+    run(scene)
+
+
+def test_reading_resumes_only_below_the_limit(clock: Clock) -> None:
+    async def scene() -> None:
+        conn, transport = plain(make_table(limit=1000))
+        feed(conn, b"\r\n\r\n" + b"x" * 1000)  # one read past the limit: paused
+        assert transport.events == ["pause"]
+        assert await conn.read_until(b"\r\n\r\n", 1) == b"\r\n\r\n"
+        assert conn.buffered() == 1000 and transport.events == ["pause"]  # at the limit: still paused
+        await conn.discard(1, 1)
+        assert transport.events == ["pause", "resume"]
 
     run(scene)

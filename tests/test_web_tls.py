@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -217,3 +218,62 @@ def test_a_client_asking_for_http2_gets_http_1_1(tmp_path: Path, ca: trustme.CA)
         ):
             assert s.selected_alpn_protocol() == "http/1.1"
         assert get(srv.port, "/healthz", context=client_context(ca))[0] == 200
+
+
+# -- handshake slots, as the table gives them ------------------------------------------------------------------
+def client_hello(ca: trustme.CA) -> bytes:
+    """The first flight of a real TLS client, which then goes quiet."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client_context(ca).wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+@contextmanager
+def small_server(tmp_path: Path, ca: trustme.CA, **kw: Any) -> Iterator[HttpServer]:
+    crt, key = tls_files(tmp_path, ca)
+    with server(tmp_path, {"tls_server_config": {"cert_file": str(crt), "key_file": str(key)}}, **kw) as srv:
+        yield srv
+
+
+def test_a_handshake_gives_its_slot_back_when_it_ends(tmp_path: Path, ca: trustme.CA) -> None:
+    with small_server(tmp_path, ca, max_handshakes=1) as srv:
+        for _ in range(3):  # one slot: each handshake must free it for the next
+            assert get(srv.port, "/healthz", context=client_context(ca), timeout=5)[0] == 200
+
+
+def test_a_client_silent_in_its_handshake_is_cut_at_the_handshake_timeout(tmp_path: Path, ca: trustme.CA) -> None:
+    with (
+        small_server(tmp_path, ca, handshake_timeout=0.3, read_timeout=60.0) as srv,
+        socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s,
+    ):
+        s.sendall(client_hello(ca))
+        data = b""
+        while chunk := s.recv(65536):  # the server's first flight, then the close: long before the read timeout
+            data += chunk
+        assert data.startswith(b"\x16\x03")
+
+
+def test_a_client_quiet_in_its_handshake_gives_the_only_slot_to_the_next(tmp_path: Path, ca: trustme.CA) -> None:
+    with (
+        small_server(tmp_path, ca, max_handshakes=1, handshake_timeout=30.0) as srv,
+        socket.create_connection(("127.0.0.1", srv.port), timeout=20) as quiet,
+    ):
+        quiet.sendall(client_hello(ca))
+        quiet.recv(65536)  # the server answered: the handshake holds the slot, and the client says no more
+        assert get(srv.port, "/healthz", context=client_context(ca), timeout=20)[0] == 200
+        assert srv.connections.counts.get("handshake_preempted") == 1
+
+
+def test_a_client_that_finished_its_handshake_has_spoken(tmp_path: Path, ca: trustme.CA) -> None:
+    with small_server(tmp_path, ca) as srv:
+        ctx = client_context(ca)
+        with (
+            socket.create_connection(("127.0.0.1", srv.port)) as plain,
+            ctx.wrap_socket(plain, server_hostname="127.0.0.1"),
+        ):
+            deadline = time.monotonic() + 10
+            while [(c.state, c.spoke) for c in list(srv.connections._open)] != [("idle", True)]:
+                assert time.monotonic() < deadline, [(c.state, c.spoke) for c in list(srv.connections._open)]
+                time.sleep(0.01)

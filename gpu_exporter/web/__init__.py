@@ -11,7 +11,8 @@ It knows HTTP, TLS and basic auth, and nothing of what it serves: the wiring han
   the file descriptor limit.
 - ``config`` (the web config file, key by key against exporter-toolkit's), ``tls_context`` and
   ``ciphers`` (what its TLS keys become in Python's ssl), ``watcher`` (reloading it), ``auth``
-  (basic auth: bcrypt, remembered answers, the bounded queue of checks) and ``rate_limit``.
+  (basic auth: bcrypt, remembered answers, the bounded queue of checks) and ``rate_limit``;
+  ``pacing``: what a client can make the server log, at most once an interval, with a count.
 
 May import: the parsing helpers at the top (``yamlfile``, ``durations``) and the package version.
 Never: ``snapshot``, ``sources``, ``serving``, ``alerting``, ``kubernetes``, ``accounting``,

@@ -39,6 +39,10 @@ class HeadTooLarge(Exception):
     pass
 
 
+class ClientGone(ConnectionError):
+    """The client closed its side, or the connection is lost: the handler stops and closes."""
+
+
 class Connection(asyncio.BufferedProtocol):
     """One client socket, from accept to close.  The HTTP handler reads and writes through it."""
 
@@ -140,7 +144,7 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _more(self) -> None:
         if self._eof:
-            raise ConnectionError("the client closed the connection")
+            raise ClientGone
         self._read_waiter = asyncio.get_running_loop().create_future()
         try:
             await self._read_waiter
@@ -200,7 +204,7 @@ class Connection(asyncio.BufferedProtocol):
             chunks += (view[i : i + WRITE_CHUNK] for i in range(first, len(view), WRITE_CHUNK))
             for chunk in chunks:  # the head goes with the start of the body: one packet for small answers
                 if self.lost:
-                    raise ConnectionError("the client went away")
+                    raise ClientGone
                 transport.write(chunk)
                 if self._write_paused and not self.lost:
                     self._table.stalled(self, True)
@@ -211,7 +215,7 @@ class Connection(asyncio.BufferedProtocol):
                     finally:
                         self._table.stalled(self, False)
             if self.lost:
-                raise ConnectionError("the client went away")
+                raise ClientGone
 
     # -- closing --------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -262,7 +262,7 @@ def _client_ca(ctx: ssl.SSLContext, t: TlsServerConfig, base: Path, warnings: li
         return [ca]
     try:
         ctx.load_verify_locations(cadata=t.client_ca)
-    except (ssl.SSLError, ValueError) as e:
+    except (ssl.SSLError, ValueError, TypeError) as e:  # TypeError: text that is not ASCII
         raise TlsConfigError(f"cannot load the inline client CA (client_ca): {_reason(e)}") from None
     return []
 
