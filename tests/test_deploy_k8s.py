@@ -213,10 +213,15 @@ def test_every_overlay_is_found() -> None:
 def test_builtin_objects_validate_strictly(
     which: str, version: str, builds: dict[str, list[Doc]], tmp_path: Path
 ) -> None:
+    validate_builtin_strictly(builds[which], version, tmp_path)
+
+
+def validate_builtin_strictly(rendered: list[Doc], version: str, tmp_path: Path) -> None:
+    """kubernetes-validate --strict on the built-in objects of a render (tests/test_helm.py too)."""
     # The schema of exactly this version is bundled (kubernetes-validate would otherwise fall back
     # silently to an older one).
     assert version in kubernetes_validate.utils.all_versions()
-    docs = [d for d in builds[which] if is_builtin(d)]
+    docs = [d for d in rendered if is_builtin(d)]
     path = tmp_path / "builtin.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     out = subprocess.run(
@@ -324,15 +329,21 @@ def test_daemonset_security_context(daemonset: Doc, container: Doc) -> None:
 
 @pytest.mark.parametrize("which", ALL_BUILDS)
 def test_no_build_adds_a_capability_or_privilege(which: str, builds: dict[str, list[Doc]]) -> None:
-    pod = pod_spec(builds[which])
-    sc = exporter(builds[which])["securityContext"]
+    assert_least_privilege(builds[which])
+
+
+def assert_least_privilege(docs: list[Doc]) -> None:
+    """No capability, privilege or host namespace but hostPID, and no hostPath but the kubelet's
+    socket directory, read-only (tests/test_helm.py checks every chart render with it too)."""
+    pod = pod_spec(docs)
+    sc = exporter(docs)["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert "privileged" not in sc and not pod.get("hostNetwork") and not pod.get("hostIPC")
     for v in pod["volumes"]:
         if "hostPath" in v:  # only the kubelet's socket directory, and only read-only
             assert v["name"] == "pod-resources", v
-            mount = next(m for m in exporter(builds[which])["volumeMounts"] if m["name"] == v["name"])
+            mount = next(m for m in exporter(docs)["volumeMounts"] if m["name"] == v["name"])
             assert mount == {"name": "pod-resources", "mountPath": POD_RESOURCES_MOUNT, "readOnly": True}
 
 
@@ -577,7 +588,14 @@ def test_daemonset_command_line_runs(base: list[Doc], container: Doc, tmp_path: 
 # --- prometheus-operator objects ----------------------------------------------------------------
 
 
-def test_service_and_servicemonitor_fit_together(base: list[Doc], daemonset: Doc, container: Doc) -> None:
+def test_service_and_servicemonitor_fit_together(base: list[Doc]) -> None:
+    assert_scrape_objects_fit(base)
+
+
+def assert_scrape_objects_fit(base: list[Doc]) -> None:
+    """Service, ServiceMonitor and NetworkPolicy select the exporter's pods and port, with the
+    relabelling the labels of rules and dashboards need (tests/test_helm.py: the chart's too)."""
+    daemonset = one(base, "DaemonSet")
     service = one(base, "Service")
     assert service["spec"]["clusterIP"] == "None"
     (port,) = service["spec"]["ports"]

@@ -166,6 +166,10 @@ OUTSIDE = {
     "podman push registry.example.com/gpu-exporter:0.1.0  # needs your registry",
     "podman run --rm registry.example.com/gpu-exporter:0.1.0 --once --simulate  # needs the image built above",
     "kubectl get runtimeclass nvidia  # needs a cluster",
+    "helm install gpu-exporter deploy/helm/gpu-exporter -n gpu-exporter --create-namespace"
+    " -f deploy/helm/examples/kube-prometheus-stack.yaml  # needs a cluster",
+    "helm install gpu-exporter deploy/helm/gpu-exporter -n gpu-exporter --create-namespace"
+    " -f deploy/helm/examples/dcgm-exporter.yaml  # needs a cluster",
     "kubectl apply -k deploy/k8s/examples  # needs a cluster with the prometheus-operator CRDs",
     "kubectl -n gpu-exporter rollout status daemonset/gpu-exporter  # needs a cluster",
     "kubectl apply -f dashboards-configmap-labelled.yaml  # needs a cluster",
