@@ -24,8 +24,10 @@ from gpu_exporter.report.queries import (
     PROBES,
     RangeError,
     SelectorError,
+    Window,
     anywhere,
     exact_cost,
+    hours,
     presence,
     probe,
     queries,
@@ -56,6 +58,7 @@ def matchers_of(v: pp.VectorSelector) -> set[tuple[str, str, str]]:
 def every_query(matchers: str) -> list[str]:
     w = window_for(END - 7 * DAY - 17, END - 17, 15)  # not on a step boundary: every selector has an offset
     return [*(q.expr for q in queries(w, matchers)), exact_cost(w, matchers, ["GPU-1", "GPU-2"], "USD").expr,
+            hours(w, matchers).expr, hours(w, matchers, 3, 200).expr,
             *(probe(matchers, p) for p in PROBES), presence(matchers, w), anywhere(matchers)]  # fmt: skip
 
 
@@ -274,3 +277,38 @@ def test_the_step_by_step_cost_reads_the_prices_of_the_reports_currency_only(cur
     expr = exact_cost(window_for(END - 7 * DAY, END, 15), "", ["GPU-1"], currency).expr
     (price,) = [v for v in selectors(pp.parse(expr)) if v.name == "gpu_price_per_hour"]
     assert ("currency", "Equal", currency) in matchers_of(price)
+
+
+def test_the_hours_of_a_piece_of_the_range_end_where_the_piece_does() -> None:
+    """Where prices changed, the hours are asked piece by piece: steps 3 to 200 of a week cut into 720
+    steps of 840 s are the subquery of 198 steps evaluated 520 steps before the window's time, each step
+    at its own end, the same steps as the whole range's, so that the pieces add up to it."""
+    w = window_for(END - 7 * DAY - 17, END - 17, 15)
+    whole, piece = hours(w, ""), hours(w, "", 3, 200)
+    assert (whole.key, whole.at, whole.what) == ("hours", w.at, "GPU-hours by state and holder")
+    assert (piece.key, piece.at, piece.what) == ("hours:3:200", w.at - 520 * 840,
+                                                 "GPU-hours by state and holder (steps 3 to 200)")  # fmt: skip
+    assert f"[{198 * 840 * 1000 - 1}ms:840s]" in piece.expr and f"[{720 * 840 * 1000 - 1}ms:840s]" in whole.expr
+    assert piece.expr.replace(f"{198 * 840 * 1000 - 1}ms", "") == whole.expr.replace(f"{720 * 840 * 1000 - 1}ms", "")
+    assert hours(w, "", 720, 720).at == w.at and hours(w, "", 1, 1).at == w.at - 719 * 840
+    for first, last in ((0, 5), (5, 4), (1, 721)):
+        with pytest.raises(ValueError, match="not within the window's 1 to 720"):
+            hours(w, "", first, last)
+
+
+@pytest.mark.parametrize(
+    ("window", "expected"),
+    [
+        (Window(-100, 1000, 50), Window(150, 1000, 50)),  # before 1970: from the third step after it
+        (Window(-90, 1010, 50), Window(160, 1010, 50)),
+        (Window(10, 1000, 10), Window(30, 1000, 10)),
+        (Window(150, 1000, 50), Window(150, 1000, 50)),  # three steps after 1970: as asked
+        (Window(END - DAY, END, 120), Window(END - DAY, END, 120)),
+    ],
+)  # fmt: skip
+def test_a_range_from_before_1970_starts_where_a_store_answers(window: Window, expected: Window) -> None:
+    """Issue 25: --since 36500d reaches back to 1926. No store holds samples before 1970, and
+    VictoriaMetrics answers nothing for a subquery that reaches back near it: the range starts at the
+    first step three steps after it, on the same grid of steps."""
+    moved = window.from_epoch()
+    assert moved == expected and (moved.end - moved.start) % moved.step == 0 and moved.start >= 3 * moved.step
