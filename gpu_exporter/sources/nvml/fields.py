@@ -74,6 +74,8 @@ class FieldArray:
         self._pristine = (_FieldValue * len(fields))()
         self._size = ctypes.sizeof(self.array)
         ctypes.memmove(self._pristine, self.array, self._size)
+        # Where the PCIe byte counters are, found once, not by a walk over every field each poll.
+        self.pcie_at = tuple((i, k) for i, k in enumerate(fields) if k in _PCIE_COUNTERS)
 
     def reset(self) -> None:
         """Ids set, everything else zero: one memmove, no allocation."""
@@ -117,21 +119,24 @@ def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, i
             raise dev.lost_on(function)
         else:
             dev.errors(function, error_name(ret))
-    _pcie_counts(dev, fa, key, out)
+    if fa.pcie_at:
+        _pcie_counts(dev, fa, out)
     return out
 
 
-def _pcie_counts(dev: Device, fa: FieldArray, key: tuple[tuple[int, int], ...],
-                 out: dict[tuple[int, int], int | float]) -> None:  # fmt: skip
+def _pcie_counts(dev: Device, fa: FieldArray, out: dict[tuple[int, int], int | float]) -> None:
     """``dev.pcie_counts``: (tx, rx, driver timestamp in us, bits of the narrower type), where either
     counter answered as an integer (the other None)."""
-    counted = [(fv, v, bits) for k, fv in zip(key, fa.array, strict=True) if k in _PCIE_COUNTERS
-               and isinstance(v := out.get(k), int) and (bits := VALUE_BITS.get(fv.valueType)) is not None]  # fmt: skip
-    if not counted:
-        return
-    values = {fv.fieldId: v for fv, v, _ in counted}
-    dev.pcie_counts = (values.get(FI_PCIE_TX), values.get(FI_PCIE_RX), max(fv.timestamp for fv, _, _ in counted),
-                       min(bits for _, _, bits in counted))  # fmt: skip
+    counts: dict[int, int] = {}
+    stamp, width = 0, 64
+    for i, k in fa.pcie_at:
+        fv = fa.array[i]
+        v, bits = out.get(k), VALUE_BITS.get(fv.valueType)
+        if isinstance(v, int) and bits is not None:
+            counts[k[0]] = v
+            stamp, width = max(stamp, fv.timestamp), min(width, bits)
+    if counts:
+        dev.pcie_counts = (counts.get(FI_PCIE_TX), counts.get(FI_PCIE_RX), stamp, width)
 
 
 def read_one(dev: Device, field: tuple[int, int], what: str) -> int | float | None:
