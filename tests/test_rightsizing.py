@@ -465,3 +465,10 @@ def test_an_unreadable_catalogue_exits_2(tmp_path: Path, capsys: pytest.CaptureF
         assert main(["--prometheus.url", "http://127.0.0.1:9", "--catalogue", str(path)]) == 2
         err = capsys.readouterr().err
         assert f"cannot read the catalogue {path}: {problem}" in err, err
+
+
+def test_a_card_is_offered_whole_never_as_its_full_card_slice() -> None:
+    """A 60 GiB job at 30% of an H100 (297 TFLOPS) fits an A100 80GB (312 TFLOPS) priced at 1.00: the card,
+    not "A100 80GB MIG 7g.80gb", which is the same card at the same price with a reconfiguration."""
+    a = sizer({"A100 80GB": 1.00}).advise(usage(H100, 60, 0.30, price=3.00))
+    assert a is not None and (a.kind, a.suggested) == (CARD, "A100 80GB")

@@ -178,6 +178,8 @@ class Sizer:
         for offer in self.catalogue.offers:
             if offer.memory_bytes < need_memory or (offer.consumer and not self.allow_consumer):
                 continue
+            if offer.mig and offer.whole_card:
+                continue  # all of a card as one slice: the card itself is the offer
             if offer.card == current.name:
                 if offer.whole_card:
                     continue  # the same card, or all of it as one MIG slice: nothing saved
