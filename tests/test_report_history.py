@@ -292,3 +292,32 @@ def test_bad_input_exits_2_naming_the_problem(week: Stores, args: tuple[str, ...
     out = report(week.prometheus.url, *args)
     assert out.returncode == 2 and needle in out.stderr, out.stderr
     assert out.stdout == ""
+
+
+def code_blocks(path: Path, after: str) -> list[str]:
+    """The fenced blocks of a document from the line holding ``after`` on."""
+    text = path.read_text().split(after, 1)[1]
+    return [b.split("\n", 1)[1] for b in text.split("```")[1::2] if b.startswith("\n") or b.startswith("text\n")]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_readme_and_docs_show_real_output(week: Stores, engine: str, tmp_path: Path) -> None:
+    """The README's excerpt and docs/cost.md's worked examples are what the report prints for this week
+    (the dates aside): each line of them is a line of the output. The README's is Prometheus's, as it
+    says (VictoriaMetrics counts 267.65 allocated-but-idle hours, which it prints as 267.6, where
+    Prometheus extrapolates 30 s more across n2's outage); the examples are both engines'."""
+    url = week.urls()[engine]
+    cheap_l40s, slower = tmp_path / "l40s.yaml", tmp_path / "slower.yaml"
+    cheap_l40s.write_text(yaml.safe_dump({"pricing": {"currency": "USD", "models": {"L40S": 0.80}}}))
+    slower.write_text(yaml.safe_dump({"pricing": {"currency": "USD", "models": {"L40S": 0.80, "A100": 1.00}},
+                                      "report": {"allow_slower": True}}))  # fmt: skip
+    outputs = [report(url, "--quiet").stdout, report(url, "--quiet", "--config", str(cheap_l40s)).stdout,
+               report(url, "--quiet", "--config", str(slower)).stdout,
+               report(url, "--quiet", span=(END - 12 * 3600, END)).stdout]  # fmt: skip
+    printed = {line for out in outputs for line in out.splitlines()}
+    (excerpt,) = code_blocks(ROOT / "README.md", "An excerpt of the table")[:1]
+    examples = code_blocks(ROOT / "docs" / "cost.md", "**Worked examples**")[:6]
+    for block in (*([excerpt] if engine == "prometheus" else []), *examples):
+        for line in block.splitlines():
+            if line and "GPU cost and waste from" not in line:
+                assert line in printed, f"not printed by the report: {line!r}"
