@@ -199,6 +199,47 @@ TARGETS: dict[str, Target] = {
         tests=("tests/test_grpc_unix.py", "tests/test_kubelet.py"),
         message_functions=frozenset({"_describe"}),  # shortens an h2 error for a sentence
     ),
+    # The web server (issue 27): what a request may look like, who is closed to make room, a password
+    # check, the web config key by key.  Each target's own tests are fast and run per mutant; the
+    # server tests over real sockets (a minute and a half) run against what they leave alive.
+    "web_http": Target(
+        "gpu_exporter/web/http.py",
+        tests=("tests/test_web_http.py",),
+        daemon_tests=(WEB_SOCKET_TESTS := ("tests/test_web_security.py", "tests/test_web_hostile.py")),
+    ),
+    "web_table": Target(
+        "gpu_exporter/web/table.py",
+        tests=(
+            WEB_CONNECTION_TESTS := (
+                "tests/test_web_connections.py",
+                "tests/test_web_tls.py",
+                "tests/test_web_floods.py",
+            )
+        ),
+        daemon_tests=(*WEB_SOCKET_TESTS, "tests/test_web_tls.py"),
+    ),
+    "web_connection": Target(
+        "gpu_exporter/web/connection.py",
+        tests=WEB_CONNECTION_TESTS,
+        daemon_tests=(*WEB_SOCKET_TESTS, "tests/test_web_tls.py"),
+    ),
+    "web_auth": Target(
+        "gpu_exporter/web/auth.py",
+        tests=("tests/test_web_auth.py", "tests/test_web_floods.py"),
+        daemon_tests=WEB_SOCKET_TESTS,
+    ),
+    "web_rate_limit": Target("gpu_exporter/web/rate_limit.py", tests=("tests/test_web_rate_limit.py",)),
+    "web_config": Target(
+        "gpu_exporter/web/config.py",
+        tests=(WEB_CONFIG_TESTS := ("tests/test_web_config.py", "tests/test_web_tls.py")),
+        daemon_tests=("tests/test_bad_input.py", "tests/test_web_security.py"),
+    ),
+    "web_tls_context": Target(
+        "gpu_exporter/web/tls_context.py",
+        tests=WEB_CONFIG_TESTS,
+        daemon_tests=("tests/test_bad_input.py", "tests/test_web_security.py"),
+    ),
+    # (the web server's targets end here)
 }
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), read from its .meta files.
