@@ -183,12 +183,17 @@ def layout(html: str, width: int, tmp_path: Path) -> dict[str, Any]:
 
 
 def crowded() -> dict[str, Any]:
-    """The example week, with what makes a page wide: long pod names and a recommendation with its bars."""
+    """The example week, with what makes a page wide or tempts a chart into a line of text: long pod
+    names, and a recommendation with its bars whose sentence ends on a short line (the old page put the
+    chart beside it, splitting the sentence)."""
     r = results()
     for labels, _ in r["hours"]:
         if labels.get("pod"):
             labels["pod"] = labels["pod"] + "-with-a-name-as-long-as-kubernetes-deployments-make-them-7f9c8d6b5"
-    return build(window_for(START, END), r, load_catalogue())
+    doc = build(window_for(START, END), r, load_catalogue())
+    with_bars = next(x for x in doc["recommendations"] if x["kind"] in ("card", "mig") and x["saving_per_month"])
+    doc["recommendations"].append({**with_bars, "reason": "A short sentence."})
+    return doc
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (bash .ci/setup installs it)")
