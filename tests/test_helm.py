@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -52,6 +51,8 @@ from tests.test_deploy_k8s import (
     POD_RESOURCES_MOUNT,
     assert_least_privilege,
     assert_scrape_objects_fit,
+    clean_env,  # noqa: F401 - a fixture, used by name
+    config_text,
     exporter,
     kustomize,
     of_kind,
@@ -347,21 +348,8 @@ def test_drift_in_either_fails(renders: dict[str, list[Doc]], twins: dict[str, l
 
 
 def config_of(docs: list[Doc]) -> tuple[str, str]:
-    """(the path the container reads, the file) from the rendered args and ConfigMap."""
-    args = exporter(docs)["args"]
-    path = args[args.index("--config") + 1]
-    volume_name = next(m["name"] for m in exporter(docs)["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == volume_name)
-    configmap = next(c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"] == volume["configMap"]["name"])
-    text: str = configmap["data"][path.rpartition("/")[2]]
-    return path, text
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("GPU_EXPORTER_"):
-            monkeypatch.delenv(name)
+    """(the path the container reads, the file), as tests/test_deploy_k8s.py reads the base's."""
+    return config_text(docs, exporter(docs))
 
 
 @pytest.mark.usefixtures("clean_env")
