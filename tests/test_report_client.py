@@ -337,3 +337,23 @@ def test_retries_wait_as_the_store_says_and_are_bounded() -> None:
     with api(lambda h, p: (400, b"bad query")) as (url, seen), pytest.raises(QueryError, match="400"):
         PromClient(ClientOptions(url), sleep=waits.append).instant("vector(1)", 0)
     assert waits == [] and len(seen) == 1  # a refused query is not asked again
+
+
+def test_a_nan_or_infinite_answer_is_left_out_never_a_figure() -> None:
+    """An exporter's broken gauge, or a 0/0 in a store's answer: the sample is no figure (JSON has no
+    NaN, and a NaN price would make every sum it touches NaN)."""
+    from gpu_exporter.report.client import ClientOptions, PromClient
+
+    def nans(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        if path.endswith("query_range"):
+            data = {"resultType": "matrix", "result": [{"metric": {"gpu": "0"}, "values": [
+                [1, "NaN"], [2, "2.5"], [3, "+Inf"], [4, "-Inf"]]}]}  # fmt: skip
+        else:
+            data = {"resultType": "vector", "result": [{"metric": {"gpu": "0"}, "value": [1, "NaN"]},
+                                                       {"metric": {"gpu": "1"}, "value": [1, "3"]}]}  # fmt: skip
+        return 200, json.dumps({"status": "success", "data": data}).encode()
+
+    with api(nans) as (url, _):
+        client = PromClient(ClientOptions(url))
+        assert client.instant("x", 1) == [({"gpu": "1"}, 3.0)]
+        assert client.range("x", 1, 4, 1) == [({"gpu": "0"}, [(2.0, 2.5)])]

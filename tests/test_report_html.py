@@ -214,3 +214,19 @@ def test_the_page_reads_whole_at_1000_and_1400_px(width: int, tmp_path: Path) ->
     assert got["recs"], got
     for text_bottom, chart_top in got["recs"]:
         assert chart_top is None or chart_top >= text_bottom, got["recs"]
+
+
+def test_names_a_tenant_chooses_never_drive_a_terminal_or_a_page() -> None:
+    """A pod named with an escape sequence, a line break or a right-to-left override: every format shows
+    a replacement character where they were, so no name can recolour a terminal, forge a row or turn a
+    sentence round; the JSON keeps the name as it is (escaped by JSON itself)."""
+    r = results()
+    hostile = "evil\x1b[31m\nforged row\u202e"
+    for labels, _ in r["hours"]:
+        if labels.get("pod") == "notebook-b":
+            labels["pod"] = hostile
+    doc = build(window_for(START, END), r, load_catalogue())
+    for text in (as_table(doc), as_markdown(doc), as_html(doc)):
+        assert "\x1b" not in text and "\u202e" not in text and "\nforged row" not in text
+        assert "evil\ufffd[31m\ufffdforged row\ufffd" in text
+    assert any(h["pod"] == hostile for h in doc["holders"])

@@ -434,3 +434,12 @@ def test_the_reports_times_are_utc_whatever_the_machines_time_zone(monkeypatch: 
         time.tzset()
     assert doc["range"] == {"start": "2026-11-25T21:00:00Z", "end": "2026-11-30T01:00:00Z", "hours": 100.0,
                             "step_seconds": 500, "requested_start": None, "requested_end": None}  # fmt: skip
+
+
+def test_a_negative_price_is_no_price() -> None:
+    """A misconfigured exporter's negative price is left out: no cost from it, never a negative one."""
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    add_gpu(r, key, H100, {"busy": 100.0}, price=-3.0)
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    assert (g["cost"], g["price_now_per_hour"]) == (None, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import ssl
 import time
@@ -181,16 +182,20 @@ class PromClient:
         return doc["data"]
 
     def instant(self, expr: str, at: float) -> list[tuple[Labels, float]]:
+        """The vector's samples; a NaN or infinite one (an exporter's broken gauge, a 0/0) is left out:
+        a figure that cannot be known is no figure, never 0, and never NaN in the report."""
         data = self._post("query", {"query": expr, "time": f"{at:.3f}"})
         if data.get("resultType") != "vector":
             raise QueryError(f"expected a vector from {expr!r}, got {data.get('resultType')}")
-        return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+        rows = [(r["metric"], float(r["value"][1])) for r in data["result"]]
+        return [(labels, v) for labels, v in rows if math.isfinite(v)]
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, list[tuple[float, float]]]]:
         # nocache: VictoriaMetrics would otherwise align the start to its cache's grid.
         data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                           "step": f"{step:g}", "nocache": "1"})  # fmt: skip
-        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+        series = [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+        return [(labels, [(t, v) for t, v in points if math.isfinite(v)]) for labels, points in series]
 
 
 def _wait(retry_after: str | None, attempt: int) -> float:

@@ -62,7 +62,8 @@ def plan(w: Window, results: Results, currency: str | None) -> Plan:
         key = gpu_key(labels)
         uuids[key] = labels.get("uuid", "")
         for t, v in points:
-            steps[key][round((t - w.start) / w.step)] = v
+            if v >= 0:  # a negative price is no price
+                steps[key][round((t - w.start) / w.step)] = v
     seen = {gpu_key(labels): v for labels, v in results["seen"]}
     p = Plan([(1, w.points)])
     cuts: set[int] = set()

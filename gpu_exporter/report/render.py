@@ -21,6 +21,19 @@ LABELS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": "idle"
 TOP = 10
 
 
+def printable(v: Any) -> Any:
+    """The report with every character that is no printable text (a control character, an escape
+    sequence's ESC, a line break, a bidirectional override) in a label value replaced: names that
+    tenants choose (pods, users, GPU models from a hostile exporter) never drive a terminal or a page."""
+    if isinstance(v, str):
+        return "".join(c if c.isprintable() else "\ufffd" for c in v)
+    if isinstance(v, dict):
+        return {k: printable(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [printable(x) for x in v]
+    return v
+
+
 def plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
@@ -128,6 +141,7 @@ def _title(r: dict[str, Any]) -> str:
 
 
 def as_table(doc: dict[str, Any]) -> str:
+    doc = printable(doc)
     out = [*headline(doc)]
     if doc["gpus"]:
         out += ["", "GPUs, most wasted first", *_grid(GPU_HEAD, _gpu_rows(doc))]
@@ -151,6 +165,7 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def as_markdown(doc: dict[str, Any]) -> str:
+    doc = printable(doc)
     h = headline(doc)
     out = [f"# {h[0]}", "", *(f"- {line}" for line in h[1:])]
     if doc["gpus"]:
@@ -263,6 +278,7 @@ def _rec_bars(r: dict[str, Any], i: int, cur: str | None) -> str:
 
 
 def as_html(doc: dict[str, Any]) -> str:
+    doc = printable(doc)
     cur = doc["currency"]
     h = headline(doc)
     legend = "".join(f'<span><i style="background:{COLOURS[s]}"></i>{LABELS[s]}</span>' for s in STATES)
