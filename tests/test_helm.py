@@ -545,6 +545,11 @@ def test_the_dashboards_are_those_of_deploy_grafana(renders: dict[str, list[Doc]
 def test_helm_package_builds_the_archive(tmp_path: Path) -> None:
     """deploy/helm/generate.py --package: the archive, named for the version, renders as the directory does."""
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    # --package writes what is stale first; a test must not rewrite the checkout, so it packages only
+    # a current chart (test_the_generated_parts_are_current says what is stale otherwise).
+    check = subprocess.run([sys.executable, str(HELM / "generate.py"), "--check"], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert check.returncode == 0, check.stderr
     out = subprocess.run([sys.executable, str(HELM / "generate.py"), "--package", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
