@@ -472,3 +472,110 @@ def test_a_card_is_offered_whole_never_as_its_full_card_slice() -> None:
     not "A100 80GB MIG 7g.80gb", which is the same card at the same price with a reconfiguration."""
     a = sizer({"A100 80GB": 1.00}).advise(usage(H100, 60, 0.30, price=3.00))
     assert a is not None and (a.kind, a.suggested) == (CARD, "A100 80GB")
+
+
+# -- the words and fields of each kind of advice (what a report reader and a script read) ---------------------
+def test_release_and_reclaim_suggest_a_price_of_nothing_and_say_whose_gpu_it_is() -> None:
+    release = sizer().advise(usage(None, 0, None, price=0.80, busy=0, idle=100))
+    assert release is not None and (release.suggested_price_per_hour, release.slowdown, release.price_source) == \
+        (0.0, 1.0, None)  # fmt: skip
+    assert release.reason.startswith("GPU 3 on gpu-7 (model unknown) sat idle, held by nobody, for 100 h of the 100 h")
+    reclaim = sizer().advise(replace(usage(H100, 1, 0.0, price=3.00, busy=0, alloc=100), idle_holder=""))
+    assert reclaim is not None and reclaim.suggested_price_per_hour == 0.0
+    assert reclaim.suggested == "reclaim from an unattributed process"
+    assert reclaim.reason.endswith("; reclaiming it from an unattributed process would save about $2,190/month")
+
+
+def test_a_reclaim_without_a_day_of_history_or_a_price_says_which() -> None:
+    short = sizer().advise(usage(H100, 1, 0.0, price=3.00, busy=0, alloc=2))
+    assert short is not None and short.saving_per_month is None
+    assert short.reason == ("GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 2.0 h of the 2.0 h it "
+                            "was held (100%), which cost $6.00; reclaiming it from pod ml/tune-c would pay off, but the "
+                            "exporter saw it for only 2.0 h: a monthly figure needs 24 h of history")  # fmt: skip
+    free = sizer().advise(usage(H100, 1, 0.0, price=None, busy=0, alloc=100))
+    assert free is not None and free.reason == (
+        "GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 100 h of the 100 h it was held (100%); "
+        "reclaiming it from pod ml/tune-c would save what it costs (it has no price here, so no figure)")
+    unpriced = sizer().advise(usage(L4, 0, None, price=None, busy=0, idle=100))
+    assert unpriced is not None and unpriced.reason == (
+        "GPU 3 on gpu-7 (NVIDIA L4) sat idle, held by nobody, for 100 h of the 100 h the exporter saw it (100%); "
+        "releasing it would save what it costs (it has no price here, so no figure)")
+
+
+def test_a_gpu_priced_at_nothing_has_nothing_to_save() -> None:
+    """Owned hardware priced at 0: released or reclaimed, with no money figure (nothing is saved), and
+    never told of a cheaper card (none is)."""
+    a = sizer().advise(usage(L4, 0, None, price=0.0, busy=0, idle=100))
+    assert a is not None and a.saving_per_month is None and "which cost" not in a.reason
+    assert sizer(EVERYTHING).advise(usage(H100, 10, 0.05, price=0.0)) is None
+
+
+def test_the_monthly_thresholds_weigh_release_and_reclaim_too() -> None:
+    idle = usage(L4, 0, None, price=0.80, busy=0, idle=100)  # 584 a month
+    assert sizer(min_saving=584.0).advise(idle) is not None and sizer(min_saving=585.0).advise(idle) is None
+    cents = usage(L4, 0, None, price=0.001, busy=0, idle=100)  # 0.73 a month: under one unit, still said
+    a = Sizer(SHIPPED, PriceList(SHIPPED, "USD", {})).advise(cents)
+    assert a is not None and a.saving_per_month == pytest.approx(0.73) and "$0.73/month" in a.reason
+
+
+def test_an_unattributed_jobs_sizing_says_so_with_its_figures() -> None:
+    a = sizer({"H100 80GB": 2.80}).advise(replace(usage(H100, 3, 0.07, price=2.80, dram_p95=0.07), holder=""))
+    assert a is not None and a.reason.startswith(
+        "an unattributed process used at most 3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)")
+
+
+def test_a_card_exactly_as_fast_as_the_job_needs_is_as_fast(tmp_path: Path) -> None:
+    """50% of Big's 300 TFLOPS is 150: a card of 150 TFLOPS does it at the same speed, not slower."""
+    doc = {"currency": "USD", "cards": [
+        {"name": "Big", "match": ["Big"], "memory_gib": 40, "fp16_tflops": 300, "memory_bandwidth_gbps": 1000,
+         "price_per_hour": 3.0},
+        {"name": "Exact", "match": ["Exact"], "memory_gib": 40, "fp16_tflops": 150, "memory_bandwidth_gbps": 500,
+         "price_per_hour": 1.0}]}  # fmt: skip
+    path = tmp_path / "exact.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    a = sizer(catalogue=load_catalogue(path)).advise(usage("Big", 10, 0.5, price=3.0, total_gib=40, dram_p95=0.5))
+    assert a is not None and (a.kind, a.suggested, a.slowdown) == (CARD, "Exact", 1.0)
+
+
+def slow_cards(tmp_path: Path, *cards: tuple[str, float, float, float]) -> Catalogue:
+    """A user's catalogue: Big (the job's card, 300 TFLOPS, 3.00) and (name, TFLOPS, price, memory GiB) each."""
+    doc = {"currency": "USD", "cards": [
+        {"name": "Big", "match": ["Big"], "memory_gib": 40, "fp16_tflops": 300, "memory_bandwidth_gbps": 1000,
+         "price_per_hour": 3.0},
+        *({"name": n, "match": [n], "memory_gib": m, "fp16_tflops": t, "memory_bandwidth_gbps": 1000,
+           "price_per_hour": p} for n, t, p, m in cards)]}  # fmt: skip
+    path = tmp_path / f"slow-{len(cards)}-{cards[0][0]}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_catalogue(path)
+
+
+def test_a_slower_card_is_chosen_by_the_cost_of_the_work_to_the_cent(tmp_path: Path) -> None:
+    """The job needs 150 TFLOPS. Half (75 TFLOPS, 0.60): twice as long, 1.20 an hour of work. Third (50
+    TFLOPS, 0.45, less memory): three times, 1.35. The cheaper work wins, however close."""
+    cat = slow_cards(tmp_path, ("Half", 75, 0.60, 40), ("Third", 50, 0.45, 30))
+    job = usage("Big", 10, 0.5, price=3.0, total_gib=40, busy=80, alloc=20)
+    a = sizer(catalogue=cat, allow_slower=True).advise(job)
+    assert a is not None and (a.kind, a.suggested, a.slowdown, a.price_source) == (SLOWER, "Half", 2.0, CATALOGUE)
+    # The work is the busy hours (80), not the held ones (100).
+    assert "the work of 80 h would take about 2.0x as long (160 h), at $0.60/h (your catalogue) instead of $3.00/h: " \
+           "$96.00 instead of $240 for the same work" in a.reason, a.reason  # fmt: skip
+
+
+def test_a_slower_card_that_costs_the_work_as_much_is_no_advice(tmp_path: Path) -> None:
+    cat = slow_cards(tmp_path, ("Half", 75, 1.50, 40))  # twice as long at half the price: 3.00 for the work
+    assert sizer(catalogue=cat, allow_slower=True).advise(usage("Big", 10, 0.5, price=3.0, total_gib=40)) is None
+
+
+def test_a_dearer_card_as_fast_does_not_hide_a_cheaper_slower_one(tmp_path: Path) -> None:
+    """Fast (300 TFLOPS) costs more than Big; Half (75, 0.60) is cheaper but slower: with --allow-slower,
+    Half, as its own answer; the dearer card is never advice."""
+    cat = slow_cards(tmp_path, ("Fast", 300, 3.5, 40), ("Half", 75, 0.60, 40))
+    job = usage("Big", 10, 0.5, price=3.0, total_gib=40)
+    assert sizer(catalogue=cat).advise(job) is None
+    a = sizer(catalogue=cat, allow_slower=True).advise(job)
+    assert a is not None and (a.kind, a.suggested) == (SLOWER, "Half")
+
+
+def test_the_advice_shows_activity_and_bandwidth_as_measured() -> None:
+    a = sizer({"H100 80GB": 2.80}).advise(usage(H100, 3, 0.07, price=2.80, dram_p95=0.07))
+    assert a is not None and "3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)" in a.reason

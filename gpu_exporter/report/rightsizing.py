@@ -139,28 +139,43 @@ class Sizer:
         if u.up_hours <= 0:
             return None
         if u.idle_hours >= RELEASE_SHARE * u.up_hours:
-            return self._waste(u, RELEASE, u.idle_hours)
+            return self._release(u)
         if u.held_hours > 0 and u.allocated_idle_hours >= RECLAIM_SHARE * u.held_hours:
-            return self._waste(u, RECLAIM, u.allocated_idle_hours)
+            return self._reclaim(u)
         return self._size(u)
 
     # -- release and reclaim --------------------------------------------------------------------------
-    def _waste(self, u: Usage, kind: str, hours: float) -> Advice | None:
-        price = u.price_per_hour if u.price_per_hour else None
-        share = hours / u.seen_hours
-        saving = None if price is None or not self._monthly(u) else price * share * HOURS_PER_MONTH
-        if not self._worth(saving, share):
+    def _release(self, u: Usage) -> Advice | None:
+        saving, price, cost = self._wasted(u, u.idle_hours)
+        if not self._worth(saving, u.idle_hours / u.seen_hours):
             return None
-        where = f"GPU {u.gpu} on {u.node} ({u.model or 'model unknown'})"
-        cost = f", which cost {money(price * hours, self.currency)}" if price is not None else ""
-        if kind == RELEASE:
-            told = (f"{where} sat idle, held by nobody, for {hours_text(hours)} of the {hours_text(u.seen_hours)} "
-                    f"the exporter saw it ({_pct(hours, u.seen_hours)}){cost}; releasing it")  # fmt: skip
-            return Advice(RELEASE, "release", f"{told} {self._saves(u, saving, price)}", saving, 0.0)
+        told = (f"{self._where(u)} sat idle, held by nobody, for {hours_text(u.idle_hours)} of the "
+                f"{hours_text(u.seen_hours)} the exporter saw it ({_pct(u.idle_hours, u.seen_hours)}){cost}; "
+                f"releasing it {self._saves(u, saving, price)}")  # fmt: skip
+        return Advice(RELEASE, "release", told, saving, 0.0)
+
+    def _reclaim(self, u: Usage) -> Advice | None:
+        hours = u.allocated_idle_hours
+        saving, price, cost = self._wasted(u, hours)
+        if not self._worth(saving, hours / u.seen_hours):
+            return None
         holder = u.idle_holder or "an unattributed process"
-        told = (f"{where} was held but left idle for {hours_text(hours)} of the {hours_text(u.held_hours)} it was held "
-                f"({_pct(hours, u.held_hours)}){cost}; reclaiming it from {holder}")  # fmt: skip
-        return Advice(RECLAIM, f"reclaim from {holder}", f"{told} {self._saves(u, saving, price)}", saving, 0.0)
+        told = (f"{self._where(u)} was held but left idle for {hours_text(hours)} of the {hours_text(u.held_hours)} it "
+                f"was held ({_pct(hours, u.held_hours)}){cost}; reclaiming it from {holder} "
+                f"{self._saves(u, saving, price)}")  # fmt: skip
+        return Advice(RECLAIM, f"reclaim from {holder}", told, saving, 0.0)
+
+    def _wasted(self, u: Usage, hours: float) -> tuple[float | None, float | None, str]:
+        """What wasted hours save a month (None: no price, or too little history), the price they are at
+        (a price of 0 is none to save), and what they cost, in words."""
+        price = u.price_per_hour if u.price_per_hour else None
+        if price is None:
+            return None, None, ""
+        saving = price * hours / u.seen_hours * HOURS_PER_MONTH if self._monthly(u) else None
+        return saving, price, f", which cost {money(price * hours, self.currency)}"
+
+    def _where(self, u: Usage) -> str:
+        return f"GPU {u.gpu} on {u.node} ({u.model or 'model unknown'})"
 
     # -- a cheaper card or slice ------------------------------------------------------------------------
     def _size(self, u: Usage) -> Advice | None:
