@@ -489,17 +489,21 @@ def test_release_and_reclaim_suggest_a_price_of_nothing_and_say_whose_gpu_it_is(
 def test_a_reclaim_without_a_day_of_history_or_a_price_says_which() -> None:
     short = sizer().advise(usage(H100, 1, 0.0, price=3.00, busy=0, alloc=2))
     assert short is not None and short.saving_per_month is None
-    assert short.reason == ("GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 2.0 h of the 2.0 h it "
-                            "was held (100%), which cost $6.00; reclaiming it from pod ml/tune-c would pay off, but the "
-                            "exporter saw it for only 2.0 h: a monthly figure needs 24 h of history")  # fmt: skip
+    assert short.reason == (
+        "GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 2.0 h of the 2.0 h it was held (100%), "
+        "which cost $6.00; reclaiming it from pod ml/tune-c would pay off, but the exporter saw it for only 2.0 h: a "
+        "monthly figure needs 24 h of history"
+    )
     free = sizer().advise(usage(H100, 1, 0.0, price=None, busy=0, alloc=100))
     assert free is not None and free.reason == (
         "GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 100 h of the 100 h it was held (100%); "
-        "reclaiming it from pod ml/tune-c would save what it costs (it has no price here, so no figure)")
+        "reclaiming it from pod ml/tune-c would save what it costs (it has no price here, so no figure)"
+    )
     unpriced = sizer().advise(usage(L4, 0, None, price=None, busy=0, idle=100))
     assert unpriced is not None and unpriced.reason == (
         "GPU 3 on gpu-7 (NVIDIA L4) sat idle, held by nobody, for 100 h of the 100 h the exporter saw it (100%); "
-        "releasing it would save what it costs (it has no price here, so no figure)")
+        "releasing it would save what it costs (it has no price here, so no figure)"
+    )
 
 
 def test_a_gpu_priced_at_nothing_has_nothing_to_save() -> None:
@@ -521,7 +525,8 @@ def test_the_monthly_thresholds_weigh_release_and_reclaim_too() -> None:
 def test_an_unattributed_jobs_sizing_says_so_with_its_figures() -> None:
     a = sizer({"H100 80GB": 2.80}).advise(replace(usage(H100, 3, 0.07, price=2.80, dram_p95=0.07), holder=""))
     assert a is not None and a.reason.startswith(
-        "an unattributed process used at most 3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)")
+        "an unattributed process used at most 3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)"
+    )
 
 
 def test_a_card_exactly_as_fast_as_the_job_needs_is_as_fast(tmp_path: Path) -> None:
