@@ -443,3 +443,65 @@ def test_a_negative_price_is_no_price() -> None:
     add_gpu(r, key, H100, {"busy": 100.0}, price=-3.0)
     (g,) = build(W, r, CATALOGUE)["gpus"]
     assert (g["cost"], g["price_now_per_hour"]) == (None, None)
+
+
+# -- cost.plan: which price each step's hours are multiplied by -----------------------------------------------
+def priced(*gpus: tuple[str, list[float | None]], seen: dict[str, float] | None = None,
+           currency: str = "USD", w: Window = W) -> dict[str, Any]:  # fmt: skip
+    """GPUs GPU-<name>, each with its price at every step (None: none there)."""
+    r = empty()
+    for name, prices in gpus:
+        key = {"node": "n1", "instance": "n1:9445", "gpu": name, "uuid": f"GPU-{name}"}
+        r["prices"].append(({**key, "currency": currency}, steps(w, prices)))
+        r["seen"].append((key, (seen or {}).get(name, float(w.points))))
+    return r
+
+
+def test_a_price_of_nothing_is_a_price_and_a_negative_one_none() -> None:
+    from gpu_exporter.report.cost import plan
+
+    p = plan(W, priced(("0", [0.0] * W.points), ("1", [-1.0] * W.points), ("2", [2.0] * W.points)), "USD")
+    assert p.steady == {"GPU-0": 0.0, "GPU-2": 2.0} and "GPU-1" not in p.last and p.exact == {}
+
+
+def test_a_currency_whose_every_price_was_left_out_is_no_currency() -> None:
+    from gpu_exporter.report.cost import currencies, pick_currency
+
+    r = priced(("0", [2.0] * W.points))
+    r["prices"].append(({"node": "n1", "instance": "n1:9445", "gpu": "1", "uuid": "GPU-1", "currency": "EUR"}, []))
+    assert currencies(r) == ["USD"] and pick_currency(r, None) == "USD" and pick_currency(r, "EUR") == "EUR"
+
+
+def test_the_last_price_is_the_last_steps_and_a_gpu_seen_once_has_one() -> None:
+    """A price that changes at the very last step: that is the price now. A GPU seen at one step only,
+    priced there: steady, at that price. Without the 'down' series (an older exporter), a GPU counts as
+    seen at every step."""
+    from gpu_exporter.report.cost import plan
+
+    w = window_for(START, END, 1200)  # 100 steps
+    r = priced(("0", [3.0] * 99 + [4.0]), ("1", [None] * 99 + [2.5]), ("2", [1.0] * 100), seen={"1": 1}, w=w)
+    r["seen"] = [(k, v) for k, v in r["seen"] if k["gpu"] != "2"]
+    p = plan(w, r, "USD")
+    assert p.last == {"GPU-0": 4.0, "GPU-1": 2.5, "GPU-2": 1.0}
+    assert p.steady == {"GPU-1": 2.5, "GPU-2": 1.0} and p.by_piece == {"GPU-0": [3.0, 4.0]}
+    assert p.pieces == [(1, 99), (100, 100)]  # a piece of one step has its price too
+    r["prices"].insert(
+        0,
+        ({"node": "n0", "instance": "n0:9445", "gpu": "9", "uuid": "GPU-9", "currency": "USD"}, steps(w, [-1.0] * 100)),
+    )  # listed first, no price at all: the others are still read
+    assert plan(w, r, "USD").last == {"GPU-0": 4.0, "GPU-1": 2.5, "GPU-2": 1.0}
+
+
+@pytest.mark.parametrize(("changes", "pieces"), [(7, 8), (8, None)])
+def test_up_to_eight_pieces_of_one_price_each_then_step_by_step(changes: int, pieces: int | None) -> None:
+    from gpu_exporter.report.cost import MAX_PIECES, plan
+
+    assert MAX_PIECES == 8
+    w = window_for(START, END, 1200)  # 100 steps
+    prices: list[float | None] = [1.0 + (k * (changes + 1) // 100) / 10 for k in range(100)]
+    p = plan(w, priced(("0", prices), w=w), "USD")
+    if pieces is None:
+        assert p.pieces == [(1, 100)] and p.exact == {"GPU-0": "GPU-0"}
+    else:
+        assert len(p.pieces) == pieces and p.pieces[0][0] == 1 and p.pieces[-1][1] == 100 and p.exact == {}
+        assert all(b + 1 == c for (_, b), (c, _) in zip(p.pieces, p.pieces[1:], strict=False))

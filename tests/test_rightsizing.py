@@ -584,3 +584,17 @@ def test_a_dearer_card_as_fast_does_not_hide_a_cheaper_slower_one(tmp_path: Path
 def test_the_advice_shows_activity_and_bandwidth_as_measured() -> None:
     a = sizer({"H100 80GB": 2.80}).advise(usage(H100, 3, 0.07, price=2.80, dram_p95=0.07))
     assert a is not None and "3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)" in a.reason
+
+
+def test_the_longest_pricing_key_names_a_card_whatever_its_case(tmp_path: Path) -> None:
+    """Keys match as the daemon's do, longest first and whatever their case: "X100 Max" prices the X100
+    Max, though "x100" is part of its name; "x100" prices the X100. A card the catalogue does not list
+    has no catalogue price, only the store's."""
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump({"cards": [
+        {"name": n, "match": [n], "memory_gib": 16, "fp16_tflops": 100, "memory_bandwidth_gbps": 300}
+        for n in ("X100", "X100 Max")]}))  # fmt: skip
+    pricing = PricingSettings(currency="USD", models={"x100": 1.0, "X100 Max": 2.0})
+    prices = PriceList(load_catalogue(path), "USD", {"Elsewhere": 0.5}, pricing)
+    assert prices.card("X100 Max") == Price(2.0, PRICING) and prices.card("X100") == Price(1.0, PRICING)
+    assert prices.card("Elsewhere") == Price(0.5, STORE) and prices.card("Nowhere") is None
