@@ -446,7 +446,7 @@ def test_a_negative_price_is_no_price() -> None:
 
 
 # -- cost.plan: which price each step's hours are multiplied by -----------------------------------------------
-def priced(*gpus: tuple[str, list[float | None]], seen: dict[str, float] | None = None,
+def priced(*gpus: tuple[str, Sequence[float | None]], seen: dict[str, float] | None = None,
            currency: str = "USD", w: Window = W) -> dict[str, Any]:  # fmt: skip
     """GPUs GPU-<name>, each with its price at every step (None: none there)."""
     r = empty()
