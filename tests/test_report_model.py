@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.report.catalogue import load_catalogue
 from gpu_exporter.report.model import Options, build
 from gpu_exporter.report.queries import Window, window_for
@@ -505,3 +506,98 @@ def test_up_to_eight_pieces_of_one_price_each_then_step_by_step(changes: int, pi
     else:
         assert len(p.pieces) == pieces and p.pieces[0][0] == 1 and p.pieces[-1][1] == 100 and p.exact == {}
         assert all(b + 1 == c for (_, b), (c, _) in zip(p.pieces, p.pieces[1:], strict=False))
+
+
+def users_and_signals() -> dict[str, Any]:
+    """n1 GPU 0, an H100 at 3.00: Unix users bob (busy 30 h, held idle 20 h) and alice (held idle 50 h, in two
+    series, the second her container's), alice holding it now; SM activity 0.123456, DRAM 0.054321.
+    n1 GPU 1, an L4 at 0.80 with GPU-Util only (0.654321), nobody's; n1 GPU 2, an unpriced H100 alice holds."""
+    r = empty()
+    k0 = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    add_gpu(r, k0, H100, {}, price=3.0, peak=10 * GIB)
+    r["hours"] += [({**k0, "user": "bob", "state": "busy"}, 30.0),
+                   ({**k0, "user": "bob", "state": "allocated_idle"}, 20.0),
+                   ({**k0, "user": "alice", "state": "allocated_idle"}, 30.0),
+                   ({**k0, "user": "alice", "container": "side", "state": "allocated_idle"}, 20.0)]  # fmt: skip
+    r["activity"] += [({**k0, "signal": "sm_active"}, 0.123456), ({**k0, "signal": "utilization"}, 0.99),
+                      ({**k0, "signal": "dram_active"}, 0.054321)]  # fmt: skip
+    r["holders_now"] = [
+        ({**k0, "user": "alice"}, 1.0),
+        ({**k0, "user": "bob"}, 0.0),
+        ({"node": "n9", "instance": "n9:9445", "gpu": "0", "uuid": "GPU-gone", "user": "eve"}, 1.0),
+    ]
+    k1 = {"node": "n1", "instance": "n1:9445", "gpu": "1", "uuid": "GPU-1"}
+    add_gpu(r, k1, L4, {"idle": 40.0, "busy": 60.0}, price=0.8, total=22.5 * GIB)
+    r["activity"].append(({**k1, "signal": "utilization"}, 0.654321))
+    k2 = {"node": "n1", "instance": "n1:9445", "gpu": "2", "uuid": "GPU-2"}
+    add_gpu(r, k2, H100, {"busy": 100.0}, holder={"user": "alice"})
+    return r
+
+
+def test_users_signals_and_who_holds_it_now_reach_every_field() -> None:
+    doc = build(W, users_and_signals(), CATALOGUE)
+    g0, g1, g2 = doc["gpus"]
+    # The holder is who holds it now (alice), though bob and alice held it as long (50 h each).
+    assert (g0["holder"], g0["activity_p95"], g0["activity_signal"], g0["dram_active_p95"]) == \
+        ("user alice", 0.1235, "SM activity", 0.0543)  # fmt: skip
+    assert (g1["holder"], g1["activity_p95"], g1["activity_signal"], g1["dram_active_p95"]) == \
+        ("", 0.6543, "GPU utilization", None)  # fmt: skip
+    # Held idle 70 of 100 h: reclaimed from alice, who holds it now (her two series add up to 50 h).
+    (rec,) = [r for r in doc["recommendations"] if r["gpu"] == "0"]
+    assert (rec["kind"], rec["suggested"]) == ("reclaim", "reclaim from user alice")
+    assert "left idle for 70 h of the 100 h it was held (70%), which cost $210" in rec["reason"]
+    holders = {h["holder"]: h for h in doc["holders"]}
+    assert set(holders) == {"user alice", "user bob"}
+    alice, bob = holders["user alice"], holders["user bob"]
+    assert (alice["kind"], alice["user"], alice["namespace"], alice["pod"], alice["gpus"]) == ("user", "alice", "", "",
+                                                                                                 2)  # fmt: skip
+    assert (alice["allocated_idle_hours"], alice["busy_hours"], alice["cost"], alice["wasted_cost"],
+            alice["unpriced_hours"]) == (50.0, 100.0, 150.0, 150.0, 100.0)  # fmt: skip
+    assert (bob["gpu_hours"], bob["cost"], bob["wasted_cost"], bob["unpriced_hours"]) == (50.0, 150.0, 60.0, 0.0)
+    assert [h["holder"] for h in doc["holders"]] == ["user alice", "user bob"]  # 50 h idle each: by name
+    assert doc["totals"]["unpriced_hours"] == 100.0 and g2["cost"] is None and g2["holder"] == "user alice"
+    assert doc["totals"]["advised_saving_per_month"] == pytest.approx(sum(r["saving_per_month"] or 0
+                                                                          for r in doc["recommendations"]))  # fmt: skip
+
+
+def test_the_recommendations_come_largest_saving_first_then_without_a_figure_then_slower() -> None:
+    """Over 100 h: H100s released (2,190 a month) and reclaimed (1,533), an L4 released (584), an unpriced
+    L4 released (no figure), GPU 10 sized to a slower card (no figure): in that order, GPUs of the same
+    saving by node and index (2 before 10)."""
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445"}
+    add_gpu(r, {**key, "gpu": "10", "uuid": "GPU-10"}, L4, {"idle": 100.0}, price=0.8, total=22.5 * GIB)
+    add_gpu(r, {**key, "gpu": "2", "uuid": "GPU-2"}, L4, {"idle": 100.0}, price=0.8, total=22.5 * GIB)
+    add_gpu(r, {**key, "gpu": "3", "uuid": "GPU-3"}, L4, {"idle": 100.0}, total=22.5 * GIB)
+    add_gpu(r, {**key, "gpu": "4", "uuid": "GPU-4"}, H100, {"allocated_idle": 70.0, "busy": 30.0}, price=3.0,
+            holder={"namespace": "ml", "pod": "a"}, peak=1 * GIB, activity=0.01)  # fmt: skip
+    add_gpu(r, {**key, "gpu": "5", "uuid": "GPU-5"}, H100, {"idle": 100.0}, price=3.0)
+    add_gpu(r, {**key, "gpu": "6", "uuid": "GPU-6"}, H100, {"busy": 100.0}, price=3.0,
+            holder={"namespace": "ml", "pod": "b"}, peak=20 * GIB, activity=0.9)  # fmt: skip
+    add_gpu(r, {**key, "gpu": "7", "uuid": "GPU-7"}, "NVIDIA L40S", {"busy": 100.0}, price=1.0, total=45 * GIB)
+    doc = build(W, r, CATALOGUE, Options(allow_slower=True, allow_consumer=True))
+    order = [(x["gpu"], x["kind"]) for x in doc["recommendations"]]
+    assert order == [("5", "release"), ("4", "reclaim"), ("2", "release"), ("10", "release"), ("3", "release"),
+                     ("6", "slower")]  # fmt: skip
+    slower = doc["recommendations"][-1]
+    assert (slower["suggested"], slower["slowdown"], slower["price_source"], slower["no_saving_figure"]) == \
+        ("L40S", round(0.9 * 989.4 / 362.05, 2), "the store's gpu_price_per_hour", "a slower card")  # fmt: skip
+    assert doc["advice_settings"] == {"min_history_hours": 24.0, "allow_slower": True, "allow_consumer_cards": True,
+                                      "min_saving": 0.0, "min_saving_ratio": 0.2}  # fmt: skip
+    # Consumer cards only on request reach the sizer: a light job told of an RTX card only when allowed.
+    priced_rtx = PricingSettings(currency="USD", models={"RTX 4090": 0.1})
+    light = empty()
+    add_gpu(light, {**key, "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0}, price=3.0, peak=10 * GIB,
+            activity=0.05)  # fmt: skip
+    assert build(W, light, CATALOGUE, Options(pricing=priced_rtx))["recommendations"][0]["suggested"] != "RTX 4090"
+    assert build(W, light, CATALOGUE, Options(pricing=priced_rtx, allow_consumer=True))["recommendations"][0][
+        "suggested"] == "RTX 4090"  # fmt: skip
+
+
+def test_a_range_cut_says_where_it_was_asked_to_start_and_end() -> None:
+    doc = build(W, empty(), CATALOGUE, Options(requested_start=-86400.0, requested_end=END + 3600))
+    assert doc["range"]["requested_start"] == "1969-12-31T00:00:00Z"
+    assert doc["range"]["requested_end"] == "2026-11-30T02:00:00Z"
+    assert (doc["status"], doc["status_reason"]) == ("no_data", "no gpu-exporter series in the range")
+    said = build(W, empty(), CATALOGUE, Options(empty_because=("no_match", "the selector matched nothing")))
+    assert (said["status"], said["status_reason"]) == ("no_match", "the selector matched nothing")

@@ -312,3 +312,72 @@ def test_a_range_from_before_1970_starts_where_a_store_answers(window: Window, e
     first step three steps after it, on the same grid of steps."""
     moved = window.from_epoch()
     assert moved == expected and (moved.end - moved.start) % moved.step == 0 and moved.start >= 3 * moved.step
+
+
+def test_the_queries_word_for_word() -> None:
+    """What the report asks, for a week ending 17 s after a step boundary (so that every selector reads
+    257 s back from the query's time, a multiple of the 840 s step) and --selector '{node="n2"}': the
+    engines' answers to these are checked on real stores by test_report_history; this pins the text."""
+    w = window_for(END - 7 * DAY - 17, END - 17, 15)
+    assert (w.step, w.offset, w.at) == (840, 257, END - 17 + 257)
+    n2 = 'node="n2"'
+    tile = "[839999ms] offset 257s)"
+    sub = "[604799999ms:840s]"
+    expected = {
+        "prices": ("prices", "range", f"max by (node, instance, gpu, uuid, currency) (last_over_time("
+                                      f"gpu_price_per_hour{{{n2}}}[839999ms]))"),
+        "seen": ("GPUs seen", "instant", f"max by (node, instance, gpu, uuid) (count_over_time(max_over_time("
+                                         f'gpu_state_seconds_total{{{n2}, state="down"}}{tile}{sub}))'),
+        "info": ("GPU models", "instant", f"max by (node, instance, gpu, uuid, name, mig_mode) (max_over_time("
+                                          f"max_over_time(gpu_info{{{n2}}}{tile}{sub}))"),
+        "memory_total": ("memory sizes", "instant", f"max by (node, instance, gpu, uuid) (max_over_time(max_over_time("
+                                                    f"gpu_memory_total_bytes{{{n2}}}{tile}{sub}))"),
+        "memory_peak": ("memory peaks (highest)", "instant", f"max by (node, instance, gpu, uuid) (max_over_time("
+                                                             f"max_over_time(gpu_memory_used_max_bytes{{{n2}}}{tile}"
+                                                             f"{sub}))"),
+        "activity": ("activity while held (p95)", "instant",
+                     "max by (node, instance, gpu, uuid, signal) (quantile_over_time(0.95, ((label_replace("
+                     f'avg_over_time(gpu_sm_active_ratio{{{n2}}}{tile}, "signal", "sm_active", "", "") or '
+                     f'label_replace(avg_over_time(gpu_utilization_ratio{{{n2}}}{tile}, "signal", "utilization", '
+                     f'"", "") or label_replace(avg_over_time(gpu_dram_active_ratio{{{n2}}}{tile}, "signal", '
+                     '"dram_active", "", "")) and on (job, instance, gpu, uuid) (stddev_over_time('
+                     f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0)){sub}))'),
+        "timeline": ("hours over time", "range",
+                     f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"),
+        "holders_now": ("holders now", "instant",
+                        "max by (node, instance, gpu, uuid, namespace, pod, user) (stddev_over_time("
+                        f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > bool 0)'),
+    }  # fmt: skip
+    got = {q.key: (q.what, q.kind, q.expr) for q in queries(w, n2)}
+    assert got == expected
+    assert all(q.at is None for q in queries(w, n2))
+    assert hours(w, n2).expr == (
+        "sum by (node, instance, gpu, uuid, namespace, pod, user, state) (sum_over_time(("
+        f"increase(gpu_state_seconds_total{{{n2}}}[840s] offset 257s)){sub})) / 3600"
+    )
+    cost = exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD")
+    assert (cost.key, cost.what, cost.kind, cost.at) == ("cost", "cost of GPUs whose price changed", "instant", None)
+    assert cost.expr == (
+        "sum by (node, instance, gpu, uuid, namespace, pod, user, state, currency) (sum_over_time((increase("
+        f'gpu_state_seconds_total{{{n2}, uuid=~"GPU-1|GPU-2"}}[840s] offset 257s) * on (job, instance, gpu, uuid) '
+        "group_left (currency) max by (job, instance, gpu, uuid, currency) (last_over_time(gpu_price_per_hour"
+        f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'
+    )
+    assert presence(n2, w) == f'count(max_over_time(max_over_time(gpu_state_seconds_total{{{n2}, state="down"}}' \
+                              f"{tile}{sub}))"  # fmt: skip
+    assert anywhere(n2) == f'count(gpu_state_seconds_total{{{n2}, state="down"}})'
+    assert anywhere("") == 'count(gpu_state_seconds_total{state="down"})'
+    # On a step boundary, no offset; without a selector, bare metric names.
+    aligned = window_for(END - DAY, END, 15)
+    assert aligned.offset == 0 and "offset" not in " ".join(q.expr for q in queries(aligned, ""))
+    assert {q.key: q.expr for q in queries(aligned, "")}["info"] == (
+        "max by (node, instance, gpu, uuid, name, mig_mode) (max_over_time(max_over_time(gpu_info[119999ms])"
+        "[86399999ms:120s]))"
+    )
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 12, 25, 36, 49, 97, 360, 1024, 3600, 2 * 3 * 5 * 7 * 11 * 13])
+def test_every_divisor_of_a_length_is_a_step_it_may_be_cut_into(n: int) -> None:
+    from gpu_exporter.report.queries import _divisors
+
+    assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
