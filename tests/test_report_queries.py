@@ -303,7 +303,7 @@ def test_the_hours_of_a_piece_of_the_range_end_where_the_piece_does() -> None:
         (Window(-90, 1010, 50), Window(160, 1010, 50)),
         (Window(10, 1000, 10), Window(30, 1000, 10)),
         (Window(150, 1000, 50), Window(150, 1000, 50)),  # three steps after 1970: as asked
-        (Window(END - DAY, END, 120), Window(END - DAY, END, 120)),
+        (Window(int(END - DAY), int(END), 120), Window(int(END - DAY), int(END), 120)),
     ],
 )  # fmt: skip
 def test_a_range_from_before_1970_starts_where_a_store_answers(window: Window, expected: Window) -> None:
