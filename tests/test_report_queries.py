@@ -381,3 +381,35 @@ def test_every_divisor_of_a_length_is_a_step_it_may_be_cut_into(n: int) -> None:
     from gpu_exporter.report.queries import _divisors
 
     assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+@pytest.mark.parametrize(
+    ("span", "refused"),
+    [(21810, False), (121, True), (1, True)],
+    ids=["half-the-steps-wanted", "fewer-than-half", "one-second"],
+)  # fmt: skip
+def test_a_range_is_refused_only_below_half_the_steps_it_wants(span: int, refused: bool) -> None:
+    """21,810 s (2 x 3 x 5 x 727) wants 60 steps of at least 31 s and divides into 30 of 727 s: half of
+    60, taken. 121 s (11 x 11) wants 24 steps of 5 s and divides into 11 of 11 s: fewer than half, refused.
+    A second is shorter than any step."""
+    if not refused:
+        w = window_for(END - span, END)
+        assert (w.step, w.points) == (727, 30)
+        return
+    with pytest.raises(RangeError) as e:
+        window_for(END - span, END)
+    assert str(e.value) == {
+        121: "a range of 121 s cannot be cut into equal steps of 5 s or more (11 would be all): give a start and an "
+             "end on whole minutes",
+        1: "the range is 1 s long, less than a step can be (5 s: three scrape intervals, at least 5 s), so no step in "
+           "it could count anything: make it longer",
+    }[span]  # fmt: skip
+
+
+def test_an_empty_or_fractional_range_is_refused_in_words() -> None:
+    with pytest.raises(RangeError) as e:
+        window_for(END, END)
+    assert str(e.value) == "the range is empty: the start must be before the end"
+    with pytest.raises(RangeError) as e:
+        window_for(END - 0.5, END)
+    assert str(e.value) == "the range's start and end must be whole seconds"

@@ -587,14 +587,39 @@ def test_the_advice_shows_activity_and_bandwidth_as_measured() -> None:
 
 
 def test_the_longest_pricing_key_names_a_card_whatever_its_case(tmp_path: Path) -> None:
-    """Keys match as the daemon's do, longest first and whatever their case: "X100 Max" prices the X100
-    Max, though "x100" is part of its name; "x100" prices the X100. A card the catalogue does not list
-    has no catalogue price, only the store's."""
+    """Keys match as the daemon's do, longest first and whatever their case: "x100 max" prices the X100
+    Max, though "X100" is part of its name (and sorts first by name); "X100" prices the X100. A card the
+    catalogue does not list has no catalogue price, only the store's."""
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump({"cards": [
         {"name": n, "match": [n], "memory_gib": 16, "fp16_tflops": 100, "memory_bandwidth_gbps": 300}
         for n in ("X100", "X100 Max")]}))  # fmt: skip
-    pricing = PricingSettings(currency="USD", models={"x100": 1.0, "X100 Max": 2.0})
+    pricing = PricingSettings(currency="USD", models={"X100": 1.0, "x100 max": 2.0})
     prices = PriceList(load_catalogue(path), "USD", {"Elsewhere": 0.5}, pricing)
     assert prices.card("X100 Max") == Price(2.0, PRICING) and prices.card("X100") == Price(1.0, PRICING)
     assert prices.card("Elsewhere") == Price(0.5, STORE) and prices.card("Nowhere") is None
+
+
+def test_the_words_scale_with_the_hours() -> None:
+    from gpu_exporter.report.rightsizing import hours_text
+
+    assert [hours_text(h) for h in (10, 9.96, 1, 0.999, 1 / 60)] == ["10 h", "10.0 h", "1.0 h", "60 min", "1 min"]
+
+
+def test_the_share_and_the_monthly_floor_weigh_release_and_reclaim() -> None:
+    """Reclaiming 60 of 100 held hours is 60% of what the GPU costs: not at --min-saving-ratio 0.7.
+    Released, 95 idle hours of 100 are 95%: not at 0.96. A monthly floor above the saving: neither."""
+    reclaim = usage(H100, 1, 0.0, price=3.0, busy=40, alloc=60)
+    assert sizer().advise(reclaim) is not None and sizer(min_saving_ratio=0.7).advise(reclaim) is None
+    assert sizer(min_saving=3.0 * 0.6 * 730 + 1).advise(reclaim) is None
+    release = usage(L4, 0, None, price=0.8, busy=5, idle=95)
+    assert sizer(min_saving_ratio=0.94).advise(release) is not None
+    assert sizer(min_saving_ratio=0.96).advise(release) is None
+    # Held for half an hour and idle all of it: reclaimed, without a monthly figure.
+    brief = sizer().advise(usage(H100, 1, 0.0, price=3.0, busy=0, alloc=0.5))
+    assert brief is not None and brief.kind == RECLAIM and "for 30 min of the 30 min it was held" in brief.reason
+
+
+def test_the_advice_shows_seventy_percent_as_seventy(tmp_path: Path) -> None:
+    a = sizer(catalogue=two_cards(tmp_path, 1.0)).advise(usage("Big", 10, 0.7, price=3.0, total_gib=40, dram_p95=0.7))
+    assert a is not None and "70% SM activity and 70% DRAM bandwidth (p95 while held)" in a.reason

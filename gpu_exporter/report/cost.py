@@ -68,9 +68,7 @@ def plan(w: Window, results: Results, currency: str | None) -> Plan:
     p = Plan([(1, w.points)])
     cuts: set[int] = set()
     changing: dict[str, dict[int, float]] = {}
-    for key, prices in steps.items():
-        if not prices:
-            continue
+    for key, prices in steps.items():  # a GPU is in ``steps`` once it has a price
         order = sorted(prices)
         p.last[key] = prices[order[-1]]
         # Without the "down" series (an older exporter), a GPU counts as seen at every step.
