@@ -46,7 +46,8 @@ def answers(port: int, data: bytes, n: int = 1, timeout: float = 10) -> tuple[li
     """Send ``data``; read ``n`` answers (head and body); and whether the server then closed."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
-        got, buf = [], b""
+        got: list[bytes] = []
+        buf = b""
         for _ in range(n):
             while b"\r\n\r\n" not in buf:
                 chunk = s.recv(65536)
