@@ -509,61 +509,137 @@ def test_up_to_eight_pieces_of_one_price_each_then_step_by_step(changes: int, pi
 
 
 def users_and_signals() -> dict[str, Any]:
-    """n1 GPU 0, an H100 at 3.00: Unix users bob (busy 30 h, held idle 20 h) and alice (held idle 50 h, in two
-    series, the second her container's), alice holding it now; SM activity 0.123456, DRAM 0.054321.
-    n1 GPU 1, an L4 at 0.80 with GPU-Util only (0.654321), nobody's; n1 GPU 2, an unpriced H100 alice holds."""
+    """n1 GPU 0, an H100 at 3.00: Unix users bob (busy 5 h, held idle 55 h), alice (held idle 50 h, in two
+    series, the second her container's) and aaron (busy 10 h); alice and aaron hold it now. SM activity
+    0.123456, DRAM 0.054321.
+    n1 GPU 1, an L4 at 0.80 with GPU-Util only (0.654321), nobody's.
+    n1 GPU 2, an unpriced H100 that user alice and pod ml/p hold busy, 100 h and 20 h.
+    n1 GPU 3, an H100 at 3.00 nobody holds now: xavier (busy 30 h, idle 35 h) and erin (idle 36 h, in two
+    series of 20 and 16 h).
+    n1 GPU 4, a priced card the catalogue does not know, and n1 GPU 5, a GPU with no model at all.
+    n1 GPU 6, an H100 at 3.00 held busy by zoe and amy, 10 h each, neither now."""
     r = empty()
-    k0 = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    node = {"node": "n1", "instance": "n1:9445"}
+    k0 = {**node, "gpu": "0", "uuid": "GPU-0"}
     add_gpu(r, k0, H100, {}, price=3.0, peak=10 * GIB)
-    r["hours"] += [({**k0, "user": "bob", "state": "busy"}, 30.0),
-                   ({**k0, "user": "bob", "state": "allocated_idle"}, 20.0),
+    r["hours"] += [({**k0, "user": "bob", "state": "busy"}, 5.0),
+                   ({**k0, "user": "bob", "state": "allocated_idle"}, 55.0),
                    ({**k0, "user": "alice", "state": "allocated_idle"}, 30.0),
-                   ({**k0, "user": "alice", "container": "side", "state": "allocated_idle"}, 20.0)]  # fmt: skip
+                   ({**k0, "user": "alice", "container": "side", "state": "allocated_idle"}, 20.0),
+                   ({**k0, "user": "aaron", "state": "busy"}, 10.0)]  # fmt: skip
     r["activity"] += [({**k0, "signal": "sm_active"}, 0.123456), ({**k0, "signal": "utilization"}, 0.99),
                       ({**k0, "signal": "dram_active"}, 0.054321)]  # fmt: skip
-    r["holders_now"] = [
-        ({**k0, "user": "alice"}, 1.0),
-        ({**k0, "user": "bob"}, 0.0),
-        ({"node": "n9", "instance": "n9:9445", "gpu": "0", "uuid": "GPU-gone", "user": "eve"}, 1.0),
-    ]
-    k1 = {"node": "n1", "instance": "n1:9445", "gpu": "1", "uuid": "GPU-1"}
+    r["holders_now"] = [({**k0, "user": "alice"}, 1.0), ({**k0, "user": "aaron"}, 1.0), ({**k0, "user": "bob"}, 0.0),
+                        ({"node": "n9", "instance": "n9:9445", "gpu": "0", "uuid": "GPU-gone", "user": "eve"}, 1.0)]
+    k1 = {**node, "gpu": "1", "uuid": "GPU-1"}
     add_gpu(r, k1, L4, {"idle": 40.0, "busy": 60.0}, price=0.8, total=22.5 * GIB)
     r["activity"].append(({**k1, "signal": "utilization"}, 0.654321))
-    k2 = {"node": "n1", "instance": "n1:9445", "gpu": "2", "uuid": "GPU-2"}
+    k2 = {**node, "gpu": "2", "uuid": "GPU-2"}
     add_gpu(r, k2, H100, {"busy": 100.0}, holder={"user": "alice"})
+    r["hours"].append(({**k2, "namespace": "ml", "pod": "p", "state": "busy"}, 20.0))
+    k3 = {**node, "gpu": "3", "uuid": "GPU-3"}
+    add_gpu(r, k3, H100, {}, price=3.0)
+    r["hours"] += [({**k3, "user": "xavier", "state": "busy"}, 30.0),
+                   ({**k3, "user": "xavier", "state": "allocated_idle"}, 35.0),
+                   ({**k3, "user": "erin", "state": "allocated_idle"}, 20.0),
+                   ({**k3, "user": "erin", "container": "b", "state": "allocated_idle"}, 16.0)]  # fmt: skip
+    add_gpu(r, {**node, "gpu": "4", "uuid": "GPU-4"}, "NVIDIA GeForce GT 710", {"busy": 100.0}, price=0.1,
+            total=2 * GIB)  # fmt: skip
+    k5 = {**node, "gpu": "5", "uuid": "GPU-5"}
+    add_gpu(r, k5, H100, {"busy": 100.0}, price=3.0)
+    r["info"] = [(labels, v) for labels, v in r["info"] if labels.get("uuid") != "GPU-5"]
+    k6 = {**node, "gpu": "6", "uuid": "GPU-6"}
+    add_gpu(r, k6, H100, {}, price=3.0)
+    r["hours"] += [({**k6, "user": "zoe", "state": "busy"}, 10.0), ({**k6, "user": "amy", "state": "busy"}, 10.0)]
     return r
 
 
 def test_users_signals_and_who_holds_it_now_reach_every_field() -> None:
     doc = build(W, users_and_signals(), CATALOGUE)
-    g0, g1, g2 = doc["gpus"]
-    # The holder is who holds it now (alice), though bob and alice held it as long (50 h each).
+    gpus = {g["gpu"]: g for g in doc["gpus"]}
+    g0, g1, g2 = gpus["0"], gpus["1"], gpus["2"]
+    # Its holder is who holds it now, of those the one that held it longest (alice 50 h, aaron 10 h), though
+    # bob held it longer (60 h).
     assert (g0["holder"], g0["activity_p95"], g0["activity_signal"], g0["dram_active_p95"]) == \
         ("user alice", 0.1235, "SM activity", 0.0543)  # fmt: skip
     assert (g1["holder"], g1["activity_p95"], g1["activity_signal"], g1["dram_active_p95"]) == \
         ("", 0.6543, "GPU utilization", None)  # fmt: skip
-    # Held idle 70 of 100 h: reclaimed from alice, who holds it now (her two series add up to 50 h).
-    (rec,) = [r for r in doc["recommendations"] if r["gpu"] == "0"]
-    assert (rec["kind"], rec["suggested"]) == ("reclaim", "reclaim from user alice")
-    assert "left idle for 70 h of the 100 h it was held (70%), which cost $210" in rec["reason"]
+    # Held idle 105 of 120 h: reclaimed from alice, who holds it now and left it idle (50 h in two series),
+    # though bob left it idle longer (55 h).
+    recs = {r["gpu"]: r for r in doc["recommendations"]}
+    assert (recs["0"]["kind"], recs["0"]["suggested"]) == ("reclaim", "reclaim from user alice")
+    assert recs["0"]["reason"] == ("GPU 0 on n1 (NVIDIA H100 80GB HBM3) was held but left idle for 105 h of the 120 h it "
+                                   "was held (88%), which cost $315; reclaiming it from user alice would save about "
+                                   "$1,916/month")  # fmt: skip
+    # Nobody holds GPU 3 now: its holder held it longest (xavier, 65 h); erin left it idle longest (36 h).
+    assert gpus["3"]["holder"] == "user xavier" and recs["3"]["suggested"] == "reclaim from user erin"
+    assert gpus["6"]["holder"] == "user amy"  # as long as zoe: by name
     holders = {h["holder"]: h for h in doc["holders"]}
-    assert set(holders) == {"user alice", "user bob"}
-    alice, bob = holders["user alice"], holders["user bob"]
-    assert (alice["kind"], alice["user"], alice["namespace"], alice["pod"], alice["gpus"]) == ("user", "alice", "", "",
-                                                                                                 2)  # fmt: skip
+    alice, bob, pod = holders["user alice"], holders["user bob"], holders["pod ml/p"]
+    assert (alice["kind"], alice["user"], alice["namespace"], alice["pod"], alice["gpus"]) == \
+        ("user", "alice", "", "", 2)  # fmt: skip
+    assert (pod["kind"], pod["user"], pod["namespace"], pod["pod"], pod["unpriced_hours"]) == ("pod", "", "ml", "p",
+                                                                                                20.0)  # fmt: skip
     assert (alice["allocated_idle_hours"], alice["busy_hours"], alice["cost"], alice["wasted_cost"],
             alice["unpriced_hours"]) == (50.0, 100.0, 150.0, 150.0, 100.0)  # fmt: skip
-    assert (bob["gpu_hours"], bob["cost"], bob["wasted_cost"], bob["unpriced_hours"]) == (50.0, 150.0, 60.0, 0.0)
-    assert [h["holder"] for h in doc["holders"]] == ["user alice", "user bob"]  # 50 h idle each: by name
-    assert doc["totals"]["unpriced_hours"] == 100.0 and g2["cost"] is None and g2["holder"] == "user alice"
-    assert doc["totals"]["advised_saving_per_month"] == pytest.approx(sum(r["saving_per_month"] or 0
-                                                                          for r in doc["recommendations"]))  # fmt: skip
+    assert (bob["gpu_hours"], bob["cost"], bob["wasted_cost"], bob["unpriced_hours"]) == (60.0, 180.0, 165.0, 0.0)
+    assert doc["totals"]["unpriced_hours"] == 120.0 and g2["cost"] is None and g2["holder"] == "user alice"
+    assert (gpus["4"]["cost"], gpus["5"]["model"], gpus["5"]["cost"]) == (10.0, None, 300.0)
+    assert "4" not in recs and "5" not in recs
+
+
+def test_the_fleets_price_for_a_card_is_the_highest_it_pays_now() -> None:
+    """An L4 job at 0.80 (8 GiB, 50%: 61 TFLOPS): the fleet pays 0.35 and 0.30 for its T4s (65 TFLOPS), the
+    highest of which prices the T4 it is told of; two H100s at 3.00 and 2.00 price an H100 slice at 3.00."""
+    r = empty()
+    node = {"node": "n1", "instance": "n1:9445"}
+    add_gpu(r, {**node, "gpu": "0", "uuid": "GPU-0"}, L4, {"busy": 100.0}, price=0.8, total=22.5 * GIB, peak=8 * GIB,
+            activity=0.5)  # fmt: skip
+    for i, price in ((1, 0.35), (2, 0.30)):
+        add_gpu(r, {**node, "gpu": str(i), "uuid": f"GPU-{i}"}, "Tesla T4", {"busy": 100.0}, price=price, total=15 * GIB)
+    (rec,) = build(W, r, CATALOGUE)["recommendations"]
+    assert (rec["suggested"], rec["suggested_price_per_hour"]) == ("T4", 0.35)
+    r = empty()
+    add_gpu(r, {**node, "gpu": "0", "uuid": "GPU-0"}, L4, {"busy": 100.0}, price=1.0, total=22.5 * GIB, peak=12 * GIB,
+            activity=0.9)  # fmt: skip
+    for i, price in ((1, 3.0), (2, 2.0)):
+        add_gpu(r, {**node, "gpu": str(i), "uuid": f"GPU-{i}"}, H100, {"busy": 100.0}, price=price)
+    (rec,) = build(W, r, CATALOGUE)["recommendations"]
+    assert (rec["suggested"], rec["suggested_price_per_hour"]) == ("H100 80GB MIG 1g.20gb", round(3.0 / 7, 4))
+
+
+def test_the_status_says_which_prices_are_missing() -> None:
+    r = users_and_signals()
+    assert (build(W, r, CATALOGUE)["status"], build(W, r, CATALOGUE)["status_reason"]) == ("ok", "")
+    for labels, _ in r["prices"]:
+        labels["currency"] = "EUR" if labels["gpu"] in ("0", "1") else "GBP"
+    doc = build(W, r, CATALOGUE, Options(currency="USD"))
+    assert (doc["status"], doc["status_reason"]) == (
+        "no_currency", "no prices in USD: the GPUs are priced in EUR, GBP; leave out --currency or pick one of those")
+    r["prices"] = []
+    for currency in (None, "USD"):
+        doc = build(W, r, CATALOGUE, Options(currency=currency))
+        assert (doc["status"], doc["status_reason"]) == ("no_prices", (
+            "no prices: the store has no gpu_price_per_hour for these GPUs in the range; set the exporter's pricing "
+            "section (docs/cost.md) to see costs"))  # fmt: skip
+
+
+def test_the_timeline_has_a_point_per_step() -> None:
+    r = empty()
+    r["timeline"] = [({"state": "busy"}, [(END - 7200, 1.0), (END - 3600, 0.5)]),
+                     ({"state": "idle"}, [(END - 3600, 0.5)])]  # fmt: skip
+    assert build(W, r, CATALOGUE)["timeline"] == [
+        {"time": "2026-11-29T23:00:00Z", "busy_hours": 1.0, "allocated_idle_hours": 0.0, "idle_hours": 0.0,
+         "down_hours": 0.0},
+        {"time": "2026-11-30T00:00:00Z", "busy_hours": 0.5, "allocated_idle_hours": 0.0, "idle_hours": 0.5,
+         "down_hours": 0.0},
+    ]  # fmt: skip
 
 
 def test_the_recommendations_come_largest_saving_first_then_without_a_figure_then_slower() -> None:
-    """Over 100 h: H100s released (2,190 a month) and reclaimed (1,533), an L4 released (584), an unpriced
-    L4 released (no figure), GPU 10 sized to a slower card (no figure): in that order, GPUs of the same
-    saving by node and index (2 before 10)."""
+    """Over 100 h: H100s released (2,190 a month) and reclaimed (1,533), two L4s released (584), an unpriced
+    L4 released (no figure), GPU 1 sized to a slower card (no figure): in that order, GPUs of the same
+    saving by node and index (2 before 10), the slower card last."""
     r = empty()
     key = {"node": "n1", "instance": "n1:9445"}
     add_gpu(r, {**key, "gpu": "10", "uuid": "GPU-10"}, L4, {"idle": 100.0}, price=0.8, total=22.5 * GIB)
@@ -572,13 +648,15 @@ def test_the_recommendations_come_largest_saving_first_then_without_a_figure_the
     add_gpu(r, {**key, "gpu": "4", "uuid": "GPU-4"}, H100, {"allocated_idle": 70.0, "busy": 30.0}, price=3.0,
             holder={"namespace": "ml", "pod": "a"}, peak=1 * GIB, activity=0.01)  # fmt: skip
     add_gpu(r, {**key, "gpu": "5", "uuid": "GPU-5"}, H100, {"idle": 100.0}, price=3.0)
-    add_gpu(r, {**key, "gpu": "6", "uuid": "GPU-6"}, H100, {"busy": 100.0}, price=3.0,
+    add_gpu(r, {**key, "gpu": "1", "uuid": "GPU-1"}, H100, {"busy": 100.0}, price=3.0,
             holder={"namespace": "ml", "pod": "b"}, peak=20 * GIB, activity=0.9)  # fmt: skip
     add_gpu(r, {**key, "gpu": "7", "uuid": "GPU-7"}, "NVIDIA L40S", {"busy": 100.0}, price=1.0, total=45 * GIB)
     doc = build(W, r, CATALOGUE, Options(allow_slower=True, allow_consumer=True))
     order = [(x["gpu"], x["kind"]) for x in doc["recommendations"]]
     assert order == [("5", "release"), ("4", "reclaim"), ("2", "release"), ("10", "release"), ("3", "release"),
-                     ("6", "slower")]  # fmt: skip
+                     ("1", "slower")]  # fmt: skip
+    assert [x["no_saving_figure"] for x in doc["recommendations"]] == [None] * 4 + ["no price", "a slower card"]
+    assert doc["totals"]["advised_saving_per_month"] == round(3.0 * 730 + 3.0 * 0.7 * 730 + 2 * 0.8 * 730, 4)
     slower = doc["recommendations"][-1]
     assert (slower["suggested"], slower["slowdown"], slower["price_source"], slower["no_saving_figure"]) == \
         ("L40S", round(0.9 * 989.4 / 362.05, 2), "the store's gpu_price_per_hour", "a slower card")  # fmt: skip
