@@ -568,9 +568,9 @@ def test_users_signals_and_who_holds_it_now_reach_every_field() -> None:
     # though bob left it idle longer (55 h).
     recs = {r["gpu"]: r for r in doc["recommendations"]}
     assert (recs["0"]["kind"], recs["0"]["suggested"]) == ("reclaim", "reclaim from user alice")
-    assert recs["0"]["reason"] == ("GPU 0 on n1 (NVIDIA H100 80GB HBM3) was held but left idle for 105 h of the 120 h it "
-                                   "was held (88%), which cost $315; reclaiming it from user alice would save about "
-                                   "$1,916/month")  # fmt: skip
+    assert recs["0"]["reason"] == (
+        "GPU 0 on n1 (NVIDIA H100 80GB HBM3) was held but left idle for 105 h of the 120 h it was held (88%), which "
+        "cost $315; reclaiming it from user alice would save about $1,916/month")
     # Nobody holds GPU 3 now: its holder held it longest (xavier, 65 h); erin left it idle longest (36 h).
     assert gpus["3"]["holder"] == "user xavier" and recs["3"]["suggested"] == "reclaim from user erin"
     assert gpus["6"]["holder"] == "user amy"  # as long as zoe: by name
@@ -596,7 +596,8 @@ def test_the_fleets_price_for_a_card_is_the_highest_it_pays_now() -> None:
     add_gpu(r, {**node, "gpu": "0", "uuid": "GPU-0"}, L4, {"busy": 100.0}, price=0.8, total=22.5 * GIB, peak=8 * GIB,
             activity=0.5)  # fmt: skip
     for i, price in ((1, 0.35), (2, 0.30)):
-        add_gpu(r, {**node, "gpu": str(i), "uuid": f"GPU-{i}"}, "Tesla T4", {"busy": 100.0}, price=price, total=15 * GIB)
+        add_gpu(r, {**node, "gpu": str(i), "uuid": f"GPU-{i}"}, "Tesla T4", {"busy": 100.0}, price=price,
+                total=15 * GIB)  # fmt: skip
     (rec,) = build(W, r, CATALOGUE)["recommendations"]
     assert (rec["suggested"], rec["suggested_price_per_hour"]) == ("T4", 0.35)
     r = empty()
