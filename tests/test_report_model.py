@@ -529,8 +529,12 @@ def users_and_signals() -> dict[str, Any]:
                    ({**k0, "user": "aaron", "state": "busy"}, 10.0)]  # fmt: skip
     r["activity"] += [({**k0, "signal": "sm_active"}, 0.123456), ({**k0, "signal": "utilization"}, 0.99),
                       ({**k0, "signal": "dram_active"}, 0.054321)]  # fmt: skip
-    r["holders_now"] = [({**k0, "user": "alice"}, 1.0), ({**k0, "user": "aaron"}, 1.0), ({**k0, "user": "bob"}, 0.0),
-                        ({"node": "n9", "instance": "n9:9445", "gpu": "0", "uuid": "GPU-gone", "user": "eve"}, 1.0)]
+    r["holders_now"] = [
+        ({**k0, "user": "alice"}, 1.0),
+        ({**k0, "user": "aaron"}, 1.0),
+        ({**k0, "user": "bob"}, 0.0),
+        ({"node": "n9", "instance": "n9:9445", "gpu": "0", "uuid": "GPU-gone", "user": "eve"}, 1.0),
+    ]
     k1 = {**node, "gpu": "1", "uuid": "GPU-1"}
     add_gpu(r, k1, L4, {"idle": 40.0, "busy": 60.0}, price=0.8, total=22.5 * GIB)
     r["activity"].append(({**k1, "signal": "utilization"}, 0.654321))
@@ -570,7 +574,8 @@ def test_users_signals_and_who_holds_it_now_reach_every_field() -> None:
     assert (recs["0"]["kind"], recs["0"]["suggested"]) == ("reclaim", "reclaim from user alice")
     assert recs["0"]["reason"] == (
         "GPU 0 on n1 (NVIDIA H100 80GB HBM3) was held but left idle for 105 h of the 120 h it was held (88%), which "
-        "cost $315; reclaiming it from user alice would save about $1,916/month")
+        "cost $315; reclaiming it from user alice would save about $1,916/month"
+    )
     # Nobody holds GPU 3 now: its holder held it longest (xavier, 65 h); erin left it idle longest (36 h).
     assert gpus["3"]["holder"] == "user xavier" and recs["3"]["suggested"] == "reclaim from user erin"
     assert gpus["6"]["holder"] == "user amy"  # as long as zoe: by name
@@ -616,7 +621,9 @@ def test_the_status_says_which_prices_are_missing() -> None:
         labels["currency"] = "EUR" if labels["gpu"] in ("0", "1") else "GBP"
     doc = build(W, r, CATALOGUE, Options(currency="USD"))
     assert (doc["status"], doc["status_reason"]) == (
-        "no_currency", "no prices in USD: the GPUs are priced in EUR, GBP; leave out --currency or pick one of those")
+        "no_currency",
+        "no prices in USD: the GPUs are priced in EUR, GBP; leave out --currency or pick one of those",
+    )
     r["prices"] = []
     for currency in (None, "USD"):
         doc = build(W, r, CATALOGUE, Options(currency=currency))
