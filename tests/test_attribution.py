@@ -159,7 +159,7 @@ def test_a_name_stays_with_the_uid_it_was_given_to() -> None:
     it, another UID claiming the victim's name is refused.  When the pod is gone, a new pod of that
     name (a new UID) gets it."""
     victim, attacker = PodRef("ml", "victim", "main"), PodRef("ml", "attacker", "main")
-    holders = {"GPU-a": (attacker, victim)}
+    holders: dict[str, tuple[PodRef, ...]] = {"GPU-a": (attacker, victim)}
     procs = {10: in_pod("victim"), 20: in_pod("victim", uid=uid_of("attacker")),
              30: in_pod("victim", uid=uid_of("victim, recreated"))}  # fmt: skip
     a = Attributor(lambda: holders, procs.__getitem__)

@@ -95,7 +95,7 @@ def test_a_user_name_that_is_not_utf8_does_not_break_metrics(
         entry = real(uid)
         return type("E", (), {"pw_name": "caf\udce9", "pw_uid": entry.pw_uid})()
 
-    monkeypatch.setattr(procfs.pwd, "getpwuid", latin1)
+    monkeypatch.setattr(pwd, "getpwuid", latin1)  # the module procfs calls
     procfs.user_name.cache_clear()
     try:
         g = (

@@ -75,7 +75,7 @@ def test_yaml_block_token_is_stripped_and_whitespace_inside_refused_without_echo
     no_secret_in(str(e.value))
 
 
-BAD_CONFIGS = {
+BAD_CONFIGS: dict[str, dict[str, Any]] = {
     "credentialed URL": {"alerting": {"webhooks": [{"url": "https://user:S3CRETPASS@hooks.example/x"}]}},
     "numeric password": {"alerting": {"alertmanagers": [{"url": "http://am:9093", "basic_auth_username": "u",
                                                          "basic_auth_password": 123456}]}},

@@ -285,6 +285,7 @@ class ReceiverSettings(BaseModel):
         """The receiver's name in metrics and logs: as configured, else the URL's scheme, host and port."""
         return self._label or self.name or receiver_origin(self.url)
 
+
 class WebhookSettings(ReceiverSettings):
     """A webhook fed directly, routed as an Alertmanager route with these settings would route it."""
 
