@@ -83,7 +83,12 @@ TARGETS: dict[str, Target] = {
     ),
     "engine": Target(
         "gpu_exporter/alerting/engine.py",
-        tests=(*RULE_TESTS, "tests/test_alert_delivery.py", "tests/test_webhook_routing.py"),
+        tests=(
+            *RULE_TESTS,
+            "tests/test_alert_delivery.py",
+            "tests/test_webhook_routing.py",
+            "tests/test_clock_steps.py",
+        ),
         daemon_tests=(
             "tests/test_exporter_once.py",
             "tests/test_alert_delivery.py::test_webhook_gets_alertmanager_payload_v4",
@@ -93,7 +98,12 @@ TARGETS: dict[str, Target] = {
     "window": Target("gpu_exporter/alerting/window.py", tests=RULE_TESTS),
     "exposition": Target(
         "gpu_exporter/serving/exposition.py",
-        tests=("tests/test_exposition.py", "tests/test_exporter_metrics.py", "tests/test_exporter_promtool.py"),
+        tests=(
+            "tests/test_exposition.py",
+            "tests/test_exporter_metrics.py",
+            "tests/test_exporter_promtool.py",
+            "tests/test_hostile_names.py",
+        ),
         daemon_tests=("tests/test_exporter_daemon.py::test_http_endpoints",),
     ),
     "delivery": Target(
@@ -105,6 +115,8 @@ TARGETS: dict[str, Target] = {
                 "tests/test_webhook_routing.py",
                 "tests/test_alert_payloads.py",
                 "tests/test_delivery_hostile.py",
+                "tests/test_clock_steps.py",
+                "tests/test_secrets.py",
             )
         ),
         daemon_tests=(
@@ -154,7 +166,7 @@ TARGETS: dict[str, Target] = {
     ),
     "ledger": Target(
         "gpu_exporter/accounting/ledger.py",
-        tests=(*ACCOUNTING_TESTS, "tests/test_exporter_metrics.py"),
+        tests=(*ACCOUNTING_TESTS, "tests/test_exporter_metrics.py", "tests/test_clock_steps.py"),
         daemon_tests=("tests/test_cost_once.py",),
     ),
     "peaks": Target("gpu_exporter/accounting/peaks.py", tests=ACCOUNTING_TESTS),
@@ -190,7 +202,12 @@ TARGETS: dict[str, Target] = {
     # or none, on every series of a node.
     "podresources": Target(
         "gpu_exporter/kubernetes/podresources.py",
-        tests=("tests/test_podresources_wire.py", "tests/test_kubelet.py", "tests/test_grpc_unix.py"),
+        tests=(
+            "tests/test_podresources_wire.py",
+            "tests/test_kubelet.py",
+            "tests/test_grpc_unix.py",
+            "tests/test_kubelet_budget.py",
+        ),
     ),
     # ...and its one gRPC call: a misread status or answer, a call that outlives its deadline or a
     # socket left open per refresh.
