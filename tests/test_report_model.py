@@ -699,3 +699,17 @@ def test_a_gpu_not_seen_in_a_piece_has_no_price_there() -> None:
                        seen={"1": 70}, w=w), "USD")  # fmt: skip
     assert p.pieces == [(1, 30), (31, 60), (61, 100)]
     assert p.by_piece == {"GPU-1": [3.0, None, 4.0], "GPU-2": [1.0, 1.5, 1.5]} and p.exact == {}
+
+
+def test_a_card_is_suggested_in_words_naming_the_holder_and_signal_and_a_whole_card_peak_gets_a_note() -> None:
+    r = light_h100s((3.0,))
+    (rec,) = build(W, r, CATALOGUE)["recommendations"]
+    assert rec["reason"].startswith(
+        "pod ml/job-0 used at most 6.0 GiB and 4% SM activity (p95 while held) on NVIDIA "
+        "H100 80GB HBM3 (GPU 0 on n1) over 100 h; an H100 80GB MIG 1g.10gb holds that"
+    )
+    whole = empty()
+    add_gpu(whole, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0},
+            price=3.0, peak=79 * GIB, activity=0.05)  # fmt: skip
+    doc = build(W, whole, CATALOGUE)
+    assert doc["recommendations"] == [] and "whole card (79.0 of 80.0 GiB)" in doc["gpus"][0]["notes"][0]
