@@ -112,7 +112,7 @@ def simulate(days: float, step: int) -> list[Track]:
             tr = tracks[i]
             tr.state.append(classify(g, THRESHOLD))
             shares = holders(g, pod_mode=False)
-            tr.user.append(max(shares, key=lambda x: x[1])[0][3] if shares[0][0] != NOBODY else "")
+            tr.user.append(max(shares, key=lambda x: x[1])[0].get("user") if shares[0][0] != NOBODY else "")
             tr.used.append(g.memory_used_bytes)
             tr.util.append(g.utilization_ratio)
             tr.sm.append(g.activity.sm if g.activity is not None else None)

@@ -57,7 +57,8 @@ _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 _OWN_LABELS = {"gpu", "uuid", "name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "pid",
                "process", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile", "device_uuid",
                "sensor", "threshold", "fan", "clock", "reason", "link", "type", "cause", "xid", "alertname",
-               "severity", "node", "user", "state", "currency"}  # fmt: skip
+               "severity", "node", "user", "state", "currency", "kind", "hpc_job", "slurm_account",
+               "slurm_partition", "container_engine", "container_id", "container_name"}  # fmt: skip
 
 
 class KubernetesSettings(BaseModel):
@@ -98,6 +99,52 @@ class KubernetesSettings(BaseModel):
         if self.pod_attribution != "auto":
             return self.pod_attribution == "on"
         return os.path.exists(self.pod_resources_socket) or "KUBERNETES_SERVICE_HOST" in os.environ
+
+
+class SlurmSettings(BaseModel):
+    """Slurm jobs as GPU holders (the ``slurm:`` key): off until a source is set."""
+
+    model_config = ConfigDict(extra="forbid")
+    job_mapping_dir: str | None = Field(
+        None, description="dcgm-exporter's --hpc-job-mapping-dir: one file per GPU index (or <gpu>.<gpu instance "
+        "id>), each line a job ID, written by Slurm's prolog",
+    )  # fmt: skip
+    job_from_cgroup: bool = Field(
+        False, description="the job of each GPU process from its cgroup (Slurm's cgroup plugin)"
+    )
+    keep_last_good_for: Duration = Field(
+        300.0, gt=0, le=86_400, description="how long jobs read from a mapping file outlive the file's last good read"
+    )
+
+    @field_validator("job_mapping_dir")
+    @classmethod
+    def _directory(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or (os.path.exists(v) and not os.path.isdir(v))):
+            raise ValueError(f"{v!r} is not a directory")
+        return v
+
+    def enabled(self) -> bool:
+        return self.job_mapping_dir is not None or self.job_from_cgroup
+
+
+class ContainerSettings(BaseModel):
+    """Docker, Podman, containerd and CRI-O containers as GPU holders (the ``containers:`` key)."""
+
+    model_config = ConfigDict(extra="forbid")
+    attribution: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on where a Docker or Podman socket exists at start and pod attribution is off "
+        "(on Kubernetes, pods hold the GPUs)",
+    )  # fmt: skip
+    docker_socket: str = Field("/var/run/docker.sock", description="container names from Docker's API; '' for none")
+    podman_socket: str = Field("/run/podman/podman.sock", description="container names from Podman's API; '' for none")
+    api_timeout: Duration = Field(1.0, gt=0, le=30, description="the longest one name lookup may take")
+    api_retry_after: Duration = Field(60.0, gt=0, le=86_400, description="how long an engine that failed is left alone")
+    name_cache_size: int = Field(1024, ge=1, le=1_000_000, description="container names remembered")
+
+    def enabled(self, pods: bool) -> bool:
+        if self.attribution != "auto":
+            return self.attribution == "on"
+        return not pods and any(path and os.path.exists(path) for path in (self.docker_socket, self.podman_socket))
 
 
 class _CollectorSwitches(BaseModel):
@@ -153,6 +200,8 @@ class Settings(BaseSettings):
     node_name: str | None = Field(None, description="the node label on alerts (default: $NODE_NAME, else the hostname)")
     process_top_n: int = Field(20, ge=0, description="process series per GPU, the biggest first (0: all)")
     kubernetes: KubernetesSettings = KubernetesSettings()
+    slurm: SlurmSettings = SlurmSettings()
+    containers: ContainerSettings = ContainerSettings()
     rules: RulesSettings = RulesSettings()
     alerting: AlertingSettings = AlertingSettings()
     pricing: PricingSettings | None = None

@@ -19,12 +19,13 @@ from .alerting.engine import RuleEngine, node_name
 from .config import Settings
 from .kubernetes.attribution import Attributor
 from .logs import dropped_lines
+from .once import holder_attributor
 from .schedule import PollSchedule
 from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
 from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
 from .serving.pages import pages
-from .snapshot import NodeSnapshot
+from .snapshot import GpuReading, NodeSnapshot
 from .sources.backend import Backend
 from .sources.poller import Poller
 from .web.config import load_web_config
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 RELOADABLE = frozenset({"rules", "alerting", "web_config_file"})
+Attach = Callable[[tuple[GpuReading, ...]], tuple[GpuReading, ...]]
 
 
 class Daemon:
@@ -47,7 +49,7 @@ class Daemon:
         k8s = settings.kubernetes
         pod_labels = k8s.labels if k8s.enabled() else None
         self.watcher: PodResourcesWatcher | None = None
-        attach = None
+        attach: Attach | None = None
         if pod_labels is not None:
             # gRPC costs ~10 MiB of memory; load it only where pod attribution is on.
             from .kubernetes.kubelet import OUTCOMES as KUBELET_OUTCOMES
@@ -60,8 +62,15 @@ class Daemon:
                 keep_last_good_for=k8s.keep_last_good_for, expired=self.metrics.count_attribution_expired,
             )  # fmt: skip
             attach = Attributor(self.watcher.devices).attach
+        # Slurm jobs and containers, after the pods: a pod's process keeps its pod.
+        self.holders = holder_attributor(settings, pod_mode=pod_labels is not None)
+        if self.holders is not None:
+            self.metrics.watch_holders(self.holders.errors)
+            attach = _then(attach, self.holders.attach)
+        jobs = self.holders is not None and self.holders.jobs
+        containers = self.holders is not None and self.holders.containers
         self.collector = SnapshotCollector(
-            RenderOptions(settings.process_top_n, pod_labels, settings.collectors.disabled())
+            RenderOptions(settings.process_top_n, pod_labels, settings.collectors.disabled(), jobs, containers)
         )
         registry.register(self.collector)
         idle = settings.rules.GpuUnderutilized  # one idea of "idle" for the alert and the books
@@ -77,7 +86,7 @@ class Daemon:
         self.engine = RuleEngine(settings.rules, node_name(settings.node_name),
                                  resend_interval=alerting.resend_interval,
                                  resolved_retention=alerting.resolved_retention, pod_labels=pod_labels,
-                                 poll_interval=settings.poll_interval)  # fmt: skip
+                                 poll_interval=settings.poll_interval, jobs=jobs, containers=containers)  # fmt: skip
         # Rules average utilization over samples kept this long; a longer window needs a restart.
         self._horizon = max(settings.rules.GpuUnderutilized.window, settings.rules.GpuIdle.window)
         self._evaluating = threading.Lock()  # a reload swaps rules and receivers between evaluations
@@ -206,7 +215,7 @@ class Daemon:
 
     def start(self) -> None:
         served = pages(self.exposition, self.readiness, self.engine.active, node=node_name(self.settings.node_name),
-                       gpu_models=self.gpu_models, liveness=self.liveness)  # fmt: skip
+                       gpu_models=self.gpu_models, liveness=self.liveness, holders=self.engine.holders)  # fmt: skip
         self._http = HttpServer(self.settings.listen_address, served, web=self.web,
                                 max_requests=self.settings.web_max_requests)  # fmt: skip
         self._http.start()
@@ -278,3 +287,18 @@ class Daemon:
         closer = threading.Thread(target=self.poller.close, daemon=True)
         closer.start()
         closer.join(timeout=1.5)
+
+
+def _then(first: Attach | None, second: Attach) -> Attach:
+    """Pods, then jobs and containers: a failure of the one leaves the other's labels on."""
+    if first is None:
+        return second
+
+    def both(gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
+        try:
+            gpus = first(gpus)
+        except Exception:  # the poller would drop both; say it and go on with the second
+            log.exception("pod_attribution_failed")
+        return second(gpus)
+
+    return both

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Literal
 
-from .snapshot import GpuReading
+from .snapshot import GpuReading, HolderLabels
 
 
 class Collector(StrEnum):
@@ -44,9 +44,9 @@ COLLECTOR_HELP: Mapping[Collector, str] = {
 class Scope(StrEnum):
     """What one series describes, which decides its leading labels and what ``value`` reads."""
 
-    GPU = "gpu"  # gpu, uuid (+ pod labels); value(GpuReading)
-    PROCESS = "process"  # gpu, uuid (+ pod labels), pid, process, user; value(ProcessReading)
-    MIG = "mig"  # gpu, uuid (+ pod labels), mig_uuid, gpu_instance_id, compute_instance_id, mig_profile
+    GPU = "gpu"  # gpu, uuid (+ holder labels); value(GpuReading)
+    PROCESS = "process"  # gpu, uuid (+ holder labels), pid, process, user; value(ProcessReading)
+    MIG = "mig"  # gpu, uuid (+ holder labels), mig_uuid, gpu_instance_id, compute_instance_id, mig_profile
     MIG_PROCESS = "mig_process"  # the MIG labels, then pid, process, user; value(ProcessReading)
     EXPORTER = "exporter"  # the exporter's own health: no GPU labels
 
@@ -59,9 +59,12 @@ SCOPE_LABELS: Mapping[Scope, tuple[str, ...]] = {
                         "pid", "process", "user"),
     Scope.EXPORTER: (),
 }  # fmt: skip
-# Where the pod labels go (with pod attribution on): right after gpu and uuid; their default names.
+# Where the holder labels go (pods, jobs, containers, each where its attribution is on): right after
+# gpu and uuid; the pod labels' default names.
 POD_LABELS_AT = 2
 DEFAULT_POD_LABELS = ("namespace", "pod", "container")
+# Every holder label, as the reference documents the series that name one holder each.
+EVERY_HOLDER = HolderLabels(pods=DEFAULT_POD_LABELS, jobs=True, containers=True)
 
 Number = float | int | bool | None
 # value(reading) -> a number, or None where the GPU does not have it (left out, never 0).  A
@@ -81,15 +84,20 @@ class MetricDef:
     collector: Collector | None = None  # None: always on
     doc: str = ""  # more for docs/metrics.md: where it comes from, which cards have it
     pods: bool = False  # it always carries the pod labels (exists only with pod attribution on)
+    holder: bool = False  # one holder per series, with every label of that holder (HolderLabels.detail_names)
 
-    def series_labels(self, pod_labels: tuple[str, ...] = ()) -> tuple[str, ...]:
-        """The labels of its series, given the pod labels' names where pod attribution is on."""
+    def series_labels(self, holders: HolderLabels | tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The labels of its series, given which holders' labels are on (a tuple: the pod labels' names)."""
+        h = holders if isinstance(holders, HolderLabels) else HolderLabels(pods=holders or None)  # type: ignore[arg-type]
         scope = SCOPE_LABELS[self.scope]
-        return (*scope[:POD_LABELS_AT], *pod_labels, *scope[POD_LABELS_AT:], *self.labels)
+        names = h.detail_names if self.holder else h.names
+        return (*scope[:POD_LABELS_AT], *names, *scope[POD_LABELS_AT:], *self.labels)
 
     @property
     def all_labels(self) -> tuple[str, ...]:
-        """Its labels as documented: the pod labels (default names) only where it always has them."""
+        """Its labels as documented: the holder labels only where it always has them (default names)."""
+        if self.holder:
+            return self.series_labels(EVERY_HOLDER)
         return self.series_labels(DEFAULT_POD_LABELS if self.pods else ())
 
     @property
@@ -270,6 +278,9 @@ _DEFS: tuple[MetricDef, ...] = (
               doc="nvmlDeviceGetProcessUtilization: not on a GPU in MIG mode (nvml.h), where the series is absent."),
     MetricDef("gpu_pod_info", _G, "", "Constant 1 for every Kubernetes container holding the GPU or one of its MIG devices (device_uuid), from the kubelet; present only with pod attribution on.",
               labels=("device_uuid",), pods=True),
+    MetricDef("gpu_holder_info", _G, "", "Constant 1 for every holder of the GPU or one of its MIG devices (device_uuid): a pod, a Slurm job, a container or a user, by kind, with every label of its kind.",
+              labels=("kind", "device_uuid"), holder=True, collector=_PROC,
+              doc="Kinds: pod (namespace, pod, container; with pod attribution on, the only kind), job (hpc_job, user, slurm_account, slurm_partition), container (container_engine, container_id, container_name), user.  A job's labels beyond hpc_job, and the container labels, are present only where their attribution is on; see docs/holders-processes-mig.md."),
     MetricDef("gpu_mig_info", _G, "", "Constant 1 for each MIG device of a GPU in MIG mode; the labels give its UUID, GPU and compute instance ids and profile.",
               scope=Scope.MIG, value=lambda m: 1,
               doc="A100 and H100 in MIG mode; compute_instance_id tells apart the compute instances of one GPU instance."),
@@ -285,8 +296,9 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_mig_process_memory_used_bytes", _G, "bytes", f"Memory used by a process on a MIG device, in bytes ({_CAPPED}).",
               scope=Scope.MIG_PROCESS, value=lambda p: p.used_memory_bytes, collector=_PROC),
     # The accounting's books (serving/accounting_metrics.py renders them from the ledger, not a snapshot).
-    MetricDef("gpu_state_seconds_total", _C, "seconds", "Seconds each GPU spent in each state (busy, allocated_idle, idle, down), by holder: the pod with pod attribution, else the user whose processes hold memory; a shared GPU's time is split between its holders.",
-              labels=("user", "state")),
+    MetricDef("gpu_state_seconds_total", _C, "seconds", "Seconds each GPU spent in each state (busy, allocated_idle, idle, down), by holder: the pod with pod attribution, else the Slurm job, container or user holding it; a shared GPU's time is split between its holders.",
+              labels=("state",), holder=True,
+              doc="One holder per series, with the labels of its kind (as gpu_holder_info); the job and container labels are present only where their attribution is on.  Time nobody held has every holder label empty."),
     MetricDef("gpu_last_active_timestamp_seconds", _G, "seconds", "Unix time the GPU was last busy (activity at or above the idle threshold); absent until it has been busy since the exporter started."),
     MetricDef("gpu_memory_used_max_bytes", _G, "bytes", "Highest GPU memory used seen by the polls over the memory peak window (default 5 min), in bytes."),
     MetricDef("gpu_price_per_hour", _G, "", "Price of the GPU per hour in the configured currency, from the pricing settings; absent where no price is configured.",
@@ -310,6 +322,8 @@ _DEFS: tuple[MetricDef, ...] = (
               scope=Scope.EXPORTER, labels=("outcome",)),
     MetricDef("gpu_exporter_pod_attribution_expired_total", _C, "", "Times the last good pod attribution was dropped because the kubelet had not answered for kubernetes.keep_last_good_for.",
               scope=Scope.EXPORTER),
+    MetricDef("gpu_exporter_holder_errors_total", _C, "", "Failed reads of the sources of Slurm jobs and container names, by source: job_mapping (the job mapping directory or one of its files), engine_api (a container engine's socket); present where the source is on.",
+              scope=Scope.EXPORTER, labels=("source",)),
     MetricDef("gpu_exporter_log_lines_dropped_total", _C, "", "Log lines dropped because the reader of the exporter's stderr did not keep up (the daemon never waits on its log).",
               scope=Scope.EXPORTER),
     MetricDef("gpu_exporter_nvml_errors_total", _C, "", "Failed NVML queries, by function and error (not_supported, function_not_found, no_permission, and invalid_argument for a field value the driver does not know, are counted once per GPU and query, then again after each static refresh).",

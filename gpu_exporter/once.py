@@ -13,16 +13,27 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
 
 from .accounting.pricing import PriceBook
 from .accounting.states import WASTE_STATES, classify
 from .alerting.engine import RuleEngine, holding_now
 from .alerting.rules import Check
 from .alerting.settings import RulesSettings
+from .holders.attribution import HolderAttributor
+from .holders.engines import EngineNames
+from .holders.slurm import JobMappingDir, check_directory
 from .serving.metrics import GPU_LABELS, RenderOptions, gpu_families
-from .snapshot import GpuReading, NodeSnapshot, ProcessReading
+from .snapshot import GpuReading, Holder, NodeSnapshot, ProcessReading, device_holders
+from .sources.procfs import user_name
 from .untrusted import for_terminal
+
+if TYPE_CHECKING:
+    from .config import Settings
+
+log = structlog.get_logger(__name__)
 
 GIB = 1024**3
 
@@ -33,8 +44,30 @@ UNKNOWN: Final = 3
 STATUS_NAMES: Final = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 # An info finding (GpuIdle) is worth showing but not worth a page.
 _SEVERITY_STATUS: Final = {"critical": CRITICAL, "warning": WARNING}
+GPU_LABELS_SET: Final = frozenset(GPU_LABELS)
 # Label values that are numbers, given to scripts as numbers.
 _NUMERIC_LABELS: Final = frozenset({"gpu", "pid", "gpu_instance_id", "compute_instance_id"})
+
+
+def holder_attributor(settings: Settings, pod_mode: bool = False) -> HolderAttributor | None:
+    """Slurm jobs and containers as the settings ask, for the daemon and ``--once`` alike; None where
+    neither is on.  A mapping directory that cannot serve (yet) is said once, here."""
+    slurm, containers = settings.slurm, settings.containers
+    on = containers.enabled(pod_mode)
+    if not slurm.enabled() and not on:
+        return None
+    mapping = None
+    if slurm.job_mapping_dir is not None:
+        if (why := check_directory(slurm.job_mapping_dir)) is not None:
+            log.warning("slurm_job_mapping_dir", path=slurm.job_mapping_dir, detail=why)
+        mapping = JobMappingDir(slurm.job_mapping_dir, keep_last_good_for=slurm.keep_last_good_for)
+    names = None
+    if on:
+        names = EngineNames({"docker": containers.docker_socket, "podman": containers.podman_socket},
+                            timeout=containers.api_timeout, retry_after=containers.api_retry_after,
+                            cache_size=containers.name_cache_size)  # fmt: skip
+    return HolderAttributor(mapping=mapping, job_from_cgroup=slurm.job_from_cgroup, containers=on, names=names,
+                            pod_mode=pod_mode, user_of_uid=user_name)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -120,10 +153,19 @@ def _gpu_rows(snapshot: NodeSnapshot, opts: RenderOptions | None) -> dict[int, d
         gpus[g.index] = {"gpu": g.index, "uuid": g.uuid or None, "up": g.up}
         if not g.up:
             gpus[g.index]["error"] = g.error
+    # The GPU's holder labels are on every per-GPU sample; the holders are listed one by one in
+    # gpu_holder_info (without the labels of other kinds), and each process has its own.
+    held = frozenset(opts.holders.names if opts else ())
+    shared = GPU_LABELS_SET | held
     for fam in gpu_families(snapshot, opts):
         for s in fam.samples:
             gpu = gpus[int(s.labels["gpu"])]
-            extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS}
+            if fam.name == "gpu_holder_info":
+                extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS and v}
+            elif "pid" in s.labels:  # a process's own holder labels, where it has one
+                extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS and (v or k not in held)}
+            else:
+                extra = {k: v for k, v in s.labels.items() if k not in shared}
             value: Any = int(s.value) if float(s.value).is_integer() else s.value
             if fam.name == "gpu_info":
                 gpu["gpu_info"] = extra
@@ -220,6 +262,21 @@ def biggest_first(processes: Sequence[ProcessReading]) -> list[ProcessReading]:
     return sorted(processes, key=lambda p: (p.used_memory_bytes is None, -(p.used_memory_bytes or 0), p.pid))
 
 
+def held_by(holders: Sequence[Holder], most: int = 3) -> str:
+    """Who holds a GPU, in words: ``job 4242 of alice, container trainer``; ``-`` for nobody."""
+    names = [h.name for h in holders]
+    if len(names) > most:
+        names = [*names[:most], f"+{len(names) - most} more"]
+    return ", ".join(names) or "-"
+
+
+def _holder_details(h: Holder) -> str:
+    labels = h.labels()
+    extra = [f"{word} {labels[key]}" for word, key in (("account", "slurm_account"), ("partition", "slurm_partition"),
+             ("engine", "container_engine"), ("id", "container_id")) if labels.get(key)]  # fmt: skip
+    return h.name + (f" ({', '.join(extra)})" if extra else "")
+
+
 def _summary_row(g: GpuReading, state: str) -> list[str]:
     assert g.static is not None
     mem = "n/a"
@@ -231,11 +288,11 @@ def _summary_row(g: GpuReading, state: str) -> list[str]:
         power += f"/{g.power_limit_watts:.0f}"
     return [
         str(g.index), g.static.name, _pct(g.utilization_ratio), mem, "n/a" if temp is None else f"{temp:.0f} C",
-        power if g.power_usage_watts is None else f"{power} W", _link(g), state,
+        power if g.power_usage_watts is None else f"{power} W", _link(g), state, held_by(device_holders(g, False)),
     ]  # fmt: skip
 
 
-_HEADINGS = ("GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PCIE LINK", "STATE")
+_HEADINGS = ("GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PCIE LINK", "STATE", "HELD BY")
 _RIGHT = frozenset({0, 2, 3, 4, 5})  # numbers line up on the right
 
 
@@ -266,6 +323,8 @@ def _details(g: GpuReading, cost: CostNow | None = None) -> list[str]:
     lines = [f"GPU {g.index}  {s.name}  {s.uuid}  {s.pci_bus_id}"]
     if cost and state:
         lines.append(_state_line(state, price, cost.currency))
+    holders = device_holders(g, False)
+    lines.append(f"  held by      {'; '.join(_holder_details(h) for h in holders) or 'nobody'}")
     mem = "n/a"
     if g.memory_total_bytes is not None and g.memory_used_bytes is not None:
         mem = (f"{g.memory_used_bytes / GIB:.1f} / {g.memory_total_bytes / GIB:.1f} GiB "
@@ -301,7 +360,7 @@ def _details(g: GpuReading, cost: CostNow | None = None) -> list[str]:
         for p in biggest_first(g.processes):
             used = "n/a" if p.used_memory_bytes is None else f"{p.used_memory_bytes / GIB:.2f} GiB"
             sm = "" if p.sm_utilization_ratio is None else f"  SM {_pct(p.sm_utilization_ratio):>4}"
-            lines.append(f"    {p.pid:>8}  {p.name:<20} {used:>10}  {p.kind}{sm}")
+            lines.append(f"    {p.pid:>8}  {p.name:<20} {used:>10}  {p.kind:<8}{sm:<9}  {p.holder.name}")
     else:
         lines.append("  processes    none")
     for m in g.migs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 
@@ -40,6 +41,20 @@ class ProcessReading:
     # Who runs it: the user name of its real uid (/proc/<pid>/status), the uid's number where the
     # exporter's passwd does not know it, None where /proc does not show the process.
     user: str | None = None
+    # The Slurm job and the container it runs in, from its /proc/<pid>/cgroup (see gpu_exporter.holders).
+    job: JobRef | None = None
+    container: ContainerRef | None = None
+
+    @property
+    def holder(self) -> Holder:
+        """Who answers for it: its pod, else its Slurm job, else its container, else its user."""
+        if self.pod is not None:
+            return pod_holder(self.pod)
+        if self.job is not None:
+            return job_holder(self.job)
+        if self.container is not None:
+            return container_holder(self.container)
+        return user_holder(self.user or UNKNOWN_USER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +87,107 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
+class JobRef:
+    """A Slurm job holding a device or running a process: its ID, and where known its user, account
+    and partition (see gpu_exporter.holders for where each comes from)."""
+
+    job: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRef:
+    """A container (Docker, Podman, containerd, CRI-O) running a process: its engine, its full ID from
+    the cgroup path and, where the engine's API said, its name."""
+
+    engine: str
+    id: str
+    name: str = ""
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    @property
+    def display(self) -> str:
+        """Its name, else its short ID (what ``docker ps`` shows)."""
+        return self.name or self.short_id
+
+
+UNKNOWN_USER: Final = "unknown"
+POD, JOB, CONTAINER, USER = "pod", "job", "container", "user"
+HOLDER_KINDS: Final = (POD, JOB, CONTAINER, USER)
+# The labels of each kind of holder, in the order they are written.  ``user`` is shared: a job's
+# user, or the Unix user who holds the GPU.
+HOLDER_LABELS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType({
+    POD: ("namespace", "pod", "container"),
+    JOB: ("hpc_job", "user", "slurm_account", "slurm_partition"),
+    CONTAINER: ("container_engine", "container_id", "container_name"),
+    USER: ("user",),
+})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    """Who holds a GPU: a kind (pod, job, container or user) and that kind's label values.
+
+    The one model every place that shows holders reads: per-GPU and per-process series, the books of
+    GPU time, ``--once``, the alerts and the report's labels.  ``Holder("", ())`` is nobody.
+    """
+
+    kind: str
+    values: tuple[str, ...] = ()
+
+    def labels(self) -> dict[str, str]:
+        """Label name -> value, the kind's own labels only."""
+        return dict(zip(HOLDER_LABELS.get(self.kind, ()), self.values, strict=False))
+
+    def get(self, label: str) -> str:
+        return self.labels().get(label, "")
+
+    @property
+    def name(self) -> str:
+        """In words, for people: ``pod ml/train``, ``job 4242 of alice``, ``container trainer``, ``user alice``."""
+        return holder_name(self.kind, self.labels())
+
+
+NOBODY: Final = Holder("")
+
+
+def holder_name(kind: str, labels: Mapping[str, str]) -> str:
+    """A holder in words, from its kind and labels (the report rebuilds holders from series labels)."""
+    get = labels.get
+    if kind == POD:
+        return f"pod {get('namespace', '')}/{get('pod', '')}"
+    if kind == JOB:
+        user = get("user", "")
+        return f"job {get('hpc_job', '')}" + (f" of {user}" if user else "")
+    if kind == CONTAINER:
+        return f"container {get('container_name', '') or get('container_id', '')}"
+    if kind == USER:
+        return f"user {get('user', '')}"
+    return ""
+
+
+def pod_holder(ref: PodRef) -> Holder:
+    return Holder(POD, (ref.namespace, ref.pod, ref.container))
+
+
+def job_holder(ref: JobRef) -> Holder:
+    return Holder(JOB, (ref.job, ref.user, ref.account, ref.partition))
+
+
+def container_holder(ref: ContainerRef) -> Holder:
+    return Holder(CONTAINER, (ref.engine, ref.short_id, ref.display))
+
+
+def user_holder(user: str) -> Holder:
+    return Holder(USER, (user,))
+
+
+@dataclass(frozen=True, slots=True)
 class MigReading:
     """One MIG device of a GPU in MIG mode.  Only GPM gives its utilization (``activity``)."""
 
@@ -86,6 +202,8 @@ class MigReading:
     processes: tuple[ProcessReading, ...] = ()
     pods: tuple[PodRef, ...] = ()
     activity: Activity | None = None  # GPM per GPU instance; the only utilization NVML gives per MIG
+    jobs: tuple[JobRef, ...] = ()  # as GpuReading.jobs
+    containers: tuple[ContainerRef, ...] = ()  # as GpuReading.containers
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +278,10 @@ class GpuReading:
     migs: tuple[MigReading, ...] = ()
     pods: tuple[PodRef, ...] = ()  # every container holding the GPU (several with time-slicing)
     activity: Activity | None = None  # None until two GPM samples exist, or where GPM is not supported
+    # The Slurm jobs holding it: those the job mapping files list for it, and those its processes
+    # run in; and the containers its processes run in (gpu_exporter.holders).
+    jobs: tuple[JobRef, ...] = ()
+    containers: tuple[ContainerRef, ...] = ()
 
     @property
     def pcie_link_max_bytes_per_second(self) -> float | None:
@@ -205,6 +327,73 @@ def pod_label_values(pods: Iterable[PodRef]) -> tuple[str, str, str]:
         ",".join(dict.fromkeys(r.pod for r in refs)),
         ",".join(dict.fromkeys(r.container for r in refs)),
     )
+
+
+@dataclass(frozen=True)
+class HolderLabels:
+    """Which holders name the per-GPU series and the alerts, as labels after ``gpu`` and ``uuid``:
+    the pods (under their configured label names), the Slurm jobs (``hpc_job``, dcgm-exporter's
+    name) and the containers (``container_name``).  Several holders of one kind (a shared GPU) give
+    their values joined with commas, in a stable order; ``gpu_holder_info`` lists them one by one."""
+
+    pods: tuple[str, str, str] | None = None  # the names of the namespace, pod and container labels
+    jobs: bool = False
+    containers: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*(self.pods or ()), *(("hpc_job",) if self.jobs else ()),
+                *(("container_name",) if self.containers else ()))  # fmt: skip
+
+    def values(
+        self, pods: Iterable[PodRef], jobs: Iterable[JobRef] = (), containers: Iterable[ContainerRef] = ()
+    ) -> tuple[str, ...]:
+        """The values of :attr:`names` for a device (or a process) held by these."""
+        out: tuple[str, ...] = pod_label_values(pods) if self.pods else ()
+        if self.jobs:
+            out += (",".join(sorted({j.job for j in jobs}, key=_job_order)),)
+        if self.containers:
+            out += (",".join(sorted({c.display for c in containers})),)
+        return out
+
+    def of(self, d: GpuReading | MigReading) -> tuple[str, ...]:
+        return self.values(d.pods, d.jobs, d.containers)
+
+    def _detail(self) -> tuple[str, ...]:
+        return (*(HOLDER_LABELS[POD] if self.pods else ()), *(("hpc_job", "slurm_account", "slurm_partition")
+                if self.jobs else ()), *(HOLDER_LABELS[CONTAINER] if self.containers else ()), "user")  # fmt: skip
+
+    @property
+    def detail_names(self) -> tuple[str, ...]:
+        """Every label of one holder, for series that carry one holder each (``gpu_state_seconds_total``,
+        ``gpu_holder_info``): the pods' (as configured), the jobs', the containers' and ``user``."""
+        return (*(self.pods or ()), *self._detail()[3 if self.pods else 0 :])
+
+    def detail_values(self, h: Holder) -> tuple[str, ...]:
+        labels = h.labels()
+        return tuple(labels.get(name, "") for name in self._detail())
+
+
+def _job_order(job: str) -> tuple[int, str]:
+    """Job IDs in numeric order where they are numbers (4242 before 10000)."""
+    head = job.split("_", 1)[0].split("+", 1)[0]
+    return (int(head), job) if head.isdigit() and len(head) < 20 else (1 << 64, job)
+
+
+def device_holders(d: GpuReading | MigReading, pod_mode: bool, *, migs: bool = True) -> tuple[Holder, ...]:
+    """Who holds a GPU (with its MIG devices', unless ``migs`` is False) or MIG device now, one by
+    one, in a stable order.
+
+    With pod attribution (``pod_mode``), the pods the kubelet assigned it.  Otherwise the Slurm jobs
+    it is allocated to (the job mapping files, and the jobs of its processes) and the holder of each
+    process holding memory on it: its job, else its container, else its user."""
+    parts: tuple[GpuReading | MigReading, ...] = (d, *d.migs) if isinstance(d, GpuReading) and migs else (d,)
+    if pod_mode:
+        found = {pod_holder(r) for x in parts for r in x.pods}
+    else:
+        found = {job_holder(j) for x in parts for j in x.jobs}
+        found |= {p.holder for x in parts for p in x.processes if p.used_memory_bytes}
+    return tuple(sorted(found))
 
 
 def holds_memory(g: GpuReading) -> bool:

@@ -20,7 +20,16 @@ from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, NOBODY, classify, holders
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.config import ConfigError, load_settings
-from gpu_exporter.snapshot import Activity, GpuReading, GpuStatic, MigReading, NodeSnapshot, PodRef, ProcessReading
+from gpu_exporter.snapshot import (
+    Activity,
+    GpuReading,
+    GpuStatic,
+    Holder,
+    MigReading,
+    NodeSnapshot,
+    PodRef,
+    ProcessReading,
+)
 from gpu_exporter.sources.procfs import process_user, user_name
 
 GIB = 1024**3
@@ -48,11 +57,17 @@ def snap(t: float, *gpus: GpuReading, nvml_up: bool = True) -> NodeSnapshot:
 
 
 def seconds(view: AccountingView, index: int = 0) -> dict[tuple[str, str], float]:
-    """(holder name, state) -> seconds of one GPU; the holder is its pod (ns/pod/container) or user."""
+    """(holder name, state) -> seconds of one GPU; the holder is its pod (ns/pod/container), its job
+    (job:<id>), its container (container:<name>) or its user."""
     a = next(a for a in view.gpus if a.index == index)
     out: dict[tuple[str, str], float] = {}
-    for (ns, pod, container, user), state, value in a.seconds:
+    for h, state, value in a.seconds:
+        ns, pod, container, user = h.get("namespace"), h.get("pod"), h.get("container"), h.get("user")
         name = f"{ns}/{pod}/{container}" if pod else user
+        if h.kind == "job":
+            name = f"job:{h.get('hpc_job')}"
+        elif h.kind == "container":
+            name = f"container:{h.get('container_name')}"
         out[(name, state)] = out.get((name, state), 0.0) + value
     return out
 
@@ -169,7 +184,8 @@ def test_a_shared_gpu_is_split_evenly_where_utilization_does_not_say(processes: 
 def test_containers_of_one_pod_split_its_share() -> None:
     pods = (PodRef("ml", "a", "main"), PodRef("ml", "a", "sidecar"), PodRef("ml", "b", "main"))
     shares = dict(holders(gpu(pods=pods, processes=()), pod_mode=True))
-    assert shares == {("ml", "a", "main", ""): 0.25, ("ml", "a", "sidecar", ""): 0.25, ("ml", "b", "main", ""): 0.5}
+    assert shares == {Holder("pod", ("ml", "a", "main")): 0.25, Holder("pod", ("ml", "a", "sidecar")): 0.25,
+                      Holder("pod", ("ml", "b", "main")): 0.5}  # fmt: skip
 
 
 def test_without_pods_the_holders_are_users_split_by_their_processes() -> None:
@@ -300,4 +316,4 @@ def test_a_process_user_is_its_real_uid_named_by_passwd(tmp_path: Path) -> None:
     assert process_user(42, str(tmp_path)) == "4242424"  # unknown to passwd: the number
     assert process_user(43, str(tmp_path)) is None  # not visible
     assert user_name(0) == "root"
-    assert NOBODY == ("", "", "", "")
+    assert NOBODY.kind == "" and NOBODY.labels() == {} and NOBODY.name == ""

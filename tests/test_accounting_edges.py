@@ -8,7 +8,7 @@ from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.accounting.peaks import WindowMax
 from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, holders
 from gpu_exporter.serving.accounting_metrics import accounting_families
-from gpu_exporter.snapshot import Activity, GpuReading, PodRef
+from gpu_exporter.snapshot import Activity, GpuReading, PodRef, user_holder
 from tests.test_accounting import GIB, T0, THRESHOLD, account, gpu, nonzero, prices, proc, seconds, snap
 
 
@@ -41,7 +41,7 @@ def test_an_unheld_gpu_under_pod_attribution_counts_its_time_once_as_nobodys() -
 def test_a_process_without_a_utilization_reading_adds_nothing_to_its_users_share() -> None:
     """alice's second process has no per-process utilization; her share is that of the one that has."""
     g = gpu(processes=(proc(1, sm=None, user="alice"), proc(2, sm=0.2, user="alice"), proc(3, sm=0.2, user="bob")))
-    assert dict(holders(g, pod_mode=False)) == {("", "", "", "alice"): 0.5, ("", "", "", "bob"): 0.5}
+    assert dict(holders(g, pod_mode=False)) == {user_holder("alice"): 0.5, user_holder("bob"): 0.5}
 
 
 def test_more_users_at_once_than_the_bound_are_folded_into_other_and_the_time_still_adds_up() -> None:

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 # The parts: subpackages, and the shared model.  The wiring at the top (cli, daemon, config, once,
 # logs) may import any part.
-PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "accounting", "report", "web")
+PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "holders", "accounting",
+         "report", "web")  # fmt: skip
 WIRING = ("cli", "daemon", "config", "once", "logs", "schedule", "__main__")
 HELPERS = ("durations", "yamlfile", "untrusted", "redaction")  # parsing helpers with no dependencies, usable anywhere
 
@@ -82,6 +83,9 @@ def part_of(module: str, package: str = PACKAGE) -> str | None:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+# What the two parts that join holders onto the snapshot (pods; jobs and containers) must never import.
+_ASIDE = {"sources", "serving", "alerting", "accounting", "report", "metric_defs", "web", "kubernetes", "holders",
+          *WIRING, *HELPERS}  # fmt: skip
 # part -> the parts of the package it must never import.
 FORBIDDEN: dict[str, set[str]] = {
     "snapshot": {*PARTS, *WIRING, *HELPERS} - {"snapshot"},
@@ -91,17 +95,18 @@ FORBIDDEN: dict[str, set[str]] = {
     "yamlfile": {*PARTS, *WIRING, "durations"},
     "untrusted": {*PARTS, *WIRING, "durations", "yamlfile"},
     "redaction": {*PARTS, *WIRING, "durations", "yamlfile", "untrusted"},
-    "sources": {"serving", "alerting", "kubernetes", "accounting", "report", "web", *WIRING},
-    "alerting": {"serving", "sources", "kubernetes", "accounting", "report", "web", *WIRING},
+    "sources": {"serving", "alerting", "kubernetes", "holders", "accounting", "report", "web", *WIRING},
+    "alerting": {"serving", "sources", "kubernetes", "holders", "accounting", "report", "web", *WIRING},
     # What is shown knows nothing of how it is served: the wiring hands the pages to the server.
-    "serving": {"sources", "kubernetes", "report", "web", *WIRING},
+    "serving": {"sources", "kubernetes", "holders", "report", "web", *WIRING},
     # The kubelet's answers are decoded here; of the helpers, only the one for text from outside.
-    "kubernetes": {"sources", "serving", "alerting", "accounting", "report", "metric_defs", "web", *WIRING, *HELPERS}
-    - {"untrusted"},
+    "kubernetes": _ASIDE - {"untrusted"},
+    # Jobs and containers (cgroups, mapping files, engine sockets): like the kubelet's pods, beside the flow.
+    "holders": _ASIDE - {"untrusted"},
     # The books read snapshots; the idle threshold comes from the wiring, not from alerting.
-    "accounting": {"sources", "serving", "alerting", "kubernetes", "report", "web", *WIRING},
+    "accounting": {"sources", "serving", "alerting", "kubernetes", "holders", "report", "web", *WIRING},
     # The report reads a Prometheus API: it never sees a snapshot, let alone a GPU.
-    "report": {"snapshot", "metric_defs", "sources", "serving", "alerting", "kubernetes", "web", *WIRING},
+    "report": {"snapshot", "metric_defs", "sources", "serving", "alerting", "kubernetes", "holders", "web", *WIRING},
     # The web server knows HTTP, TLS and basic auth, and is given its pages: nothing of what it serves.
     "web": {*PARTS, *WIRING} - {"web"},
 }
@@ -265,6 +270,14 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         (
             {"sources/nvml.py": "from ..accounting import ledger\n", "accounting/ledger.py": ""},
             "sources must not import accounting",
+        ),
+        (
+            {"holders/attribution.py": "from ..sources import procfs\n", "sources/procfs.py": ""},
+            "holders must not import sources",
+        ),
+        (
+            {"serving/metrics.py": "from ..holders import engines\n", "holders/engines.py": ""},
+            "serving must not import holders",
         ),
     ],
 )

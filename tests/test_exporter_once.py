@@ -32,10 +32,11 @@ def test_table_with_findings_exits_1(scenario: Scenario) -> None:
     lines = text.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith(" GPU  NAME"))
     assert re.split(r"\s{2,}", lines[head].strip()) == ["GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PCIE LINK",
-                                                          "STATE"]  # fmt: skip
+                                                          "STATE", "HELD BY"]  # fmt: skip
+    # The scenario's process is not in /proc: held by an unknown user.
     assert re.split(r"\s{2,}", lines[head + 1].strip()) == [
         "0", "NVIDIA A100-PCIE-40GB", "38%", "30.0/40.0 GiB", "75%", "51 C", "118/250 W", "Gen1 x8 (max Gen4 x16)",
-        "busy"]  # fmt: skip
+        "busy", "user unknown"]  # fmt: skip
     assert text.index(lines[head + 1]) < text.index("GPU 0  NVIDIA A100-PCIE-40GB")
     assert "GPU 0  NVIDIA A100-PCIE-40GB" in text
     assert "utilization    38%" in text

@@ -2,9 +2,10 @@
 peak, when it was last busy and what it costs.
 
 Each snapshot adds the time since the previous one to exactly one state of every GPU the books
-know, split between the GPU's holders (:func:`~.states.holders`).  A GPU missing from a snapshot,
-or every GPU while NVML is down, adds that time to ``down``.  The sums only grow while the daemon
-runs, so ``increase()`` over any range is exact to a poll interval however the scrapes fall.
+know, split between the GPU's holders (:func:`~.states.holders`: pods, Slurm jobs, containers or
+users).  A GPU missing from a snapshot, or every GPU while NVML is down, adds that time to ``down``.
+The sums only grow while the daemon runs, so ``increase()`` over any range is exact to a poll
+interval however the scrapes fall.
 
 A gap between two snapshots longer than ``max_step`` seconds (the daemon was stopped or the machine
 suspended) is not counted: nobody saw what the GPUs did then.
@@ -15,10 +16,23 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from ..snapshot import GpuReading, NodeSnapshot, PodRef
+from ..snapshot import POD, ContainerRef, GpuReading, JobRef, NodeSnapshot, PodRef
 from .peaks import WindowMax
 from .pricing import PriceBook
-from .states import BUSY, DOWN, IDLE, NOBODY, OTHER_USER, STATES, Holder, classify, holders, pods_of
+from .states import (
+    BUSY,
+    DOWN,
+    IDLE,
+    NOBODY,
+    OTHERS,
+    STATES,
+    Holder,
+    classify,
+    containers_of,
+    holders,
+    jobs_of,
+    pods_of,
+)
 
 GpuKey = tuple[int, str]  # NVML index and UUID
 
@@ -30,12 +44,14 @@ class GpuAccount:
     index: int
     uuid: str
     state: str
-    pods: tuple[PodRef, ...]  # who holds it now, for the pod labels of its per-GPU series
+    pods: tuple[PodRef, ...]  # who holds it now, for the holder labels of its per-GPU series
     seconds: tuple[tuple[Holder, str, float], ...]  # (holder, state, seconds), in a stable order
     last_active: float | None = None  # unix time it was last busy; None: not since the daemon started
     memory_peak_bytes: float | None = None
     price_per_hour: float | None = None
     energy_price_per_kwh: float | None = None
+    jobs: tuple[JobRef, ...] = ()  # as pods
+    containers: tuple[ContainerRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,8 @@ class _Book:
     state: str = DOWN
     name: str | None = None
     pods: tuple[PodRef, ...] = ()
+    jobs: tuple[JobRef, ...] = ()
+    containers: tuple[ContainerRef, ...] = ()
     last_active: float | None = None
     seconds: dict[tuple[Holder, str], float] = field(default_factory=dict)
     held_at: dict[Holder, float] = field(default_factory=dict)  # holder -> when it last held the GPU
@@ -113,7 +131,7 @@ class Accountant:
                 self._observe_gpu(book, g, t, step, snapshot.taken_at)
             for key, book in self._books.items():
                 if key not in seen:  # lost from the count, or NVML is down: nobody can use it
-                    book.state, book.pods = DOWN, ()
+                    book.state, book.pods, book.jobs, book.containers = DOWN, (), (), ()
                     book.seconds[(NOBODY, DOWN)] += step
             self._view = self._render(t)
 
@@ -121,6 +139,8 @@ class Accountant:
         state = classify(g, self.threshold, self.signal)
         book.state = state
         book.pods = pods_of(g) if g.up else ()
+        book.jobs = jobs_of(g) if g.up else ()
+        book.containers = containers_of(g) if g.up else ()
         if g.static is not None:
             book.name = g.static.name
         if state == BUSY:
@@ -134,15 +154,17 @@ class Accountant:
             book.seconds[key] = book.seconds.get(key, 0.0) + step * share
 
     def _bounded(self, book: _Book, shares: list[tuple[Holder, float]]) -> list[tuple[Holder, float]]:
-        """Users beyond ``max_users`` of one GPU are counted as one 'other' user, so the series stay bounded."""
+        """Holders beyond ``max_users`` of one GPU (users, jobs and containers; pods are bounded by the
+        kubelet) are counted as one 'other' of their kind, so the series stay bounded."""
         if self.pod_mode:
             return shares
-        known = {h for h in book.held_at if h != NOBODY and h[3] != OTHER_USER}
+        others = set(OTHERS.values())
+        known = {h for h in book.held_at if h != NOBODY and h not in others}
         out: dict[Holder, float] = {}
         for holder, share in shares:
-            if holder != NOBODY and holder not in known:
+            if holder != NOBODY and holder.kind != POD and holder not in known:
                 if len(known) >= self.max_users:
-                    holder = ("", "", "", OTHER_USER)
+                    holder = OTHERS[holder.kind]
                 else:
                     known.add(holder)
             out[holder] = out.get(holder, 0.0) + share
@@ -163,7 +185,8 @@ class Accountant:
         for book in sorted(self._books.values(), key=lambda b: (b.index, b.uuid)):
             price = prices.per_hour(book.name) if prices else None
             gpus.append(GpuAccount(
-                index=book.index, uuid=book.uuid, state=book.state, pods=book.pods,
+                index=book.index, uuid=book.uuid, state=book.state, pods=book.pods, jobs=book.jobs,
+                containers=book.containers,
                 seconds=tuple((h, s, v) for (h, s), v in sorted(book.seconds.items())),
                 last_active=book.last_active,
                 memory_peak_bytes=book.peak.max(now) if book.state != DOWN else None,

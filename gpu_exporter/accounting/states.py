@@ -3,7 +3,8 @@
 - ``busy``: the activity signal is at or above the idle threshold.  The signal is SM activity
   where the GPU has GPM, else GPU-Util, chosen exactly as GpuUnderutilized chooses it
   (:func:`~gpu_exporter.snapshot.select_activity`); the threshold is that rule's.
-- ``allocated_idle``: below the threshold, but a process holds memory or a pod holds the GPU.
+- ``allocated_idle``: below the threshold, but a process holds memory, or a pod or Slurm job holds the
+  GPU.
 - ``idle``: below the threshold and nobody holds it.
 - ``down``: lost or unreadable.
 
@@ -16,7 +17,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from ..snapshot import GpuReading, PodRef, ProcessReading, activity_now, holds_memory
+from ..snapshot import (
+    CONTAINER,
+    JOB,
+    NOBODY,
+    POD,
+    UNKNOWN_USER,
+    USER,
+    ContainerRef,
+    GpuReading,
+    Holder,
+    JobRef,
+    PodRef,
+    ProcessReading,
+    activity_now,
+    holds_memory,
+    job_holder,
+)
 
 BUSY: Final = "busy"
 ALLOCATED_IDLE: Final = "allocated_idle"
@@ -25,17 +42,30 @@ DOWN: Final = "down"
 STATES: Final = (BUSY, ALLOCATED_IDLE, IDLE, DOWN)
 WASTE_STATES: Final = (ALLOCATED_IDLE, IDLE)
 
-# Who holds a GPU: (namespace, pod, container, user); all empty for nobody.
-Holder = tuple[str, str, str, str]
-NOBODY: Holder = ("", "", "", "")
+__all__ = ["NOBODY", "UNKNOWN_USER", "Holder"]  # the holder model, as the books use it
 OTHER_USER = "other"
-UNKNOWN_USER = "unknown"
+# Holders beyond a GPU's bound (see Accountant.max_users) count as one "other" of their kind.
+OTHERS: Final = {
+    USER: Holder(USER, (OTHER_USER,)),
+    JOB: Holder(JOB, (OTHER_USER, "", "", "")),
+    CONTAINER: Holder(CONTAINER, ("", "", OTHER_USER)),
+}
 
 
 def pods_of(g: GpuReading) -> tuple[PodRef, ...]:
     """Every container holding the GPU or one of its MIG devices."""
     refs = set(g.pods) | {r for m in g.migs for r in m.pods}
     return tuple(sorted(refs, key=lambda r: (r.namespace, r.pod, r.container)))
+
+
+def jobs_of(g: GpuReading) -> tuple[JobRef, ...]:
+    """Every Slurm job holding the GPU or one of its MIG devices."""
+    return tuple(sorted(set(g.jobs) | {j for m in g.migs for j in m.jobs}, key=lambda j: (j.job, j.user)))
+
+
+def containers_of(g: GpuReading) -> tuple[ContainerRef, ...]:
+    """Every container running a process on the GPU or one of its MIG devices."""
+    return tuple(sorted(set(g.containers) | {c for m in g.migs for c in m.containers}, key=lambda c: (c.engine, c.id)))
 
 
 def processes_of(g: GpuReading) -> tuple[ProcessReading, ...]:
@@ -46,7 +76,7 @@ def processes_of(g: GpuReading) -> tuple[ProcessReading, ...]:
 
 
 def is_held(g: GpuReading) -> bool:
-    return holds_memory(g) or bool(pods_of(g))
+    return holds_memory(g) or bool(pods_of(g)) or bool(jobs_of(g))
 
 
 def classify(g: GpuReading, threshold: float, signal: str = "auto") -> str:
@@ -83,7 +113,8 @@ def holders(g: GpuReading, pod_mode: bool) -> list[tuple[Holder, float]]:
     """Who holds the GPU now, and each one's share of its time (shares sum to 1).
 
     With pod attribution (``pod_mode``) the holders are the pods the kubelet assigned the GPU or its
-    MIG devices to; otherwise the users whose processes hold memory on it.  Several holders (a
+    MIG devices to.  Otherwise the Slurm jobs it is allocated to, and the holder of each process
+    holding memory on it (its job, else its container, else its user).  Several holders (a
     time-sliced GPU) share its time by the SM utilization of their processes where the driver
     gives it for every holder, and evenly otherwise.
     """
@@ -92,19 +123,21 @@ def holders(g: GpuReading, pod_mode: bool) -> list[tuple[Holder, float]]:
     procs = processes_of(g)
     weights: dict[Holder, float | None] = {}
     if pod_mode:
-        containers: dict[tuple[str, str], list[str]] = {}
+        containers: dict[tuple[str, ...], list[str]] = {}
         for ref in pods_of(g):
             containers.setdefault((ref.namespace, ref.pod), []).append(ref.container)
         for ns, pod in containers:
             mine = [p for p in procs if p.pod is not None and (p.pod.namespace, p.pod.pod) == (ns, pod)]
-            _add(weights, (ns, pod, "", ""), _utilization(mine))
+            _add(weights, Holder(POD, (ns, pod, "")), _utilization(mine))
         # A pod's containers that hold the device together split the pod's share evenly.
-        return [((ns, pod, c, ""), share / len(containers[(ns, pod)]))
-                for (ns, pod, _, _), share in _split(weights) if (ns, pod) in containers
-                for c in containers[(ns, pod)]] or [(NOBODY, 1.0)]  # fmt: skip
+        return [(Holder(POD, (*key, c)), share / len(containers[key]))
+                for h, share in _split(weights) if (key := (h.values[:2])) in containers
+                for c in containers[key]] or [(NOBODY, 1.0)]  # fmt: skip
+    for job in jobs_of(g):  # allocated: held whether or not a process runs (a process's utilization adds below)
+        weights.setdefault(job_holder(job), None)
     for p in procs:
         if p.used_memory_bytes:  # a process without memory on the GPU holds nothing
-            _add(weights, ("", "", "", p.user or UNKNOWN_USER), p.sm_utilization_ratio)
+            _add(weights, p.holder, p.sm_utilization_ratio)
     return _split(weights)
 
 

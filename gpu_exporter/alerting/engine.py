@@ -5,8 +5,9 @@ after that; a pending alert whose condition stops holding is dropped. Unlike a b
 a firing alert resolves only when its separate clear condition holds.
 
 An alert is *identified* by its name, severity, node, GPU index and its rule's own labels (``xid``).
-The GPU's ``uuid`` and the pod labels are carried along with their latest values: a change of the
-pod holding a GPU, or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is
+The GPU's ``uuid`` and its holders' labels (the pod labels, ``hpc_job``, ``container_name``: those
+whose attribution is on) are carried along with their latest values: a change of the pod, job or
+container holding a GPU, or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is
 sent never holds an empty label value (Prometheus and Alertmanager drop those), so the label set,
 and the fingerprint computed from it, are the same here, in Alertmanager and in Prometheus.  When
 the labels of a firing alert change, receivers get the old label set resolved and the new one
@@ -22,7 +23,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from ..snapshot import GpuReading, NodeSnapshot, pod_label_values
+from ..snapshot import GpuReading, HolderLabels, NodeSnapshot
 from .rules import RULES, Check, GpuHistory, is_enabled
 from .settings import RulesSettings
 from .window import SampleWindow
@@ -124,9 +125,12 @@ class RuleEngine:
         resolved_retention: float = 900.0,
         pod_labels: tuple[str, str, str] | None = None,
         poll_interval: float | None = None,
+        jobs: bool = False,
+        containers: bool = False,
     ) -> None:
         self.rules = rules
         self.pod_labels = pod_labels
+        self.holders = HolderLabels(pod_labels, jobs, containers)
         self.node = node
         self.resend_interval = resend_interval
         self.resolved_retention = resolved_retention
@@ -183,9 +187,8 @@ class RuleEngine:
     def _labels(self, g: GpuReading, c: Check) -> Labels:
         labels = {"alertname": c.alertname, "severity": c.severity, "gpu": str(g.index), "uuid": g.uuid,
                   "node": self.node, **dict(c.extra_labels)}  # fmt: skip
-        if self.pod_labels and g.pods:
-            for name, value in zip(self.pod_labels, pod_label_values(g.pods), strict=True):
-                labels[name] = value
+        for name, value in zip(self.holders.names, self.holders.of(g), strict=True):
+            labels[name] = value  # an empty one (nobody of that kind holds it) is not sent
         return sendable(labels)
 
     def _step(self, identity: Identity, labels: Labels, g: GpuReading, c: Check, now: _Now) -> None:

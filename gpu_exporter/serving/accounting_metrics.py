@@ -1,10 +1,10 @@
 """The accounting's books as metric families: GPU time by state and holder, memory peaks, last
 activity and prices (see :mod:`gpu_exporter.accounting`).
 
-Series carry ``gpu``, ``uuid`` and, with pod attribution on, the pod labels, like every per-GPU
-series.  ``gpu_state_seconds_total`` is the exception that proves it: one series per holder, so its
-pod labels (or its ``user``) name that one holder, where the other series join a shared GPU's pods
-with commas.
+Series carry ``gpu``, ``uuid`` and the holder labels that are on (pods, jobs, containers), like
+every per-GPU series.  ``gpu_state_seconds_total`` is the exception that proves it: one series per
+holder, with every label of that holder's kind (a job's user, account and partition; a container's
+engine, ID and name; a user), where the other series join a shared GPU's holders with commas.
 """
 
 from __future__ import annotations
@@ -16,30 +16,28 @@ from prometheus_client.registry import Collector
 
 from ..accounting.ledger import AccountingView, GpuAccount
 from ..metric_defs import METRICS
-from ..snapshot import pod_label_values
 from .metrics import RenderOptions
 
 
 def accounting_families(view: AccountingView, opts: RenderOptions | None = None) -> Iterator[Metric]:
-    pod_names = (opts.pod_labels if opts else None) or ()
+    holders = (opts or RenderOptions()).holders
 
     def base(a: GpuAccount) -> list[str]:
-        return [str(a.index), a.uuid, *(pod_label_values(a.pods) if pod_names else ())]
+        return [str(a.index), a.uuid, *holders.values(a.pods, a.jobs, a.containers)]
 
     def gauge(name: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, METRICS[name].help, labels=list(METRICS[name].series_labels(pod_names)))
+        return GaugeMetricFamily(name, METRICS[name].help, labels=list(METRICS[name].series_labels(holders)))
 
     d = METRICS["gpu_state_seconds_total"]
-    seconds = CounterMetricFamily(d.family_name, d.help, labels=list(d.series_labels(pod_names)))
+    seconds = CounterMetricFamily(d.family_name, d.help, labels=list(d.series_labels(holders)))
     last_active = gauge("gpu_last_active_timestamp_seconds")
     peak = gauge("gpu_memory_used_max_bytes")
     price = gauge("gpu_price_per_hour")
     energy = gauge("gpu_energy_price_per_kwh")
     currency = view.currency or ""
     for a in view.gpus:
-        for (namespace, pod, container, user), state, value in a.seconds:
-            holder = [namespace, pod, container] if pod_names else []
-            seconds.add_metric([str(a.index), a.uuid, *holder, user, state], value)
+        for holder, state, value in a.seconds:
+            seconds.add_metric([str(a.index), a.uuid, *holders.detail_values(holder), state], value)
         if a.last_active is not None:
             last_active.add_metric(base(a), a.last_active)
         if a.memory_peak_bytes is not None:

@@ -8,6 +8,10 @@ from collections.abc import Mapping, Sequence
 
 from ..alerting.delivery import rfc3339
 from ..alerting.engine import Alert
+from ..snapshot import HolderLabels
+
+# What the page looks for where the wiring does not say: the default pod labels, jobs and containers.
+EVERY_HOLDER = HolderLabels(("namespace", "pod", "container"), jobs=True, containers=True)
 
 
 def alerts_json(alerts: Sequence[Alert]) -> bytes:
@@ -33,8 +37,24 @@ def alerts_json(alerts: Sequence[Alert]) -> bytes:
 REFRESH_SECONDS = 15
 
 
-def alerts_html(alerts: Sequence[Alert], node: str = "", models: Mapping[str, str] | None = None) -> bytes:
-    """The alerts as a table: node, GPU and its model, with a link back; ``models`` maps GPU UUIDs to names."""
+def held_by(labels: Mapping[str, str], holders: HolderLabels = EVERY_HOLDER) -> str:
+    """Who holds the alert's GPU, in words, from its holder labels: pods, jobs and containers."""
+    parts = []
+    if holders.pods:
+        namespace, pod, container = (labels.get(name, "") for name in holders.pods)
+        if pod:
+            parts.append(f"pod {namespace}/{pod}" + (f" ({container})" if container else ""))
+    if holders.jobs and labels.get("hpc_job"):
+        parts.append(f"job {labels['hpc_job']}")
+    if holders.containers and labels.get("container_name"):
+        parts.append(f"container {labels['container_name']}")
+    return "; ".join(parts)
+
+
+def alerts_html(alerts: Sequence[Alert], node: str = "", models: Mapping[str, str] | None = None,
+                holders: HolderLabels = EVERY_HOLDER) -> bytes:  # fmt: skip
+    """The alerts as a table: node, GPU, its model and who holds it, with a link back; ``models`` maps
+    GPU UUIDs to names, ``holders`` says which holder labels the alerts carry."""
     models = models or {}
 
     def cells(a: Alert) -> tuple[str, ...]:
@@ -43,14 +63,14 @@ def alerts_html(alerts: Sequence[Alert], node: str = "", models: Mapping[str, st
         return (
             labels["alertname"], a.state, labels["severity"], labels.get("node", node),
             f"{labels['gpu']} {uuid or '(uuid unknown)'}", models.get(uuid, "(model unknown)"),
-            rfc3339(a.active_at), dict(a.annotations).get("description", ""),
+            held_by(labels, holders) or "-", rfc3339(a.active_at), dict(a.annotations).get("description", ""),
         )  # fmt: skip
 
     rows = "".join(
         f"<tr class='{html.escape(a.state)}'>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells(a)) + "</tr>"
         for a in alerts
     )
-    body = rows or "<tr><td colspan='8'>No pending or firing alerts.</td></tr>"
+    body = rows or "<tr><td colspan='9'>No pending or firing alerts.</td></tr>"
     where = f" on {html.escape(node)}" if node else ""
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
@@ -63,5 +83,5 @@ def alerts_html(alerts: Sequence[Alert], node: str = "", models: Mapping[str, st
         f"<p><a href='/'>home</a> · <a href='/metrics'>metrics</a> · <a href='/api/v1/alerts'>JSON</a> · "
         f"reloads every {REFRESH_SECONDS} s; {len(alerts)} pending or firing</p>"
         "<table><tr><th>alert</th><th>state</th><th>severity</th><th>node</th><th>GPU</th><th>model</th>"
-        f"<th>active since</th><th>description</th></tr>{body}</table></body></html>\n"
+        f"<th>held by</th><th>active since</th><th>description</th></tr>{body}</table></body></html>\n"
     ).encode()

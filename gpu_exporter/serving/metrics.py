@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -19,21 +19,35 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..accounting.states import UNKNOWN_USER
 from ..alerting.engine import Alert
 from ..metric_defs import COLLECTOR_METRICS, METRICS, SCOPE_LABELS, MetricDef, Scope, gpu_metrics
-from ..snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
+from ..snapshot import (
+    UNKNOWN_USER,
+    GpuReading,
+    HolderLabels,
+    MigReading,
+    NodeSnapshot,
+    ProcessReading,
+    device_holders,
+)
 
 GPU_LABELS = SCOPE_LABELS[Scope.GPU]
 
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """How snapshots become series: the per-GPU process cap, and the pod label names if any."""
+    """How snapshots become series: the per-GPU process cap, and which holders name the series (the
+    pod label names with pod attribution on; Slurm jobs and containers where theirs is on)."""
 
     process_top_n: int = 0  # 0: every process
     pod_labels: tuple[str, str, str] | None = None  # names for namespace, pod and container
     disabled: frozenset[str] = frozenset()  # collectors switched off
+    jobs: bool = False  # Slurm job attribution is on: hpc_job on every per-GPU series
+    containers: bool = False  # container attribution is on: container_name on every per-GPU series
+
+    @property
+    def holders(self) -> HolderLabels:
+        return HolderLabels(self.pod_labels, self.jobs, self.containers)
 
     @property
     def left_out(self) -> frozenset[str]:
@@ -48,24 +62,32 @@ def top_processes(processes: Iterable[ProcessReading], n: int) -> list[ProcessRe
 
 
 class _Families:
-    """Builds families whose every series starts with its scope's labels, the pod labels (when on)
-    right after ``gpu`` and ``uuid``."""
+    """Builds families whose every series starts with its scope's labels, the holder labels (those
+    on) right after ``gpu`` and ``uuid``."""
 
     def __init__(self, opts: RenderOptions) -> None:
         self.opts = opts
+        self.holders = opts.holders
         self.pod_names: tuple[str, ...] = opts.pod_labels or ()
 
     def family(self, d: MetricDef) -> GaugeMetricFamily | CounterMetricFamily:
-        labels = d.series_labels(self.pod_names)
+        labels = d.series_labels(self.holders)
         if d.type == "counter":
             return CounterMetricFamily(d.family_name, d.help, labels=labels)
         return GaugeMetricFamily(d.name, d.help, labels=labels)
 
-    def base(self, g: GpuReading, pods: Iterable[PodRef] | None = None) -> list[str]:
-        values = [str(g.index), g.uuid]
-        if self.pod_names:
-            values += pod_label_values(g.pods if pods is None else pods)
-        return values
+    def base(self, g: GpuReading, held: GpuReading | MigReading | ProcessReading | None = None) -> list[str]:
+        """``gpu`` and ``uuid``, and the holder labels of ``held`` (the GPU itself by default)."""
+        h = g if held is None else held
+        if isinstance(h, ProcessReading):
+            labels = self.holders.values(_one(h.pod), _one(h.job), _one(h.container))
+        else:
+            labels = self.holders.of(h)
+        return [str(g.index), g.uuid, *labels]
+
+
+def _one(ref: Any) -> tuple[Any, ...]:
+    return () if ref is None else (ref,)
 
 
 def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Metric]:
@@ -120,7 +142,7 @@ def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metri
     procs = [(d, f.family(d)) for d in gpu_metrics(Scope.PROCESS)]
     for g in live:
         for p in top_processes(g.processes, f.opts.process_top_n):
-            labels = [*f.base(g, [p.pod] if p.pod else ()), str(p.pid), p.name, p.user or UNKNOWN_USER]
+            labels = [*f.base(g, p), str(p.pid), p.name, p.user or UNKNOWN_USER]
             for d, fam in procs:
                 _add(fam, d, labels, p)
     yield from (fam for _, fam in procs)
@@ -131,6 +153,14 @@ def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metri
                               key=lambda x: (x[0], x[1].namespace, x[1].pod, x[1].container)):  # fmt: skip
                 holders.add_metric([str(g.index), g.uuid, ref[1].namespace, ref[1].pod, ref[1].container, ref[0]], 1)
         yield holders
+    info = f.family(METRICS["gpu_holder_info"])
+    pod_mode = f.opts.pod_labels is not None
+    for g in live:
+        devices: tuple[GpuReading | MigReading, ...] = (g, *g.migs)
+        for device in devices:
+            for h in device_holders(device, pod_mode, migs=False):
+                info.add_metric([str(g.index), g.uuid, *f.holders.detail_values(h), h.kind, device.uuid], 1)
+    yield info
     yield from _mig_families(f, live)
 
 
@@ -138,7 +168,7 @@ def _mig_families(f: _Families, live: list[GpuReading]) -> Iterator[Metric]:
     def ids(g: GpuReading, m: MigReading) -> list[str]:
         gi = "" if m.gpu_instance_id is None else str(m.gpu_instance_id)
         ci = "" if m.compute_instance_id is None else str(m.compute_instance_id)
-        return [*f.base(g, m.pods), m.uuid, gi, ci, m.profile]
+        return [*f.base(g, m), m.uuid, gi, ci, m.profile]
 
     migs = [(d, f.family(d)) for d in gpu_metrics(Scope.MIG)]
     procs = [(d, f.family(d)) for d in gpu_metrics(Scope.MIG_PROCESS)]
@@ -214,6 +244,20 @@ class _CountOf(Collector):
         yield fam
 
 
+class _CountsOf(Collector):
+    """A counter by one label whose values another part keeps (read at render time)."""
+
+    def __init__(self, name: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._def = METRICS[name]
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(self._def.family_name, self._def.help, labels=list(self._def.series_labels()))
+        for key, n in sorted(self._counts().items()):
+            fam.add_metric([key], n)
+        yield fam
+
+
 _METRIC_TYPES: dict[str, type[Gauge] | type[Counter] | type[Histogram]] = {
     "gauge": Gauge, "counter": Counter, "histogram": Histogram,
 }  # fmt: skip
@@ -251,6 +295,10 @@ class SelfMetrics:
             self.kubelet_refreshes.labels(outcome)
         if self.pod_attribution_expired is None:
             self.pod_attribution_expired = _declared("gpu_exporter_pod_attribution_expired_total", self._registry)
+
+    def watch_holders(self, errors: Callable[[], Mapping[str, int]]) -> None:
+        """Jobs or containers are attributed: the failed reads of each source on, from the start."""
+        self._registry.register(_CountsOf("gpu_exporter_holder_errors_total", errors))
 
     def watch_receiver(self, receiver: str, outcomes: Iterable[str]) -> None:
         """Every delivery outcome of ``receiver`` exists from the start, at 0."""

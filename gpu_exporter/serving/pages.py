@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 
 from .. import __version__
 from ..alerting.engine import Alert
-from .alerts_page import alerts_html, alerts_json
+from ..snapshot import HolderLabels
+from .alerts_page import EVERY_HOLDER, alerts_html, alerts_json
 from .exposition import CONTENT_TYPE, Exposition
 
 Answer = tuple[int, bytes, str, Mapping[str, str]]  # as the web server takes it
@@ -27,7 +28,7 @@ _HTML = "text/html; charset=utf-8"
 
 def pages(exposition: Exposition, readiness: Readiness, active_alerts: ActiveAlerts = list, *, node: str = "",
           gpu_models: Callable[[], Mapping[str, str]] = dict, liveness: Readiness = lambda: (True, "ok"),
-          ) -> dict[str, Page]:  # fmt: skip
+          holders: HolderLabels = EVERY_HOLDER) -> dict[str, Page]:  # fmt: skip
     def metrics(headers: Mapping[str, str]) -> Answer:
         gz = accepts_gzip(headers.get("accept-encoding", ""))
         return 200, exposition.body(gzipped=gz), CONTENT_TYPE, {"Content-Encoding": "gzip"} if gz else {}
@@ -45,7 +46,7 @@ def pages(exposition: Exposition, readiness: Readiness, active_alerts: ActiveAle
         "/healthz": alive,
         "/readyz": ready,
         "/api/v1/alerts": lambda _: (200, alerts_json(active_alerts()), "application/json", {}),
-        "/alerts": lambda _: (200, alerts_html(active_alerts(), node, gpu_models()), _HTML, {}),
+        "/alerts": lambda _: (200, alerts_html(active_alerts(), node, gpu_models(), holders), _HTML, {}),
         "/": lambda _: (200, _landing_page(), _HTML, {}),
     }
 
