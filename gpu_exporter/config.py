@@ -141,6 +141,12 @@ class ContainerSettings(BaseModel):
     api_retry_after: Duration = Field(60.0, gt=0, le=86_400, description="how long an engine that failed is left alone")
     name_cache_size: int = Field(1024, ge=1, le=1_000_000, description="container names remembered")
 
+    @field_validator("attribution", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: object) -> object:
+        """YAML reads an unquoted on/off as a boolean."""
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     def enabled(self, pods: bool) -> bool:
         if self.attribution != "auto":
             return self.attribution == "on"
