@@ -66,6 +66,14 @@ def test_the_field_budget_is_exact() -> None:
         decode_list_response(named, max_fields=1)
 
 
+def test_the_field_budget_is_exact_across_many_charges() -> None:
+    """Fields are charged 4,096 at a time: the count starts again at 0 after each charge."""
+    many = b"\x0a\x00" * 5000
+    assert len(decode_list_response(many, max_pods=5000, max_fields=5000)) == 5000
+    with pytest.raises(AnswerTooLarge, match=r"^the answer holds more than 4999 fields$"):
+        decode_list_response(many, max_pods=5000, max_fields=4999)
+
+
 def test_the_pod_budget_is_exact() -> None:
     assert len(decode_list_response(b"\x0a\x00" * 5, max_pods=5)) == 5
     with pytest.raises(AnswerTooLarge, match="more than 4 pods"):
@@ -80,10 +88,12 @@ def test_decoding_stops_at_the_deadline() -> None:
         now[0] += 1.0  # each look: a second later
         return now[0]
 
-    with pytest.raises(AnswerTooLarge, match="deadline"):
+    with pytest.raises(AnswerTooLarge, match=r"^the answer could not be decoded before the call's deadline$"):
         decode_list_response(b"\x0a\x00" * 20_000, max_pods=20_000, deadline=2.5, clock=clock)
     assert now[0] == 3.0  # it stopped at the first look past the deadline
     assert len(decode_list_response(b"\x0a\x00" * 20_000, max_pods=20_000, deadline=100.0, clock=clock)) == 20_000
+    # At the deadline is not past it.
+    assert len(decode_list_response(b"\x0a\x00" * 20_000, max_pods=20_000, deadline=5.0, clock=lambda: 5.0)) == 20_000
 
 
 def test_the_watcher_refuses_the_flood_and_keeps_the_last_good_pods(tmp_path: Path) -> None:
