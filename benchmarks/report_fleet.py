@@ -454,8 +454,9 @@ def markdown(res: dict[str, Any]) -> Iterator[str]:
            f"**{med['prometheus']:.1f} s** (target: under 15 s) | **{med['victoriametrics']:.1f} s** |")  # fmt: skip
     cpu, cpu_med = res["store_cpu_s"], res["store_cpu_median_s"]
     yield (
-        f"| the store's CPU time per report, median (2 cores: the wall time on an idle machine is about half, "
-        f"plus the prices' lead) | **{cpu_med['prometheus']:.1f} s** | **{cpu_med['victoriametrics']:.1f} s** |"
+        f"| the store's CPU time per report, median (its work, whatever else the shared machine runs; the "
+        f"report runs four queries at once) | **{cpu_med['prometheus']:.1f} s** | "
+        f"**{cpu_med['victoriametrics']:.1f} s** |"
     )
     yield f"| ... each run | {', '.join(f'{x:.1f} s' for x in cpu['prometheus'])} | " \
           f"{', '.join(f'{x:.1f} s' for x in cpu['victoriametrics'])} |"  # fmt: skip
