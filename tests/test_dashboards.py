@@ -661,6 +661,8 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
     dashes = {name: load(name) for name in NAMES}
     with webhook_receiver() as hook, fake_kubelet(tmp_path) as kubelet:
         kubelet.pods = pods(s)
+        (tmp_path / "job-map").mkdir()
+        (tmp_path / "job-map" / "1").write_text("4242\n")  # a Slurm job holds GPU 1 (holder panels)
         cfg = tmp_path / "config.yaml"
         cfg.write_text(yaml.safe_dump({
             "node_name": "node-a",
@@ -669,6 +671,7 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             "kubernetes": {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
                            "refresh_interval": "200ms", "timeout": f"{LATE_S:.0f}s"},
             "pricing": {"currency": "USD", "models": {"H100": 2.5}, "energy_per_kwh": 0.2},
+            "slurm": {"job_mapping_dir": str(tmp_path / "job-map")},
         }))  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "1s") as d, \
                 prometheus([f"127.0.0.1:{d.port}"], tmp_path / "prom", labels={"node": "node-a"}) as prom:  # fmt: skip

@@ -31,6 +31,7 @@ from gpu_exporter.snapshot import (
     HolderLabels,
     JobRef,
     NodeSnapshot,
+    PodRef,
     ProcessReading,
     container_holder,
     device_holders,
@@ -234,3 +235,18 @@ def test_device_holders_follow_pod_mode() -> None:
     g = node().gpus[0]
     assert device_holders(g, pod_mode=True) == ()  # with pod attribution, only pods hold GPUs
     assert device_holders(g, pod_mode=False) == (job_holder(JOB),)
+
+
+def test_pod_info_keeps_its_own_labels_beside_the_other_holders() -> None:
+    """With pods and jobs both on, gpu_pod_info is still one pod per series, with its device."""
+    pod = PodRef("ml", "train-0", "main")
+    g = reading(0, 0.9, (ProcessReading(1, "p", GIB, pod=pod),), pods=(pod,), jobs=(JOB,))
+    snap = NodeSnapshot(taken_at=0, duration_seconds=0, nvml_up=True, gpus=(g,))
+    body = exposition(snap, opts=RenderOptions(pod_labels=("namespace", "pod", "container"), jobs=True))
+    (info,) = samples(body, "gpu_pod_info")
+    assert info == {"gpu": "0", "uuid": "GPU-0", "namespace": "ml", "pod": "train-0", "container": "main",
+                    "device_uuid": "GPU-0", "value": "1"}  # fmt: skip
+    (util,) = samples(body, "gpu_utilization_ratio")
+    assert (util["pod"], util["hpc_job"]) == ("train-0", "4242")
+    (holder,) = samples(body, "gpu_holder_info")  # with pod attribution, the pods are the holders
+    assert (holder["kind"], holder["pod"], holder["hpc_job"]) == ("pod", "train-0", "")

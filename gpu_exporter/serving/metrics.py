@@ -147,7 +147,9 @@ def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metri
                 _add(fam, d, labels, p)
     yield from (fam for _, fam in procs)
     if f.pod_names:
-        holders = f.family(METRICS["gpu_pod_info"])
+        # One pod per series: its own labels, not the GPU's other holders'.
+        holders = GaugeMetricFamily("gpu_pod_info", METRICS["gpu_pod_info"].help,
+                                    labels=METRICS["gpu_pod_info"].series_labels(f.pod_names))  # fmt: skip
         for g in gpus:
             for ref in sorted({(g.uuid, r) for r in g.pods} | {(m.uuid, r) for m in g.migs for r in m.pods},
                               key=lambda x: (x[0], x[1].namespace, x[1].pod, x[1].container)):  # fmt: skip
