@@ -385,8 +385,8 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
                           "activity_signal", "dram_active_p95", "holder", "notes"}  # fmt: skip
         assert g["memory_total_bytes"] == 80 * GIB
     for h in doc["holders"]:
-        assert set(h) == {"kind", "holder", "namespace", "pod", "user", "gpus", "gpu_hours", "busy_hours",
-                          "allocated_idle_hours", "cost", "wasted_cost", "unpriced_hours"}  # fmt: skip
+        assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "user", "gpus", "gpu_hours",
+                          "busy_hours", "allocated_idle_hours", "cost", "wasted_cost", "unpriced_hours"}  # fmt: skip
     (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
     assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "kind", "suggested", "reason",
                         "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source", "seen_hours",

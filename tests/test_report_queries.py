@@ -345,20 +345,23 @@ def test_the_queries_word_for_word() -> None:
         "timeline": ("hours over time", "range",
                      f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"),
         "holders_now": ("holders now", "instant",
-                        "max by (node, instance, gpu, uuid, namespace, pod, user) (stddev_over_time("
+                        "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, "
+                        "user) (stddev_over_time("
                         f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > bool 0)'),
     }  # fmt: skip
     got = {q.key: (q.what, q.kind, q.expr) for q in queries(w, n2)}
     assert got == expected
     assert all(q.at is None for q in queries(w, n2))
     assert hours(w, n2).expr == (
-        "sum by (node, instance, gpu, uuid, namespace, pod, user, state) (sum_over_time(("
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "
+        "(sum_over_time(("
         f"increase(gpu_state_seconds_total{{{n2}}}[840s] offset 257s)){sub})) / 3600"
     )
     cost = exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD")
     assert (cost.key, cost.what, cost.kind, cost.at) == ("cost", "cost of GPUs whose price changed", "instant", None)
     assert cost.expr == (
-        "sum by (node, instance, gpu, uuid, namespace, pod, user, state, currency) (sum_over_time((increase("
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state, "
+        "currency) (sum_over_time((increase("
         f'gpu_state_seconds_total{{{n2}, uuid=~"GPU-1|GPU-2"}}[840s] offset 257s) * on (job, instance, gpu, uuid) '
         "group_left (currency) max by (job, instance, gpu, uuid, currency) (last_over_time(gpu_price_per_hour"
         f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'

@@ -18,6 +18,7 @@ from .catalogue import Catalogue
 from .client import Labels
 from .cost import cost_rows, currencies, hours_rows, pick_currency, plan
 from .cost import gpu_key as _gpu_key
+from .holders import Holder, holder_of
 from .prices import PriceList
 from .queries import Window
 from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage
@@ -67,20 +68,6 @@ class _Gpu:
     signals: dict[str, float] = field(default_factory=dict)
 
 
-def holder_of(labels: Labels) -> tuple[str, str, str, str]:
-    """(kind, namespace, pod, user): the pod where there is one, else the user; ("", ...) for nobody."""
-    ns, pod, user = labels.get("namespace", ""), labels.get("pod", ""), labels.get("user", "")
-    if pod:
-        return "pod", ns, pod, ""
-    if user:
-        return "user", "", "", user
-    return "", "", "", ""
-
-
-def holder_name(kind: str, ns: str, pod: str, user: str) -> str:
-    return f"pod {ns}/{pod}" if kind == "pod" else (f"user {user}" if kind == "user" else "")
-
-
 @dataclass(frozen=True)
 class Options:
     """What the user asked of the report beyond the range."""
@@ -109,15 +96,15 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
 
     currency = pick_currency(results, opts.currency)
     priced_by = plan(w, results, currency)
-    holders: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    holders: dict[Holder, dict[str, Any]] = {}
     for labels, v in hours_rows(results, priced_by):
         g, state = gpu(labels), labels.get("state", "")
         if state not in STATES:
             continue
         g.hours[state] += v
         h = holder_of(labels)
-        if h[0] and state in (BUSY, ALLOCATED_IDLE):
-            name = holder_name(*h)
+        if h.kind and state in (BUSY, ALLOCATED_IDLE):
+            name = h.name
             g.holders[name] += v
             if state == ALLOCATED_IDLE:
                 g.idle_holders[name] += v
@@ -150,8 +137,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, v in results["activity"]:
         gpu(labels).signals[labels.get("signal", "")] = v
     for labels, v in results.get("holders_now", []):
-        if v > 0 and (h := holder_of(labels))[0] and _gpu_key(labels) in gpus:
-            gpus[_gpu_key(labels)].holders_now.add(holder_name(*h))
+        if v > 0 and (h := holder_of(labels)).kind and _gpu_key(labels) in gpus:
+            gpus[_gpu_key(labels)].holders_now.add(h.name)
 
     # What the fleet pays now for each card of the catalogue: the highest where several prices.
     fleet: dict[str, float] = {}
@@ -205,13 +192,14 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
                                         -float(r["saving_per_month"] or 0), r["node"], _index(r["gpu"])))  # fmt: skip
 
     holder_rows: list[dict[str, Any]] = []
-    for (kind, ns, pod, user), acc in holders.items():
+    for h, acc in holders.items():
         held_gpus = acc["gpus"].values()
         unpriced = [x for x in held_gpus if not x.priced]
         priced_any = len(unpriced) < len(held_gpus)
-        unpriced_hours = sum(x.holders.get(holder_name(kind, ns, pod, user), 0.0) for x in unpriced)
+        unpriced_hours = sum(x.holders.get(h.name, 0.0) for x in unpriced)
         holder_rows.append({
-            "kind": kind, "holder": holder_name(kind, ns, pod, user), "namespace": ns, "pod": pod, "user": user,
+            "kind": h.kind, "holder": h.name, "namespace": h.namespace, "pod": h.pod, "hpc_job": h.hpc_job,
+            "container": h.container, "user": h.user,
             "gpus": len(held_gpus), "gpu_hours": _h(acc["hours"][BUSY] + acc["hours"][ALLOCATED_IDLE]),
             "busy_hours": _h(acc["hours"][BUSY]), "allocated_idle_hours": _h(acc["hours"][ALLOCATED_IDLE]),
             "cost": _m(acc["cost"]) if priced_any else None,

@@ -24,12 +24,18 @@ import math
 import re
 from dataclasses import dataclass
 
+from .holders import LABELS as HOLDER_LABELS
+
 MAX_POINTS = 720
 MIN_STEP = 5  # seconds
 GPU = "node, instance, gpu, uuid"
 JOIN = "job, instance, gpu, uuid"  # what a GPU's series from one exporter share
 HELD = 'state=~"busy|allocated_idle"'
 DOWN = 'state="down"'
+# Who holds a GPU, as gpu_state_seconds_total names one holder per series: a pod, a Slurm job (with its
+# user), a container (by ID and name) or a Unix user (holders.py).  Grouping by fewer would give a
+# container's time to nobody and merge the jobs of one user.
+HOLDER = ", ".join(HOLDER_LABELS)
 
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^\s*\{{\s*(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
@@ -235,7 +241,7 @@ def queries(w: Window, matchers: str) -> list[Query]:
         # Who holds each GPU at the end of the range: the one to reclaim it from (a GPU's holders by
         # hours can tie, where pods come and go, and rank differently on two engines).
         Query("holders_now", "holders now",
-              f"max by ({GPU}, namespace, pod, user) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
+              f"max by ({GPU}, {HOLDER}) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
     ]  # fmt: skip
 
 
@@ -247,7 +253,7 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None) -> 
     if not 1 <= first <= last <= w.points:
         raise ValueError(f"steps {first} to {last} are not within the window's 1 to {w.points}")
     t = _Tiles(w, matchers)
-    holder = f"{GPU}, namespace, pod, user, state"
+    holder = f"{GPU}, {HOLDER}, state"
     inner = f"increase({t.counter('gpu_state_seconds_total')})"
     span = f"{(last - first + 1) * w.step * 1000 - 1}ms"
     whole = (first, last) == (1, w.points)
@@ -277,7 +283,7 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str) -> Que
     return Query(
         "cost",
         "cost of GPUs whose price changed",
-        f"sum by ({GPU}, namespace, pod, user, state, currency) (sum_over_time({t.over(priced)})) / 3600",
+        f"sum by ({GPU}, {HOLDER}, state, currency) (sum_over_time({t.over(priced)})) / 3600",
     )
 
 
