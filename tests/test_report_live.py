@@ -10,6 +10,7 @@ the busy one nothing; a minute is too little history for a monthly figure.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -58,7 +59,11 @@ def minute_of_three_gpus(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib
 
 def test_a_minute_gives_price_times_time_for_each_gpu(minute_of_three_gpus: Prometheus) -> None:
     prom = minute_of_three_gpus
-    out = report(prom, "--since", "1m", "--format", "json", "--selector", '{node="node-a"}')
+    # The minute ends at the store's last scrape, not at now: under load a scrape can lag seconds behind,
+    # and the seconds it has not seen yet are not in any report.
+    (last,) = prom.query('max(timestamp(gpu_state_seconds_total{node="node-a"}))')
+    end = ("--end", str(math.floor(float(last["value"][1]))))
+    out = report(prom, "--since", "1m", *end, "--format", "json", "--selector", '{node="node-a"}')
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["range"]["hours"] == pytest.approx(MINUTE_H, abs=1e-6) and doc["currency"] == "USD"
@@ -92,7 +97,9 @@ def test_a_minute_gives_price_times_time_for_each_gpu(minute_of_three_gpus: Prom
     # Progress went to stderr, never into the JSON.
     assert "[9/9]" in out.stderr
     # With --min-history below the minute: the held-but-idle H100 saves its price a month, the L4 its own.
-    out = report(prom, "--since", "1m", "--format", "json", "--selector", '{node="node-a"}', "--min-history", "30s")
+    out = report(
+        prom, "--since", "1m", *end, "--format", "json", "--selector", '{node="node-a"}', "--min-history", "30s"
+    )
     recs = {r["gpu"]: r for r in json.loads(out.stdout)["recommendations"]}
     assert recs["1"]["saving_per_month"] == pytest.approx(H100_PRICE * 730, rel=0.05)
     assert recs["2"]["saving_per_month"] == pytest.approx(L4_PRICE * 730, rel=0.05)
