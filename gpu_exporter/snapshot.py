@@ -142,7 +142,7 @@ class Holder:
 
     def labels(self) -> dict[str, str]:
         """Label name -> value, the kind's own labels only."""
-        return dict(zip(HOLDER_LABELS.get(self.kind, ()), self.values, strict=False))
+        return dict(zip(HOLDER_LABELS.get(self.kind, ()), self.values, strict=True))
 
     def get(self, label: str) -> str:
         return self.labels().get(label, "")
@@ -150,25 +150,17 @@ class Holder:
     @property
     def name(self) -> str:
         """In words, for people: ``pod ml/train``, ``job 4242 of alice``, ``container trainer``, ``user alice``."""
-        return holder_name(self.kind, self.labels())
+        v = self.values
+        if self.kind == POD:
+            return f"pod {v[0]}/{v[1]}"
+        if self.kind == JOB:
+            return f"job {v[0]}" + (f" of {v[1]}" if v[1] else "")
+        if self.kind == CONTAINER:
+            return f"container {v[2]}"  # its name, else its short ID
+        return f"user {v[0]}" if self.kind == USER else ""
 
 
 NOBODY: Final = Holder("")
-
-
-def holder_name(kind: str, labels: Mapping[str, str]) -> str:
-    """A holder in words, from its kind and labels (the report rebuilds holders from series labels)."""
-    get = labels.get
-    if kind == POD:
-        return f"pod {get('namespace', '')}/{get('pod', '')}"
-    if kind == JOB:
-        user = get("user", "")
-        return f"job {get('hpc_job', '')}" + (f" of {user}" if user else "")
-    if kind == CONTAINER:
-        return f"container {get('container_name', '') or get('container_id', '')}"
-    if kind == USER:
-        return f"user {get('user', '')}"
-    return ""
 
 
 def pod_holder(ref: PodRef) -> Holder:
@@ -351,7 +343,7 @@ class HolderLabels:
         """The values of :attr:`names` for a device (or a process) held by these."""
         out: tuple[str, ...] = pod_label_values(pods) if self.pods else ()
         if self.jobs:
-            out += (",".join(sorted({j.job for j in jobs}, key=_job_order)),)
+            out += (",".join(sorted({j.job for j in jobs})),)
         if self.containers:
             out += (",".join(sorted({c.display for c in containers})),)
         return out
@@ -372,12 +364,6 @@ class HolderLabels:
     def detail_values(self, h: Holder) -> tuple[str, ...]:
         labels = h.labels()
         return tuple(labels.get(name, "") for name in self._detail())
-
-
-def _job_order(job: str) -> tuple[int, str]:
-    """Job IDs in numeric order where they are numbers (4242 before 10000)."""
-    head = job.split("_", 1)[0].split("+", 1)[0]
-    return (int(head), job) if head.isdigit() and len(head) < 20 else (1 << 64, job)
 
 
 def device_holders(d: GpuReading | MigReading, pod_mode: bool, *, migs: bool = True) -> tuple[Holder, ...]:

@@ -153,9 +153,16 @@ def test_names_that_are_not_utf8_or_huge_are_read_safely(tmp_path: Path) -> None
     raw = b"0::/system.slice/\xff\xfe\x1b[2J-" + f"docker-{ID}.scope".encode() + b"\n"
     layout(tmp_path, 16, raw)
     assert cgroups.read(16, str(tmp_path)).container_id == ID
-    layout(tmp_path, 17, b"0::/" + b"x" * (cgroups.MAX_BYTES * 2) + b"\n")
+    # Only the first MAX_BYTES are read: a container named beyond them is not seen.
+    layout(tmp_path, 17, b"0::/" + b"x" * cgroups.MAX_BYTES + f"/docker-{ID}.scope\n".encode())
     facts = cgroups.read(17, str(tmp_path))
     assert facts.visible and facts.container_id is None
+    # A path may itself hold a colon: only the first two separate the fields.
+    layout(tmp_path, 18, f"0::/machine.slice/libpod-{ID}.scope/a:b\n")
+    assert cgroups.read(18, str(tmp_path)).container_id == ID
+    # A file with no line in the kernel's format says nothing, and nothing about pods either.
+    assert cgroups.parse("garbage\n") == CgroupFacts(True, kubepods=False)
+    assert cgroups.parse("garbage\n").kubepods is False
 
 
 def test_the_real_proc_is_read() -> None:

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.accounting.ledger import Accountant
-from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, holders
+from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, containers_of, holders, jobs_of
 from gpu_exporter.alerting.engine import RuleEngine
 from gpu_exporter.once import as_json, as_table, cost_now, findings, held_by
 from gpu_exporter.serving.accounting_metrics import AccountingCollector
@@ -30,6 +30,7 @@ from gpu_exporter.snapshot import (
     Holder,
     HolderLabels,
     JobRef,
+    MigReading,
     NodeSnapshot,
     PodRef,
     ProcessReading,
@@ -250,3 +251,40 @@ def test_pod_info_keeps_its_own_labels_beside_the_other_holders() -> None:
     assert (util["pod"], util["hpc_job"]) == ("train-0", "4242")
     (holder,) = samples(body, "gpu_holder_info")  # with pod attribution, the pods are the holders
     assert (holder["kind"], holder["pod"], holder["hpc_job"]) == ("pod", "train-0", "")
+
+
+def test_the_holder_labels_each_source_adds_and_nothing_else() -> None:
+    assert HolderLabels().names == () and HolderLabels().detail_names == ("user",)
+    assert HolderLabels(jobs=True).names == ("hpc_job",)
+    assert HolderLabels(jobs=True).detail_names == ("hpc_job", "slurm_account", "slurm_partition", "user")
+    assert HolderLabels(containers=True).detail_names == ("container_engine", "container_id", "container_name", "user")
+    assert HolderLabels(("k8s_ns", "k8s_pod", "k8s_c")).detail_names == ("k8s_ns", "k8s_pod", "k8s_c", "user")
+    assert HolderLabels(jobs=True).detail_values(job_holder(JOB)) == ("4242", "ml", "gpu", "alice")
+    assert HolderLabels(containers=True).detail_values(container_holder(TRAINER)) == ("docker", "a" * 12, "trainer",
+                                                                                        "")  # fmt: skip
+    # Two jobs share a GPU: both, joined in a stable order, each once.
+    both = HolderLabels(jobs=True).values((), (JobRef("4300"), JobRef("4242"), JobRef("4300", "bob")))
+    assert both == ("4242,4300",)
+    with pytest.raises(ValueError):
+        Holder("job", ("4242",)).labels()  # a kind's labels are all there, or it is no holder
+
+
+def test_a_gpus_holders_include_its_mig_devices_unless_asked_for_the_gpu_alone() -> None:
+    mig = MigReading(index=0, uuid="MIG-1", profile="1g.10gb", gpu_instance_id=1, compute_instance_id=0,
+                     jobs=(IDLE_JOB,), containers=(TRAINER,))  # fmt: skip
+    g = reading(0, 0.5, (ProcessReading(1, "p", GIB, user="bob"),), migs=(mig,), containers=(EVIL,))
+    assert device_holders(g, pod_mode=False) == (job_holder(IDLE_JOB), user_holder("bob"))
+    assert device_holders(g, pod_mode=False, migs=False) == (user_holder("bob"),)
+    assert device_holders(mig, pod_mode=False) == (job_holder(IDLE_JOB),)
+    assert containers_of(g) == (TRAINER, EVIL) and jobs_of(g) == (IDLE_JOB,)
+
+
+def test_the_books_name_a_gpus_jobs_and_containers_until_it_is_lost() -> None:
+    books = Accountant(threshold=0.1)
+    books.observe(node(monotonic=100.0))
+    accounts = {a.index: a for a in books.view().gpus}
+    assert accounts[0].jobs == (JOB,) and accounts[1].containers == (TRAINER, EVIL)
+    lost = GpuReading(index=0, uuid="GPU-0", up=False, error="lost", jobs=(JOB,), containers=(TRAINER,))
+    books.observe(NodeSnapshot(taken_at=0, monotonic_at=105.0, duration_seconds=0, nvml_up=True, gpus=(lost,)))
+    (down,) = [a for a in books.view().gpus if a.index == 0]
+    assert (down.jobs, down.containers, down.state) == ((), (), "down")
