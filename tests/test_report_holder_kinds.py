@@ -10,6 +10,7 @@ must name each holder as the exporter does (``Holder.name``, which /alerts and `
 from __future__ import annotations
 
 from collections import defaultdict
+from html import escape as html_escape
 from typing import Any
 
 import promql_parser as pp
@@ -19,6 +20,7 @@ from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.report.catalogue import load_catalogue
 from gpu_exporter.report.model import build
 from gpu_exporter.report.queries import exact_cost, hours, queries
+from gpu_exporter.report.render import as_html, as_markdown, as_table
 from gpu_exporter.snapshot import container_holder, job_holder, user_holder
 from tests.test_holders_everywhere import EVIL, IDLE_JOB, JOB, TRAINER, exposition, node, samples
 from tests.test_report_model import H100, W, empty, steps
@@ -113,3 +115,24 @@ def test_every_query_that_names_holders_groups_by_every_holders_identity(kind: s
         "holders_now": lambda: next(q for q in queries(W, "") if q.key == "holders_now").expr,
     }[kind]()
     assert {"namespace", "pod", "hpc_job", "container_id", "container_name", "user"} <= set(grouping(expr)), expr
+
+
+def test_a_hostile_container_name_is_plain_text_in_every_format() -> None:
+    """A container's name comes from an engine's API, which a tenant controls: the holders test's name
+    holds a label breaker, a line break, a terminal escape and a script tag.  The table shows it with
+    replacement characters, the HTML escapes it, and the Markdown escapes what Markdown would read as
+    markup (a script tag is HTML to a Markdown renderer, brackets a link, stars emphasis)."""
+    doc = report()
+    name = container_holder(EVIL).name
+    shown = "".join(c if c.isprintable() else "\ufffd" for c in name)
+    table, html, md = as_table(doc), as_html(doc), as_markdown(doc)
+    assert shown in table and "\x1b" not in table
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "<script>" not in md and "\x1b" not in md
+    markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py (mutmut's textual brings it)")
+    page = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page, page
+    # Every holder reads in the rendered page as the table shows it.
+    for h in doc["holders"]:
+        text = "".join(c if c.isprintable() else "\ufffd" for c in h["holder"])
+        assert html_escape(text) in page, text

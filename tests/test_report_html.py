@@ -135,7 +135,13 @@ def test_money_is_never_summed_across_currencies_nor_made_up() -> None:
     doc = build(window_for(START, END), unpriced, load_catalogue())
     assert doc["totals"]["cost"] is None and all(g["cost"] is None for g in doc["gpus"])
     why = "no prices: the store has no gpu_price_per_hour for these GPUs in the range"
-    assert why in as_html(doc) and why in as_table(doc) and why in as_markdown(doc)
+    assert why in as_html(doc) and why in as_table(doc) and why in as_read(as_markdown(doc))
+
+
+def as_read(text: str) -> str:
+    """Text as a reader sees it: Markdown's backslash escapes of markup characters undone (the report
+    escapes them in names and sentences so that a name is never read as markup)."""
+    return re.sub(r"\\([\\`*_\[\]<>&~#!])", r"\1", text)
 
 
 # What Chromium measures of the laid-out page, written into it for --dump-dom to print: the page's
@@ -228,5 +234,5 @@ def test_names_a_tenant_chooses_never_drive_a_terminal_or_a_page() -> None:
     doc = build(window_for(START, END), r, load_catalogue())
     for text in (as_table(doc), as_markdown(doc), as_html(doc)):
         assert "\x1b" not in text and "\u202e" not in text and "\nforged row" not in text
-        assert "evil\ufffd[31m\ufffdforged row\ufffd" in text
+        assert "evil\ufffd[31m\ufffdforged row\ufffd" in as_read(text)
     assert any(h["pod"] == hostile for h in doc["holders"])

@@ -9,6 +9,7 @@ wide: the charts scale to the column, and the GPU table wraps its long cells.
 
 from __future__ import annotations
 
+import re
 from html import escape
 from typing import Any
 
@@ -156,6 +157,27 @@ def as_table(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+# What names and sentences may hold that Markdown reads as markup: HTML (``<script>``), links,
+# emphasis, code, entities.  A table cell's ``|`` is the table's own (``_md_table``).
+_MD_MARKUP = re.compile(r"([\\`*_\[\]<>&~#!])")
+# The report's fields that carry names (from labels, the pricing, the catalogue) or sentences made of
+# them; the others are numbers, or words the renderer compares (a status, a kind).
+_MD_TEXT = frozenset({"node", "gpu", "uuid", "model", "holder", "namespace", "pod", "hpc_job", "container", "user",
+                      "current_model", "suggested", "reason", "notes", "status_reason", "currency"})  # fmt: skip
+
+
+def markdown_text(v: Any, key: str = "") -> Any:
+    """The report with every name and sentence made plain text to Markdown: its markup characters
+    backslash-escaped, so that a tenant's name is shown as written and never as HTML or a link."""
+    if isinstance(v, dict):
+        return {k: markdown_text(x, k) for k, x in v.items()}
+    if isinstance(v, list):
+        return [markdown_text(x, key) for x in v]
+    if isinstance(v, str) and key in _MD_TEXT:
+        return _MD_MARKUP.sub(r"\\\1", v)
+    return v
+
+
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     def cell(x: str) -> str:
         return x.replace("|", "\\|")
@@ -165,7 +187,7 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def as_markdown(doc: dict[str, Any]) -> str:
-    doc = printable(doc)
+    doc = markdown_text(printable(doc))
     h = headline(doc)
     out = [f"# {h[0]}", "", *(f"- {line}" for line in h[1:])]
     if doc["gpus"]:
