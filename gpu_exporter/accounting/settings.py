@@ -61,8 +61,12 @@ class AccountingSettings(BaseModel):
         300.0, gt=0, le=86400, description="gpu_memory_used_max_bytes is the highest used memory over this window"
     )
     max_users: int = Field(
-        20, ge=1, le=1000, description="users per GPU with series of their own; further users count as 'other'"
+        20,
+        ge=1,
+        le=1000,
+        description="holders per GPU other than pods (users, Slurm jobs, containers) with series of their own; "
+        "further ones count as one 'other' of their kind",
     )
     holder_retention: Duration = Field(
-        3600.0, gt=0, description="a pod's or user's time series leave /metrics this long after it last held the GPU"
+        3600.0, gt=0, description="a holder's time series leave /metrics this long after it last held the GPU"
     )
