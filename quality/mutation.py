@@ -189,6 +189,7 @@ TARGETS: dict[str, Target] = {
                 "tests/test_report_model.py",
                 "tests/test_report_queries.py",
                 "tests/test_report_config.py",
+                "tests/test_report_holder_kinds.py",
             )
         ),
         daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),
@@ -203,6 +204,9 @@ TARGETS: dict[str, Target] = {
     # Issue 25: which price each GPU's hours are multiplied by, and what a suggested card costs.
     "cost": Target("gpu_exporter/report/cost.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     "prices": Target("gpu_exporter/report/prices.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
+    # Who holds a GPU, read back from a series' labels: a holder lost or merged loses its cost and the
+    # one to reclaim an idle GPU from.
+    "report_holders": Target("gpu_exporter/report/holders.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     # Pod attribution's kubelet client: a wrong decode or a call that never ends puts the wrong pod,
     # or none, on every series of a node.
     "podresources": Target(
