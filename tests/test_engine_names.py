@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter.holders.engines import MAX_NAME_CHARS, EngineError, EngineNames, inspect_name
+from gpu_exporter.holders.engines import MAX_ANSWER_BYTES, MAX_NAME_CHARS, EngineError, EngineNames, inspect_name
 from tests.timing import NEVER_S
 
 ID_A = "a" * 64
@@ -116,14 +116,16 @@ def test_an_engine_without_a_socket_setting_or_api_is_never_asked(tmp_path: Path
 
 def test_a_container_the_engine_does_not_know_is_asked_again_only_after_a_while(tmp_path: Path) -> None:
     now = [0.0]
-    with engine(tmp_path, inspect_answer({})) as e:
+    with engine(tmp_path, inspect_answer({ID_A: "trainer"})) as e:
         names = EngineNames({"docker": str(e.path)}, retry_after=60.0, clock=lambda: now[0])
         assert names.name("docker", ID_B) == ""
         assert names.name("docker", ID_B) == ""
         assert len(e.requests) == 1
+        assert names.name("docker", ID_A) == "trainer"  # the engine is not down: another container is asked
+        assert names.errors == 0  # not knowing a container is no failure
         now[0] += 60.0
         assert names.name("docker", ID_B) == ""
-        assert len(e.requests) == 2
+        assert len(e.requests) == 3
 
 
 @pytest.mark.parametrize(
@@ -170,7 +172,7 @@ def test_whatever_the_engine_does_a_lookup_ends_within_its_timeout(
         e = FakeEngine(tmp_path / "engine.sock", respond)
     try:
         started = time.monotonic()
-        with pytest.raises(EngineError, match=error):
+        with pytest.raises(EngineError, match=f"^{error}$"):
             inspect_name(str(e.path), ID_A, timeout=0.3)
         assert time.monotonic() - started < NEVER_S, what  # it ended; that it ended at all is the point
     finally:
@@ -196,8 +198,27 @@ def test_an_engine_that_fails_is_left_alone_for_a_while_and_said_once(tmp_path: 
         assert names.name("docker", ID_B) == ""  # asked again after retry_after, and failed again
     assert calls == [ID_A, ID_B]
     assert names.errors == 2
-    assert [e["event"] for e in logs] == ["container_names_unavailable"]  # the same reason: said once
-    assert logs[0]["log_level"] == "warning" and logs[0]["engine"] == "docker"
+    assert logs == [{  # the same reason: said once
+        "event": "container_names_unavailable", "log_level": "warning", "engine": "docker",
+        "socket": "/run/docker.sock", "error": "EngineError: no whole answer within 1 s",
+        "detail": "docker containers are shown by short ID; asking again in 60 s",
+    }]  # fmt: skip
+    # It answers again: said once, and names come back.
+    calls.clear()
+    names._ask = lambda path, cid, timeout: "trainer"
+    now[0] += 60.0
+    with capture_logs() as logs:
+        assert names.name("docker", ID_B) == "trainer"
+        assert names.name("docker", ID_A) == "trainer"
+    assert logs == [{"event": "container_names_available", "log_level": "info", "engine": "docker",
+                     "socket": "/run/docker.sock"}]  # fmt: skip
+
+
+def test_an_engine_that_answers_from_the_start_is_not_said(tmp_path: Path) -> None:
+    with engine(tmp_path, inspect_answer({ID_A: "trainer", ID_B: "eval"})) as e, capture_logs() as logs:
+        names = EngineNames({"docker": str(e.path)})
+        assert names.name("docker", ID_A) == "trainer" and names.name("docker", ID_B) == "eval"
+    assert logs == []
 
 
 def test_a_host_without_the_engine_is_said_quietly(tmp_path: Path) -> None:
@@ -205,7 +226,7 @@ def test_a_host_without_the_engine_is_said_quietly(tmp_path: Path) -> None:
     with capture_logs() as logs:
         assert names.name("podman", ID_A) == ""
     assert [(e["event"], e["log_level"]) for e in logs] == [("container_names_unavailable", "info")]
-    assert "FileNotFoundError" in logs[0]["error"]
+    assert logs[0]["error"] == "FileNotFoundError: No such file or directory"
 
 
 def test_the_cache_is_bounded_and_keeps_the_names_in_use(tmp_path: Path) -> None:
@@ -214,11 +235,67 @@ def test_the_cache_is_bounded_and_keeps_the_names_in_use(tmp_path: Path) -> None
         names = EngineNames({"docker": str(e.path)}, cache_size=3)
         for cid in ids[:3]:
             names.name("docker", cid)
+        assert [names.name("docker", cid) for cid in ids[:3]] == ["c0", "c1", "c2"]
+        assert len(e.requests) == 3  # three fit: none asked twice
         names.name("docker", ids[0])  # in use: stays
         names.name("docker", ids[3])  # pushes out the least recently used, ids[1]
         asked = len(e.requests)
         assert names.name("docker", ids[0]) == "c0" and len(e.requests) == asked
         assert names.name("docker", ids[1]) == "c1" and len(e.requests) == asked + 1
+
+
+@pytest.mark.parametrize(
+    ("body", "name"),
+    [
+        ('{"Name": "/Xavier"}', "Xavier"),  # only the leading slash goes
+        ('{\r\n\r\n"Name": "/spaced"}', "spaced"),  # JSON may hold the blank line that ends the head
+    ],
+)
+def test_the_name_is_read_from_the_answer_as_sent(tmp_path: Path, body: str, name: str) -> None:
+    with engine(tmp_path, lambda r: http("200 OK", body)) as e:
+        assert inspect_name(str(e.path), ID_A, timeout=NEVER_S) == name
+
+
+def test_an_answer_of_exactly_the_bound_is_read(tmp_path: Path) -> None:
+    def answer_of(n: int) -> bytes:
+        return http("200 OK", '{"Name": "/big", "x": "' + "y" * n + '"}')
+
+    n = MAX_ANSWER_BYTES - 200
+    n += MAX_ANSWER_BYTES - len(answer_of(n))
+    assert len(answer_of(n)) == MAX_ANSWER_BYTES
+    with engine(tmp_path, lambda r: answer_of(n)) as e:
+        assert inspect_name(str(e.path), ID_A, timeout=NEVER_S) == "big"
+    (tmp_path / "engine.sock").unlink()
+    with engine(tmp_path, lambda r: answer_of(n + 1)) as e, pytest.raises(EngineError, match="an answer over"):
+        inspect_name(str(e.path), ID_A, timeout=NEVER_S)
+
+
+def test_an_answer_that_is_not_an_object_has_no_name(tmp_path: Path) -> None:
+    with engine(tmp_path, lambda r: http("200 OK", "[]")) as e, pytest.raises(EngineError, match="without a Name"):
+        inspect_name(str(e.path), ID_A, timeout=NEVER_S)
+
+
+def test_an_engine_that_does_not_accept_is_a_failure_at_once(tmp_path: Path) -> None:
+    """Its listen queue is full: a blocking connect would wait for ever; with the timeout set, the
+    kernel refuses it at once (EAGAIN), which counts as the engine failing."""
+    path = tmp_path / "full.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(0)
+    waiting = []
+    try:
+        for _ in range(4):  # fill the queue; these never get accepted
+            c = socket.socket(socket.AF_UNIX)
+            c.setblocking(False)
+            with suppress(OSError):
+                c.connect(str(path))
+            waiting.append(c)
+        with pytest.raises(BlockingIOError):
+            inspect_name(str(path), ID_A, timeout=NEVER_S)
+    finally:
+        for c in waiting:
+            c.close()
+        server.close()
 
 
 def test_a_hostile_name_is_decoded_and_cut(tmp_path: Path) -> None:
@@ -229,6 +306,6 @@ def test_a_hostile_name_is_decoded_and_cut(tmp_path: Path) -> None:
 
 
 def test_only_a_container_id_ever_reaches_the_request_line(tmp_path: Path) -> None:
-    with engine(tmp_path, inspect_answer({})) as e, pytest.raises(EngineError, match="not a container ID"):
+    with engine(tmp_path, inspect_answer({})) as e, pytest.raises(EngineError, match=r"^not a container ID$"):
         inspect_name(str(e.path), "../../images/create?fromImage=x", timeout=1.0)
     assert e.requests == []

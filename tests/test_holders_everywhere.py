@@ -288,3 +288,15 @@ def test_the_books_name_a_gpus_jobs_and_containers_until_it_is_lost() -> None:
     books.observe(NodeSnapshot(taken_at=0, monotonic_at=105.0, duration_seconds=0, nvml_up=True, gpus=(lost,)))
     (down,) = [a for a in books.view().gpus if a.index == 0]
     assert (down.jobs, down.containers, down.state) == ((), (), "down")
+
+
+def test_alerts_carry_only_the_holder_labels_of_the_sources_that_are_on() -> None:
+    rules = fast_rules(GpuIdle={"enabled": True, "for": "0s", "window": "30s"})
+    e = RuleEngine(rules, "node-a")  # neither jobs nor containers on
+    for step in range(4):
+        e.evaluate(node(monotonic=100.0 + 15 * step))
+    (idle,) = [a for a in e.active() if a.label_dict["gpu"] == "3"]
+    assert "hpc_job" not in idle.label_dict and "container_name" not in idle.label_dict
+    assert e.holders == HolderLabels()
+    e = RuleEngine(rules, "node-a", pod_labels=("ns", "p", "c"))
+    assert e.holders == HolderLabels(("ns", "p", "c"))

@@ -8,12 +8,15 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from gpu_exporter.config import ConfigError, load_settings
-from gpu_exporter.holders.slurm import JobMappingDir, check_directory, read_claim
+from gpu_exporter.holders import slurm
+from gpu_exporter.holders.slurm import JobClaim, JobMappingDir, check_directory, read_claim
 
 
 class Clock:
@@ -38,14 +41,27 @@ def settled(path: str, **kw: object) -> JobMappingDir:
 
 def test_one_file_per_gpu_and_per_mig_instance_each_line_a_job(tmp_path: Path) -> None:
     write(tmp_path, "0", "4242\n")
-    write(tmp_path, "1", "4243\n4244\n\n4243\n")  # two jobs share GPU 1; a blank line and a repeat
+    write(tmp_path, "1", "4243\n\n4244\n4243\n")  # two jobs share GPU 1; a blank line and a repeat
     write(tmp_path, "2.1", "4245_7\n")  # MIG GPU instance 1 of GPU 2; an array task
     write(tmp_path, "3", "")  # no job (an epilog that empties rather than removes)
     write(tmp_path, "README", "not a GPU\n")  # dcgm-exporter ignores other names, and so do we
     write(tmp_path, "0.tmp", "9999\n")
     (tmp_path / "4").mkdir()  # a directory named like a GPU: ignored
-    jobs = settled(str(tmp_path)).read()
+    (tmp_path / "5").write_bytes(b"\n" * (70 * 1024) + b"4246\n")  # only the first 64 KiB are read
+    reader = settled(str(tmp_path))
+    with capture_logs() as logs:
+        jobs = reader.read()
     assert dict(jobs) == {(0, None): ("4242",), (1, None): ("4243", "4244"), (2, 1): ("4245_7",)}
+    assert logs == [] and reader.errors == 0  # nothing ignored was read as a failure
+
+
+def test_the_files_and_lines_read_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "MAX_FILES", 3)
+    monkeypatch.setattr(slurm, "MAX_JOBS_PER_FILE", 2)
+    for gpu in range(5):
+        write(tmp_path, str(gpu), "1\n2\n3\n")
+    jobs = settled(str(tmp_path)).read()
+    assert len(jobs) == 3 and set(jobs.values()) == {("1", "2")}
 
 
 def test_a_line_that_is_not_a_job_id_is_skipped_and_said_once(tmp_path: Path) -> None:
@@ -54,9 +70,20 @@ def test_a_line_that_is_not_a_job_id_is_skipped_and_said_once(tmp_path: Path) ->
     with capture_logs() as logs:
         assert reader.read()[(0, None)] == ("4242", "4243+1")
         reader.read()
-    skipped = [e for e in logs if e["event"] == "slurm_job_mapping_line_skipped"]
-    assert [e["line"] for e in skipped] == [2, 3, 5]  # each once, with where it is
-    assert all(e["path"] == str(tmp_path / "0") for e in skipped)
+    path = str(tmp_path / "0")
+    detail = "a line of a job mapping file must be one job ID"
+    assert logs == [  # each once, with where it is and what it holds, cut and inert
+        {"event": "slurm_job_mapping_line_skipped", "log_level": "warning", "path": path, "line": 2,
+         "content": "hello world", "detail": detail},
+        {"event": "slurm_job_mapping_line_skipped", "log_level": "warning", "path": path, "line": 3,
+         "content": "\x1b]0;pwned\x07", "detail": detail},
+        {"event": "slurm_job_mapping_line_skipped", "log_level": "warning", "path": path, "line": 5,
+         "content": "other", "detail": detail},
+    ]  # fmt: skip
+    write(tmp_path, "0", "x" * 200 + "\n")
+    with capture_logs() as logs:
+        reader.read()
+    assert len(logs[0]["content"]) == 80 and logs[0]["content"].startswith("x" * 60)
 
 
 def test_a_missing_directory_is_said_and_gives_no_jobs_until_it_appears(tmp_path: Path) -> None:
@@ -68,14 +95,23 @@ def test_a_missing_directory_is_said_and_gives_no_jobs_until_it_appears(tmp_path
     with capture_logs() as logs:
         assert reader.read() == {}
         assert reader.read() == {}
-    assert [e["event"] for e in logs] == ["slurm_job_mapping_dir_unreadable"]  # once, not per poll
-    assert logs[0]["path"] == str(where) and "No such file" in logs[0]["error"]
+    assert logs == [{"event": "slurm_job_mapping_dir_unreadable", "log_level": "warning", "path": str(where),
+                     "error": "No such file or directory",
+                     "detail": "keeping the jobs last read for up to 300 s"}]  # once, not per poll  # fmt: skip
     where.mkdir()
     write(where, "0", "4242\n")
     with capture_logs() as logs:
         assert reader.read() == {(0, None): ("4242",)}
-    assert [e["event"] for e in logs] == ["slurm_job_mapping_readable"]
+    assert logs == [{"event": "slurm_job_mapping_readable", "log_level": "info", "path": str(where), "files": 1}]
     assert check_directory(str(where)) is None
+    where.rename(tmp_path / "away")  # gone again: said again, once
+    with capture_logs() as logs:
+        reader.read()
+        reader.read()
+    assert [e["event"] for e in logs] == ["slurm_job_mapping_dir_unreadable"]
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert check_directory(str(blocked / "map")) == f"{blocked / 'map'} cannot be read: Not a directory"
 
 
 def test_a_file_for_a_directory_is_refused_at_start_with_its_name(tmp_path: Path) -> None:
@@ -109,10 +145,19 @@ def test_an_unreadable_file_keeps_its_last_jobs_for_the_bound_then_drops_them(tm
             if clock.t - 1000.0 < 300.0:
                 assert got == {(0, None): ("4242",), (1, None): ("4243",)}  # a hiccup changes no label
     assert got == {(1, None): ("4243",)}  # 300 s after the last good read: dropped
-    events = [e["event"] for e in logs]
-    assert events == ["slurm_job_mapping_file_unreadable", "slurm_job_mapping_expired"]
-    assert logs[0]["path"] == str(tmp_path / "0") and logs[0]["error"] == "not a regular file"
+    assert logs == [
+        {"event": "slurm_job_mapping_file_unreadable", "log_level": "warning", "path": str(tmp_path / "0"),
+         "error": "not a regular file", "detail": "keeping the jobs last read for up to 300 s"},
+        {"event": "slurm_job_mapping_expired", "log_level": "warning", "path": str(tmp_path / "0"), "files": ["0"],
+         "detail": "not readable for 300 s: the jobs last read from it are dropped until it can be read again"},
+    ]  # fmt: skip
     assert reader.errors == 3
+    os.unlink(tmp_path / "1")
+    os.mkfifo(tmp_path / "1")  # a second file that cannot be read: said for itself
+    with capture_logs() as logs:
+        reader.read()
+    assert [e["path"] for e in logs] == [str(tmp_path / "1")]
+    os.unlink(tmp_path / "1")
     os.unlink(tmp_path / "0")
     write(tmp_path, "0", "4250\n")
     assert reader.read()[(0, None)] == ("4250",)
@@ -132,7 +177,13 @@ def test_a_directory_that_vanishes_keeps_the_last_jobs_for_the_bound(tmp_path: P
     clock.t += 1.0
     with capture_logs() as logs:
         assert reader.read() == {}
-    assert [e["event"] for e in logs] == ["slurm_job_mapping_expired"]
+    assert logs == [{"event": "slurm_job_mapping_expired", "log_level": "warning", "path": "the directory",
+                     "files": ["0"], "detail": "not readable for 60 s: the jobs last read from it are dropped until "
+                     "it can be read again"}]  # fmt: skip
+    hidden.rename(where)
+    with capture_logs() as logs:
+        assert reader.read() == {(0, None): ("4242",)}
+    assert [e["event"] for e in logs] == ["slurm_job_mapping_readable"]
 
 
 def test_a_removed_file_takes_its_jobs_with_it_at_once(tmp_path: Path) -> None:
@@ -155,7 +206,10 @@ def test_a_file_caught_half_written_is_not_believed_until_it_settles(tmp_path: P
         (tmp_path / "0").write_text(partial)
         os.utime(tmp_path / "0", (wall[0] - 0.5, wall[0] - 0.5))  # modified half a second ago
         assert reader.read() == {(0, None): ("4242",)}, partial
-    wall[0] += 1.0  # now it has settled: an emptied file is an empty file, a line without a newline a job
+    (tmp_path / "0").write_text("42")
+    os.utime(tmp_path / "0", (wall[0], wall[0]))  # modified this very moment: not settled either
+    assert reader.read() == {(0, None): ("4242",)}
+    wall[0] += 1.0  # settled exactly now: an emptied file is an empty file, a line without a newline a job
     assert reader.read() == {(0, None): ("42",)}
     (tmp_path / "0").write_text("")
     os.utime(tmp_path / "0", (wall[0] - 5, wall[0] - 5))
@@ -229,4 +283,51 @@ def test_a_jobs_environment_claims_are_read_and_bounded(tmp_path: Path) -> None:
     )
     claim = read_claim(6, str(tmp_path))
     assert (claim.job, claim.account, claim.partition) == ("1", "", "")
-    assert read_claim(7, str(tmp_path)).job == ""  # gone, or not ours to read
+    assert read_claim(7, str(tmp_path)) == JobClaim()  # gone, or not ours to read
+    (tmp_path / "8").mkdir()
+    (tmp_path / "8" / "environ").write_bytes(b"PATH=/bin\0SLURM_JOB_ID\0")  # no job's environment
+    assert read_claim(8, str(tmp_path)) == JobClaim()
+    (tmp_path / "9").mkdir()  # an environment of 1 MiB and more: what lies beyond is not read
+    (tmp_path / "9" / "environ").write_bytes(b"X=" + b"y" * (1024 * 1024) + b"\0SLURM_JOB_ID=5\0")
+    assert read_claim(9, str(tmp_path)) == JobClaim()
+
+
+def test_a_file_written_during_a_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's size or time differs after a read from before it: read again, three times at most,
+    then it counts as unreadable this time (the jobs read before stay)."""
+    write(tmp_path, "0", "4242\n")
+    real = os.fstat
+    calls = [0]
+    changed_reads = [0]  # how many of the next reads see the file change while they read it
+
+    def fstat(fd: int) -> Any:
+        st = real(fd)
+        calls[0] += 1
+        if calls[0] % 2 == 0 and changed_reads[0] > 0:  # the look after a read
+            changed_reads[0] -= 1
+            return SimpleNamespace(st_mode=st.st_mode, st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1)
+        return st
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    reader = settled(str(tmp_path))
+    changed_reads[0] = 2
+    assert reader.read() == {(0, None): ("4242",)} and reader.errors == 0  # the third read was whole
+    write(tmp_path, "0", "4243\n")
+    changed_reads[0] = 3
+    with capture_logs() as logs:
+        assert reader.read() == {(0, None): ("4242",)}  # never read whole: the jobs read before stay
+    assert logs[0]["error"] == "rewritten while read, 3 times in a row" and reader.errors == 1
+    assert reader.read() == {(0, None): ("4243",)}
+
+
+def test_a_file_removed_between_the_listing_and_its_read_takes_its_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, "0", "4242\n")
+    reader = settled(str(tmp_path))
+    assert reader.read() == {(0, None): ("4242",)}
+    os.unlink(tmp_path / "0")
+    monkeypatch.setattr(reader, "_names", lambda: {"0", "1"})  # listed, then gone (and "1" never read before)
+    with capture_logs() as logs:
+        assert reader.read() == {}
+    assert logs == [] and reader.errors == 0  # the epilog removed them: no failure

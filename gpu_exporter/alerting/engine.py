@@ -129,8 +129,7 @@ class RuleEngine:
         containers: bool = False,
     ) -> None:
         self.rules = rules
-        self.pod_labels = pod_labels
-        self.holders = HolderLabels(pod_labels, jobs, containers)
+        self.holders = HolderLabels(pod_labels, jobs, containers)  # the holder labels of every alert
         self.node = node
         self.resend_interval = resend_interval
         self.resolved_retention = resolved_retention

@@ -42,6 +42,7 @@ MAX_NAME_CHARS = 128
 # The engines that answer Docker's inspect call on their socket.
 API_ENGINES = ("docker", "podman")
 _ID = re.compile(r"[0-9a-f]{64}")
+_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})[ \r]")
 
 
 class EngineError(Exception):
@@ -57,11 +58,11 @@ def inspect_name(socket_path: str, container_id: str, timeout: float) -> str:
         answer = _get(socket_path, f"/containers/{container_id}/json", timeout)
     except TimeoutError as e:
         raise EngineError(f"no whole answer within {timeout:g} s") from e
-    head, sep, body = answer.partition(b"\r\n\r\n")
-    status = head.split(b"\r\n", 1)[0].split(b" ", 2)
-    if not sep or len(status) < 2 or not status[0].startswith(b"HTTP/") or not status[1].isdigit():
+    status = _STATUS.match(answer)
+    _, sep, body = answer.partition(b"\r\n\r\n")
+    if status is None or not sep:
         raise EngineError("an answer that is not HTTP")
-    code = int(status[1])
+    code = int(status.group(1))
     if code == 404:
         return ""  # gone already, or not this engine's
     if code != 200:
@@ -83,8 +84,7 @@ def _get(socket_path: str, path: str, timeout: float) -> bytes:
         s.settimeout(timeout)
         s.connect(socket_path)
         # HTTP/1.0: the engine answers and closes, with no chunked encoding to undo.
-        s.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\nUser-Agent: gpu-exporter\r\n"
-                  "Accept: application/json\r\n\r\n".encode())  # fmt: skip
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\nUser-Agent: gpu-exporter\r\n\r\n".encode())
         answer = bytearray()
         while True:
             left = deadline - time.monotonic()
@@ -112,8 +112,6 @@ class EngineNames:
         clock: Callable[[], float] = time.monotonic,
         ask: Callable[[str, str, float], str] = inspect_name,
     ) -> None:
-        if timeout <= 0 or retry_after <= 0 or cache_size < 1:
-            raise ValueError("timeout and retry_after must be positive, cache_size at least 1")
         self.sockets = {engine: path for engine, path in sockets.items() if engine in API_ENGINES and path}
         self.timeout = timeout
         self.retry_after = retry_after
@@ -135,7 +133,7 @@ class EngineNames:
             return self._names[key]
         path = self.sockets.get(engine)
         now = self._clock()
-        if path is None or now < self._down_until.get(engine, float("-inf")) or now < self._unknown.get(key, now):
+        if path is None or now < self._down_until.get(engine, now) or now < self._unknown.get(key, now):
             return ""
         try:
             name = self._ask(path, container_id, self.timeout)

@@ -65,7 +65,6 @@ _CLAIM_VALUE = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.+@-]{0,63}")
 # (GPU index, GPU instance id or None) -> job IDs, in the file's order
 DeviceKey = tuple[int, int | None]
 JobMap = Mapping[DeviceKey, tuple[str, ...]]
-_EMPTY: JobMap = MappingProxyType({})
 
 
 class _Unsettled(Exception):
@@ -94,8 +93,6 @@ class JobMappingDir:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if keep_last_good_for <= 0 or settle < 0:
-            raise ValueError("keep_last_good_for must be positive and settle not negative")
         self.path = path
         self.keep_last_good_for = keep_last_good_for
         self.settle = settle
@@ -162,7 +159,7 @@ class JobMappingDir:
             with open(fd, "rb") as f:
                 before = os.fstat(fd)
                 if not stat.S_ISREG(before.st_mode):
-                    raise OSError(0, "not a regular file")
+                    raise OSError("not a regular file")
                 raw = f.read(MAX_FILE_BYTES)
                 after = os.fstat(fd)
             if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
@@ -171,7 +168,7 @@ class JobMappingDir:
             if (not raw or not raw.endswith(b"\n")) and 0 <= age < self.settle:
                 raise _Unsettled
             return self._parse(path, raw)
-        raise OSError(0, f"rewritten while read, {READ_TRIES} times in a row")
+        raise OSError(f"rewritten while read, {READ_TRIES} times in a row")
 
     def _parse(self, path: str, raw: bytes) -> tuple[str, ...]:
         jobs: list[str] = []
@@ -194,7 +191,7 @@ class JobMappingDir:
             m = _FILE_NAME.fullmatch(name)
             if m is not None and kept.jobs:
                 out[(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None)] = kept.jobs
-        return MappingProxyType(out) if out else _EMPTY
+        return MappingProxyType(out)
 
     def _expire(self, names: list[str], where: str) -> None:
         dropped = [n for n in names if n in self._kept]
@@ -220,7 +217,7 @@ class JobMappingDir:
 
 
 def _why(e: OSError) -> str:
-    return e.strerror or str(e) or type(e).__name__
+    return e.strerror or str(e)
 
 
 def check_directory(path: str) -> str | None:
@@ -236,9 +233,7 @@ def check_directory(path: str) -> str | None:
         return f"{path} cannot be read: {_why(e)}"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
-    if not os.access(path, os.R_OK | os.X_OK):
-        return f"{path} cannot be read: permission denied"
-    return None
+    return None  # one it may not read is said at the first read, with the reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +245,7 @@ class JobClaim:
     partition: str = ""
 
 
-def read_claim(pid: int, proc_root: str = "/proc") -> JobClaim:
+def read_claim(pid: int, proc_root: str) -> JobClaim:
     """The ``SLURM_JOB_*`` variables of a process; empty where it has none, has exited (also while
     being read) or its environment is not ours to read."""
     try:
@@ -260,8 +255,8 @@ def read_claim(pid: int, proc_root: str = "/proc") -> JobClaim:
         return JobClaim()
     found: dict[bytes, str] = {}
     for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (b"SLURM_JOB_ID", b"SLURM_JOB_ACCOUNT", b"SLURM_JOB_PARTITION"):
+        key, _, value = item.partition(b"=")
+        if key in (b"SLURM_JOB_ID", b"SLURM_JOB_ACCOUNT", b"SLURM_JOB_PARTITION"):
             text = untrusted.text(value)
             found[key] = text if _CLAIM_VALUE.fullmatch(text) else ""
     return JobClaim(found.get(b"SLURM_JOB_ID", ""), found.get(b"SLURM_JOB_ACCOUNT", ""),
