@@ -40,7 +40,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.benchlib import machine, machine_line  # noqa: E402
+from benchlib import machine, machine_line  # noqa: E402
+
 from gpu_exporter.holders.attribution import HolderAttributor  # noqa: E402
 from gpu_exporter.holders.engines import EngineNames  # noqa: E402
 from gpu_exporter.holders.slurm import JobMappingDir  # noqa: E402
