@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
+from gpu_exporter.holders import attribution, slurm
 from gpu_exporter.holders.attribution import HolderAttributor
 from gpu_exporter.holders.engines import EngineNames
-from gpu_exporter.holders.slurm import JobMappingDir
+from gpu_exporter.holders.slurm import JobClaim, JobMappingDir
 from gpu_exporter.snapshot import (
     ContainerRef,
     GpuReading,
@@ -238,3 +240,22 @@ def test_a_lost_gpu_passes_through_and_errors_are_counted_by_source(tmp_path: Pa
     assert a.attach((lost,)) == (lost,)
     assert a.errors() == {"job_mapping": 1, "engine_api": 0}
     assert a.jobs and HolderAttributor(containers=True).errors() == {}
+
+
+def test_a_jobs_environment_is_read_only_where_a_job_can_come_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = proc_root(tmp_path)
+    process(root, 100, slurm_v2("4242"), {"SLURM_JOB_ID": "4242", "SLURM_JOB_ACCOUNT": "ml"})
+    read: list[int] = []
+    real = slurm.read_claim
+
+    def spy(pid: int, root: str) -> JobClaim:
+        read.append(pid)
+        return real(pid, root)
+
+    monkeypatch.setattr(attribution, "read_claim", spy)
+    HolderAttributor(containers=True, proc_root=str(root)).attach((gpu(0, proc(100)),))
+    assert read == []  # containers only: no job to claim an account for
+    (g,) = HolderAttributor(job_from_cgroup=True, proc_root=str(root)).attach((gpu(0, proc(100)),))
+    assert read == [100] and g.processes[0].job == JobRef("4242", "alice", "ml")

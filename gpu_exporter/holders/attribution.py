@@ -178,7 +178,8 @@ class HolderAttributor:
 
     def _read(self, p: ProcessReading) -> _Proc:
         facts = cgroups.read(p.pid, self.proc_root) if self.job_from_cgroup or self.containers else _NOT_READ
-        wants_claim = self.mapping is not None or facts.job is not None
+        # A job's environment is read only where a job can come of it: not for containers alone.
+        wants_claim = self.mapping is not None or (self.job_from_cgroup and facts.job is not None)
         claim = read_claim(p.pid, self.proc_root) if wants_claim else JobClaim()
         return _Proc(facts, claim)
 
