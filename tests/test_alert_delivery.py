@@ -105,6 +105,7 @@ def am_receiver(
         valid_for=valid_for,
         generator_url=lambda: "http://n1:9445/alerts",
         clock=clock,
+        steady=time.monotonic if clock is time.time else clock,
     )
 
 

@@ -94,11 +94,13 @@ def test_accounting_counts_steady_time_and_no_counter_goes_back(by: float) -> No
     assert seen == [pytest.approx(i * STEP) for i in range(10)]  # every step counted once, never back
 
 
-def test_a_webhook_group_is_not_held_back_by_a_backward_step() -> None:
-    """The route plans its flushes on the steady clock: set the wall clock back an hour and the
-    notification still goes out after group_wait."""
+@pytest.mark.parametrize("step", ["before the hand-over", "while the group waits"])
+def test_a_webhook_group_is_not_held_back_by_a_backward_step(step: str) -> None:
+    """The route plans its flushes on the steady clock: set the wall clock back an hour, before the
+    alert is handed over or while its group waits out group_wait, and the notification still goes
+    out after group_wait (planned on the wall clock, it would wait an hour more)."""
     offset = {"wall": 0.0}
-    settings = WebhookSettings(url="http://127.0.0.1:1/hook", group_wait=0.2, group_interval=1.0)
+    settings = WebhookSettings(url="http://127.0.0.1:1/hook", group_wait=1.0, group_interval=5.0)
     with webhook_receiver() as rec:
         settings = settings.model_copy(update={"url": rec.url})
         receiver = WebhookReceiver(settings, lambda r, o: None, generator_url=lambda: "http://x/alerts",
@@ -108,9 +110,33 @@ def test_a_webhook_group_is_not_held_back_by_a_backward_step() -> None:
             now = time.time()
             alert = Alert((("alertname", "GpuLost"), ("gpu", "0"), ("severity", "critical")), (), FIRING,
                           active_at=now, fired_at=now)  # fmt: skip
-            offset["wall"] = -3600.0  # set back just before the alert is handed over
+            if step == "before the hand-over":
+                offset["wall"] = -3600.0
             receiver.submit([alert], now=time.monotonic())
+            offset["wall"] = -3600.0
             assert wait_until(lambda: rec.alerts()), "nothing delivered: the flush waited for the wall clock"
+        finally:
+            receiver.stop()
+
+
+def test_an_alert_that_fired_long_ago_is_sent_without_waiting_group_wait() -> None:
+    """As Alertmanager does: a new group whose alert started more than group_wait ago (on the wall
+    clock, where alerts' times are) goes out at once.  The steady clock stands still here, so only
+    that comparison can send it; against the steady clock's small numbers it never would."""
+    wall, steady = T0, 100.0
+    settings = WebhookSettings(url="http://127.0.0.1:1/hook", group_wait=30.0, group_interval=60.0)
+    with webhook_receiver() as rec:
+        settings = settings.model_copy(update={"url": rec.url})
+        receiver = WebhookReceiver(settings, lambda r, o: None, generator_url=lambda: "http://x/alerts",
+                                   clock=lambda: wall, steady=lambda: steady)  # fmt: skip
+        receiver.start()
+        try:
+            alert = Alert((("alertname", "GpuLost"), ("gpu", "0"), ("severity", "critical")), (), FIRING,
+                          active_at=T0 - 660, fired_at=T0 - 600)  # fmt: skip
+            receiver.submit([alert], now=steady)
+            assert wait_until(lambda: rec.alerts()), "held back for group_wait although it fired 10 minutes ago"
+            (sent,) = rec.alerts()
+            assert sent["labels"]["alertname"] == "GpuLost"
         finally:
             receiver.stop()
 

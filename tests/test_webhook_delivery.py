@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, Receiver, WebhookReceiver
 from gpu_exporter.alerting.engine import RESOLVED
@@ -58,7 +59,9 @@ def assert_waited_out(backoffs: Backoffs) -> None:
 
 def receiver(url: str, outcomes: Outcomes, clock: Any = time.time, **settings: Any) -> WebhookReceiver:
     s = WebhookSettings(url=url, name="ops", **{"group_wait": 0, "group_interval": 1, **settings})
-    return WebhookReceiver(s, outcomes, generator_url=lambda: GENERATOR, clock=clock)
+    # A made-up clock drives both: the receiver plans its flushes on the one it is given as steady.
+    steady = time.monotonic if clock is time.time else clock
+    return WebhookReceiver(s, outcomes, generator_url=lambda: GENERATOR, clock=clock, steady=steady)
 
 
 def test_the_payload_points_back_at_this_daemon() -> None:
@@ -187,6 +190,21 @@ def test_stop_says_how_many_alerts_were_not_delivered(capsys: pytest.CaptureFixt
     out = capsys.readouterr()
     line = next(x for x in (out.out + out.err).splitlines() if "notifications_undelivered_at_shutdown" in x)
     assert "alerts=2" in line
+
+
+def test_a_failed_notification_says_what_failed() -> None:
+    """An operator reading the log learns why nothing arrived: the error's kind and text, and that
+    it will be tried again."""
+    with structlog.testing.capture_logs() as logs:
+        r = am("http://127.0.0.1:9/am", Outcomes())  # nothing listens there: refused
+        r.min_backoff = 5.0  # one try while the test looks
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: any(e["event"] == "notification_failed" for e in logs), what="the failure's log line")
+        r.stop()
+    failed = next(e for e in logs if e["event"] == "notification_failed")
+    assert failed["error"].startswith("URLError: ") and "Connection refused" in failed["error"], failed
+    assert failed["receiver"] == r.name and failed["will_retry"] is True
 
 
 def test_an_alertmanager_url_with_a_trailing_slash_gets_the_api_path_once() -> None:

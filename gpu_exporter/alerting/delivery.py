@@ -68,7 +68,7 @@ class Receiver:
     """One destination with its own delivery thread; subclasses say what is due and send it."""
 
     def __init__(self, settings: ReceiverSettings, outcome: Outcome, clock: Callable[[], float] = time.time,
-                 steady: Callable[[], float] | None = None) -> None:  # fmt: skip
+                 steady: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.settings = settings
         self.name = settings.label
         self.url = settings.url
@@ -76,8 +76,8 @@ class Receiver:
         self._clock = clock  # the wall clock: endsAt and the times receivers see
         # Waits, flushes and retries are planned on a clock that never steps, so a wall-clock step
         # neither holds a notification back for hours nor sends a batch early.  A test that makes
-        # one clock up drives both.
-        self._steady = steady if steady is not None else (time.monotonic if clock is time.time else clock)
+        # time up passes both clocks.
+        self._steady = steady
         self._cond = threading.Condition()
         self._stop = False
         # Without a CA file, the system's CAs: what urllib would use for https anyway (http ignores it).
@@ -200,7 +200,7 @@ class AlertmanagerReceiver(Receiver):
 
     def __init__(self, settings: ReceiverSettings, outcome: Outcome, *, queue_size: int, valid_for: float,
                  generator_url: Callable[[], str], clock: Callable[[], float] = time.time,
-                 steady: Callable[[], float] | None = None) -> None:  # fmt: skip
+                 steady: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         super().__init__(settings, outcome, clock, steady)
         self.url = settings.url.rstrip("/") + "/api/v2/alerts"
         self.valid_for = valid_for
@@ -268,7 +268,7 @@ class WebhookReceiver(Receiver):
 
     def __init__(self, settings: WebhookSettings, outcome: Outcome, *, generator_url: Callable[[], str],
                  clock: Callable[[], float] = time.time,
-                 steady: Callable[[], float] | None = None) -> None:  # fmt: skip
+                 steady: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         super().__init__(settings, outcome, clock, steady)
         self.route = Route(settings)
         self._generator_url = generator_url
