@@ -23,6 +23,7 @@ from gpu_exporter.web.server import HttpServer
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
+from tests.timing import LATE_S, NEVER_S
 from tests.web_helpers import basic, client_context, get, hashed, raw, server, tls_files
 
 
@@ -179,21 +180,23 @@ def test_request_bound_answers_503_beyond_it(tmp_path: Path) -> None:
 
 
 def test_slow_and_idle_clients_do_not_stop_a_scraper(tmp_path: Path) -> None:
-    with server(tmp_path, read_timeout=1.0) as srv:
+    # Slowloris: heads that never finish, and connections that say nothing, held for as long as the
+    # test lasts (no read or idle timeout of the server's ends them first; that they are cut off
+    # at the read timeout is test_web_server's): a scraper is served beside them, within LATE_S.
+    with server(tmp_path, read_timeout=NEVER_S, pressure_idle_timeout=NEVER_S) as srv:
         slow = []
-        for _ in range(200):  # slowloris: heads that never finish, and connections that say nothing
+        for _ in range(200):
             s = socket.create_connection(("127.0.0.1", srv.port))
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             slow.append(s)
         idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(100)]
         try:
+            wait_for(lambda: len(srv.connections) == 300, what="the slow and idle clients accepted")
             for _ in range(5):
                 t0 = time.monotonic()
-                status, _, body = get(srv.port)
-                assert status == 200 and b"gpu_up" in body and time.monotonic() - t0 < 1.0
-            # The stalled ones are cut off after the read timeout.
-            idle[0].settimeout(5)
-            assert idle[0].recv(1) == b""
+                status, _, body = get(srv.port, timeout=LATE_S)
+                assert status == 200 and b"gpu_up" in body and time.monotonic() - t0 < LATE_S
+            assert len(srv.connections) >= 300  # all of them still held
         finally:
             for s in slow + idle:
                 s.close()

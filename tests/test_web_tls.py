@@ -19,6 +19,7 @@ import pytest
 import trustme
 
 from gpu_exporter.web.server import HttpServer
+from tests.timing import LATE_S
 from tests.web_helpers import client_cert_pem, client_context, get, server, tls_client, tls_files
 
 OK = b"HTTP/1.1 200 OK"
@@ -240,7 +241,7 @@ def small_server(tmp_path: Path, ca: trustme.CA, **kw: Any) -> Iterator[HttpServ
 def test_a_handshake_gives_its_slot_back_when_it_ends(tmp_path: Path, ca: trustme.CA) -> None:
     with small_server(tmp_path, ca, max_handshakes=1) as srv:
         for _ in range(3):  # one slot: each handshake must free it for the next
-            assert get(srv.port, "/healthz", context=client_context(ca), timeout=5)[0] == 200
+            assert get(srv.port, "/healthz", context=client_context(ca), timeout=LATE_S)[0] == 200
 
 
 def test_a_client_silent_in_its_handshake_is_cut_at_the_handshake_timeout(tmp_path: Path, ca: trustme.CA) -> None:
