@@ -194,20 +194,19 @@ def test_the_daemon_raises_its_soft_fd_limit_to_the_hard_one() -> None:
 def test_pipelined_requests_nobody_reads_do_not_block_scrapers(tmp_path: Path) -> None:
     # ~600 KB pages, like 64 GPUs; 45 connections each ask for 200 of them and read nothing: more
     # than the 40 request slots, so a slot held until the client reads would leave none (503).
-    with server(tmp_path, series=8000, **HOLDS) as srv, held([]) as attack:
+    with server(tmp_path, series=8000, max_requests=40, **HOLDS) as srv, held([]) as attack:
         for _ in range(45):
             s = socket.create_connection(("127.0.0.1", srv.port))
             s.setblocking(False)
             with suppress(BlockingIOError):
                 s.send(METRICS * 200)
             attack.append(s)
-        all_stalled = "45 answers stalled on clients that do not read"
-        wait_for(lambda: stalled_writers(srv) == 45, what=all_stalled)
+        wait_for(lambda: stalled_writers(srv) >= 40, what="an answer stalled for each request slot")
         for _ in range(20):
             served(srv.port)
             served(srv.port, "/healthz")
-            # Still stalled, all of them (the scraper's own answer may have been a moment ago, too).
-            wait_for(lambda: stalled_writers(srv) == 45, what=all_stalled)
+            assert stalled_writers(srv) >= 40  # still stalled: no timeout let the scraper in
+        wait_for(lambda: stalled_writers(srv) >= 45, what="all 45 answers stalled, none cut off")
 
 
 def stalled_writers(srv: HttpServer) -> int:
