@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog.testing
 import trustme
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -100,9 +101,15 @@ def test_web_config_file_is_reloaded(tmp_path: Path) -> None:
         (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prom": hashed("two")}}))
         wait_for(lambda: get(srv.port, headers=basic("prom", "two"))[0] == 200, what="the new password")
         assert get(srv.port, headers=basic("prom", "one"))[0] == 401  # the old one, and its cache, are gone
-        (tmp_path / "web.yml").write_text("basic_auth_users: [broken")  # a bad edit keeps the last good file
-        time.sleep(1.2)
+        with structlog.testing.capture_logs() as logs:
+            (tmp_path / "web.yml").write_text("basic_auth_users: [broken")  # a bad edit keeps the last good file
+            # Each request asks for the config in force: once the watcher has tried the broken file
+            # (it says so), the last good one must still be in force.
+            wait_for(lambda: get(srv.port, headers=basic("prom", "two"))[0] == 200
+                     and any(e["event"] == "web_config_reload_failed" for e in logs),
+                     what="the watcher to try the broken file")  # fmt: skip
         assert get(srv.port, headers=basic("prom", "two"))[0] == 200
+        assert get(srv.port, headers=basic("prom", "one"))[0] == 401
 
 
 @pytest.mark.parametrize(
