@@ -284,6 +284,13 @@ TARGETS: dict[str, Target] = {
         tests=WEB_CONFIG_TESTS,
         daemon_tests=("tests/test_bad_input.py", "tests/test_web_security.py"),
     ),
+    # The one place that knows asyncio's private TLS protocol: a handshake that hangs, a client's
+    # first bytes lost, a stalled handshake not told apart, a Python it was never checked on.
+    "web_tls": Target(
+        "gpu_exporter/web/tls.py",
+        tests=("tests/test_web_tls_adapter.py", "tests/test_web_tls.py"),
+        daemon_tests=WEB_SOCKET_TESTS,
+    ),
     # (the web server's targets end here)
 }
 

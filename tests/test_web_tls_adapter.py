@@ -69,6 +69,32 @@ def test_a_python_without_what_the_adapter_uses_is_named(monkeypatch: pytest.Mon
                    "buffer_updated()", "gpu_exporter/web/tls.py", "3.11, 3.12, 3.13"):  # fmt: skip
         assert needle in text, (needle, text)
     assert "get_buffer" not in text
+    # The whole sentence an operator reads when the daemon refuses to start on such a Python.
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert text == (
+        f"Python {here}: asyncio.sslproto.SSLProtocol lacks the constructor's 'server_side' parameter, the "
+        "constructor's 'call_connection_made' parameter, the constructor's 'ssl_handshake_timeout' parameter, "
+        "the constructor's 'ssl_shutdown_timeout' parameter, the class attribute max_size (its read buffer's "
+        "size), the method buffer_updated(); gpu_exporter/web/tls.py must be adapted (known to work on 3.11, "
+        "3.12, 3.13)"
+    )
+
+
+@pytest.mark.parametrize("max_size", [None, "256 KiB", 262144.0])
+def test_a_read_buffer_size_that_is_not_a_whole_number_is_named(monkeypatch: pytest.MonkeyPatch,
+                                                                 max_size: object) -> None:  # fmt: skip
+    """The adapter sets max_size to size asyncio's read buffer; a class where it is anything else
+    than an int would not be sized by it."""
+    changed = type("Changed", (sslproto.SSLProtocol,), {"max_size": max_size})
+    monkeypatch.setattr(tls, "SSLProtocol", changed)
+    with pytest.raises(tls.AdapterError, match=r"lacks the class attribute max_size \(its read buffer's size\);"):
+        tls.check_runtime()
+
+
+def test_a_python_with_everything_the_adapter_uses_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subclass that keeps the constructor, max_size and both buffer methods passes the check."""
+    monkeypatch.setattr(tls, "SSLProtocol", type("Same", (sslproto.SSLProtocol,), {"max_size": 1024}))
+    tls.check_runtime()
 
 
 def test_a_handshake_through_the_adapter(tmp_path: Path, ca: trustme.CA) -> None:
@@ -82,3 +108,26 @@ def test_the_readme_states_the_pythons_it_runs_on() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     versions = [f"{a}.{b}" for a, b in tls.KNOWN_PYTHONS]
     assert f"It runs on CPython {', '.join(versions[:-1])} and {versions[-1]}" in readme
+
+
+def test_bytes_already_read_reach_the_tls_layer_whole_in_buffer_sized_pieces() -> None:
+    """A ClientHello read before the handshake started may be longer than one read buffer: every byte
+    goes in, in order, in pieces no longer than the buffer the protocol offers."""
+
+    class Collect(asyncio.BufferedProtocol):
+        def __init__(self) -> None:
+            self.got = bytearray()
+            self.pieces: list[int] = []
+            self._buf = bytearray(1000)
+
+        def get_buffer(self, sizehint: int) -> bytearray:
+            return self._buf
+
+        def buffer_updated(self, nbytes: int) -> None:
+            self.pieces.append(nbytes)
+            self.got += self._buf[:nbytes]
+
+    data = bytes(range(256)) * 10  # 2,560 bytes: three pieces
+    proto = Collect()
+    tls.feed(proto, data)
+    assert bytes(proto.got) == data and proto.pieces == [1000, 1000, 560]
