@@ -1,0 +1,34 @@
+"""The report names a holder from the labels the store kept (it may not import the daemon's
+snapshot: tests/test_architecture.py), so its wording is a second copy of ``snapshot.Holder.name``.
+This keeps the two equal: one holder reads the same in /alerts, ``--once`` and the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_exporter.report.holders import holder_of
+from gpu_exporter.snapshot import (
+    ContainerRef,
+    Holder,
+    JobRef,
+    PodRef,
+    container_holder,
+    job_holder,
+    pod_holder,
+    user_holder,
+)
+
+HOLDERS = [
+    pod_holder(PodRef("ml", "train-0", "worker")),
+    job_holder(JobRef("4242", "alice", "physics", "gpu")),
+    job_holder(JobRef("4243", "", "", "")),
+    container_holder(ContainerRef("podman", "0123456789ab" + "0" * 52, "trainer")),
+    container_holder(ContainerRef("docker", "fedcba987654" + "1" * 52, "")),
+    user_holder("bob"),
+]
+
+
+@pytest.mark.parametrize("holder", HOLDERS, ids=lambda h: h.name)
+def test_the_report_reads_back_the_holder_the_exporter_wrote(holder: Holder) -> None:
+    read = holder_of(holder.labels())  # the labels gpu_state_seconds_total carries for this holder
+    assert (read.kind, read.name) == (holder.kind, holder.name)
