@@ -85,11 +85,11 @@ def test_a_429_from_the_rate_limit_keeps_the_connection(tmp_path: Path) -> None:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             head = b""
             while b"\r\n\r\n" not in head:
-                head += s.recv(1)
+                head += s.recv(1) or pytest.fail(f"closed after {head!r}")
             assert head.startswith(b"HTTP/1.1 " + expected) and b"Connection: keep-alive" in head, head
             length = int(next(x for x in head.split(b"\r\n") if x.startswith(b"Content-Length:")).split(b":")[1])
             while length:
-                length -= len(s.recv(length))
+                length -= len(s.recv(length) or pytest.fail("closed in the middle of the body"))
 
 
 def test_a_changed_rate_limit_applies_at_the_reload(tmp_path: Path) -> None:

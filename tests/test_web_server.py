@@ -58,7 +58,7 @@ def answers(port: int, data: bytes, n: int = 1, timeout: float = 10) -> tuple[li
             length = int(next(x for x in head.split(b"\r\n") if x.startswith(b"Content-Length:")).split(b":")[1])
             is_head = data.startswith(b"HEAD") and len(got) == 0
             while not is_head and len(buf) < length:
-                buf += s.recv(65536)
+                buf += recv_some(s)
             body = b"" if is_head else buf[:length]
             buf = buf if is_head else buf[length:]
             got.append(head + b"\r\n\r\n" + body)
@@ -68,6 +68,21 @@ def answers(port: int, data: bytes, n: int = 1, timeout: float = 10) -> tuple[li
         except TimeoutError:
             closed = False
         return got, closed
+
+
+def recv_some(s: socket.socket) -> bytes:
+    """The next bytes; a close where more was due fails the test at once (a loop on b"" would spin)."""
+    chunk = s.recv(65536)
+    if not chunk:
+        raise AssertionError("the server closed the connection in the middle of an answer")
+    return chunk
+
+
+def until_hello(s: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"hello\n"):
+        data += recv_some(s)
+    return data
 
 
 def header(answer: bytes, name: bytes) -> bytes | None:
@@ -179,9 +194,7 @@ def test_requests_one_after_the_other_are_not_pipelining() -> None:
     with serving(max_pipelined=1) as srv, socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
         for _ in range(3):
             s.sendall(GET)
-            data = b""
-            while not data.endswith(b"hello\n"):
-                data += s.recv(65536)
+            data = until_hello(s)
             assert header(data, b"Connection") == b"keep-alive"
 
 
@@ -205,9 +218,7 @@ def test_a_keep_alive_connection_is_closed_after_the_idle_timeout() -> None:
         socket.create_connection(("127.0.0.1", srv.port), timeout=20) as s,
     ):
         s.sendall(GET)
-        data = b""
-        while not data.endswith(b"hello\n"):
-            data += s.recv(65536)
+        until_hello(s)
         assert s.recv(1) == b""  # after the answer, the idle timeout, not the read timeout
 
 
@@ -236,9 +247,7 @@ def test_stop_closes_what_is_open_and_stops_listening() -> None:
     port = srv.port
     with socket.create_connection(("127.0.0.1", port), timeout=10) as held:
         held.sendall(GET)
-        data = b""
-        while not data.endswith(b"hello\n"):
-            data += held.recv(65536)
+        until_hello(held)
         srv.stop()
         assert held.recv(1) == b""
     with pytest.raises(OSError):

@@ -4,6 +4,10 @@ A ``WebConfigWatcher`` checks the modification times at most once a second, when
 request asks for the current config; a changed file that fails to load is logged and ignored,
 keeping the last good configuration.  What a loaded config accepts but does not apply (its
 ``warnings``) is logged once per load.
+
+A file is known by its modification time and size.  After a reload, a file both configs name keeps
+the stamp seen before the reload read it: a write that lands while the reload runs is then seen at
+the next check, instead of being taken for what was just loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
@@ -20,45 +25,42 @@ from .config import WebConfig, WebConfigError, load_web_config
 log = structlog.get_logger(__name__)
 
 _CHECK_EVERY_S = 1.0
+Stamp = tuple[int, int]  # (st_mtime_ns, st_size); (-1, -1) for a file that cannot be read
 
 
 class WebConfigWatcher:
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self._clock = clock
         self._config = load_web_config(path)  # a broken file at start is the caller's exit 2
-        self._stamps = self._stat()
-        self._checked = time.monotonic()
+        self._stamps = _stat(self._config.files)
+        self._checked = clock()
         self._lock = threading.Lock()
         _warn(self._config)
 
-    def _stat(self) -> tuple[tuple[int, int], ...]:
-        out = []
-        for f in self._config.files:
-            try:
-                st = os.stat(f)
-                out.append((st.st_mtime_ns, st.st_size))
-            except OSError:
-                out.append((-1, -1))
-        return tuple(out)
-
     def current(self) -> WebConfig:
-        now = time.monotonic()
-        if self.path is None or now - self._checked < _CHECK_EVERY_S:
+        now = self._clock()
+        # abs(): a clock that steps back must not hold off reloads until it has caught up again.
+        if self.path is None or abs(now - self._checked) < _CHECK_EVERY_S:
             return self._config
         with self._lock:
-            if now - self._checked < _CHECK_EVERY_S:
+            if abs(now - self._checked) < _CHECK_EVERY_S:
                 return self._config
             self._checked = now
-            stamps = self._stat()
-            if stamps != self._stamps:
-                self._stamps = stamps
+            before = _stat(self._config.files)
+            if before != self._stamps:
+                self._stamps = before
                 try:
-                    self._config = load_web_config(self.path)
-                    self._stamps = self._stat()
-                    log.info("web_config_reloaded", path=str(self.path))
-                    _warn(self._config)
+                    config = load_web_config(self.path)
                 except WebConfigError as e:
                     log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
+                    return self._config
+                seen = dict(zip(self._config.files, before, strict=True))
+                after = _stat(config.files)
+                self._stamps = tuple(seen.get(f, st) for f, st in zip(config.files, after, strict=True))
+                self._config = config
+                log.info("web_config_reloaded", path=str(self.path))
+                _warn(config)
             return self._config
 
     def install(self, path: Path | None, config: WebConfig) -> None:
@@ -66,9 +68,20 @@ class WebConfigWatcher:
         with self._lock:
             self.path = path
             self._config = config
-            self._stamps = self._stat()
-            self._checked = time.monotonic()
+            self._stamps = _stat(config.files)
+            self._checked = self._clock()
         _warn(config)
+
+
+def _stat(files: Sequence[Path]) -> tuple[Stamp, ...]:
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((-1, -1))
+    return tuple(out)
 
 
 def _warn(config: WebConfig) -> None:

@@ -1,0 +1,235 @@
+"""The web config in force (gpu_exporter/web/watcher.py): when a changed file or certificate is read
+again, what a broken edit leaves in force, and what is logged.  The clock is the test's; the files
+are real, their changes told apart by size or modification time as the watcher tells them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trustme
+import yaml
+
+from gpu_exporter.web import watcher as watcher_module
+from gpu_exporter.web.config import load_web_config
+from gpu_exporter.web.watcher import WebConfigWatcher
+from tests.web_helpers import hashed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(yaml.safe_dump(doc))
+    touch_later(path)
+
+
+def touch_later(path: Path) -> None:
+    """A modification time that differs from the last one, whatever this filesystem's granularity."""
+    st = path.stat()
+    later = st.st_mtime_ns + 1_000_000_000 * (1 + touch_later.n)  # type: ignore[attr-defined]
+    touch_later.n += 1  # type: ignore[attr-defined]
+    os.utime(path, ns=(later, later))
+
+
+touch_later.n = 0  # type: ignore[attr-defined]
+
+
+def users(w: WebConfigWatcher) -> set[str]:
+    return set(w.current().users)
+
+
+@pytest.fixture
+def web(tmp_path: Path) -> Path:
+    path = tmp_path / "web.yml"
+    write(path, {"basic_auth_users": {"one": hashed("pw")}})
+    return path
+
+
+def test_a_changed_file_is_read_at_the_first_request_a_second_after_the_last_check(web: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    clock.now += 0.999
+    assert users(w) == {"one"}  # within the second: not even looked at
+    clock.now += 0.001
+    assert users(w) == {"two"}
+
+
+def test_a_check_that_finds_nothing_changed_starts_the_next_second(web: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    clock.now += 1.5
+    assert users(w) == {"one"}  # checked at 1.5: nothing changed
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    clock.now += 0.9
+    assert users(w) == {"one"}  # 0.9 s after that check
+    clock.now += 0.1
+    assert users(w) == {"two"}
+
+
+def test_a_clock_that_steps_back_does_not_hold_reloads_off(web: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    clock.now -= 3600.0
+    assert users(w) == {"two"}
+
+
+def test_the_same_size_and_a_new_time_is_a_change(web: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    before = web.stat().st_size
+    write(web, {"basic_auth_users": {"eno": hashed("pw")}})  # the same length
+    assert web.stat().st_size == before
+    clock.now += 1.0
+    assert users(w) == {"eno"}
+
+
+def test_a_broken_edit_keeps_the_last_good_config_says_so_once_and_the_fix_is_read(web: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    web.write_text("basic_auth_users: [broken")
+    touch_later(web)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            clock.now += 1.0
+            assert users(w) == {"one"}
+    failed = [e for e in logs if e["event"] == "web_config_reload_failed"]
+    assert len(failed) == 1 and failed[0]["log_level"] == "error"  # once per change, not once a second
+    assert str(web) in failed[0]["error"] and failed[0]["keeping"] == "the previous configuration"
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    with structlog.testing.capture_logs() as logs:
+        clock.now += 1.0
+        assert users(w) == {"two"}
+    assert [e["event"] for e in logs] == ["web_config_reloaded"] and logs[0]["path"] == str(web)
+
+
+def test_a_file_that_is_gone_keeps_the_config_and_its_return_is_read(web: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    web.unlink()
+    clock.now += 1.0
+    assert users(w) == {"one"}
+    write(web, {"basic_auth_users": {"back": hashed("pw")}})
+    clock.now += 1.0
+    assert users(w) == {"back"}
+
+
+def test_a_new_certificate_under_the_same_name_is_read(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first = ca.issue_cert("first.example")
+    first.cert_chain_pems[0].write_to_path(str(crt))
+    first.private_key_pem.write_to_path(str(key))
+    web = tmp_path / "web.yml"
+    write(web, {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"}})
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    old = w.current()
+    second = ca.issue_cert("second.example")
+    second.cert_chain_pems[0].write_to_path(str(crt))
+    second.private_key_pem.write_to_path(str(key))
+    touch_later(crt)
+    touch_later(key)
+    clock.now += 1.0
+    assert w.current() is not old and w.current().tls is not None
+
+
+def test_a_write_during_the_reload_is_read_at_the_next_check(web: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+
+    def load_then_edited(path: Path | None) -> Any:
+        config = load_web_config(path)
+        write(web, {"basic_auth_users": {"three": hashed("pw")}})  # lands after the read, before any stat
+        return config
+
+    monkeypatch.setattr(watcher_module, "load_web_config", load_then_edited)
+    clock.now += 1.0
+    assert users(w) == {"two"}
+    monkeypatch.setattr(watcher_module, "load_web_config", load_web_config)
+    clock.now += 1.0
+    assert users(w) == {"three"}  # not taken for what was loaded a second ago
+
+
+def test_a_config_that_names_new_files_watches_them(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    for name in ("a", "b"):
+        cert = ca.issue_cert(f"{name}.example")
+        cert.cert_chain_pems[0].write_to_path(str(tmp_path / f"{name}.crt"))
+        cert.private_key_pem.write_to_path(str(tmp_path / f"{name}.key"))
+    web = tmp_path / "web.yml"
+    write(web, {"tls_server_config": {"cert_file": "a.crt", "key_file": "a.key"}})
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    write(web, {"tls_server_config": {"cert_file": "b.crt", "key_file": "b.key"}})
+    clock.now += 1.0
+    on_b = w.current()
+    assert tmp_path / "b.crt" in on_b.files
+    clock.now += 1.0
+    assert w.current() is on_b  # nothing changed since: not loaded again
+    (tmp_path / "b.key").write_text("not a key")
+    touch_later(tmp_path / "b.key")
+    with structlog.testing.capture_logs() as logs:
+        clock.now += 1.0
+        assert w.current() is on_b
+    assert [e["event"] for e in logs] == ["web_config_reload_failed"]  # b.key is watched
+
+
+def test_without_a_file_nothing_is_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(None, clock)
+    first = w.current()
+
+    def no_stat(files: Any) -> Any:
+        raise AssertionError("stat without a web config file")
+
+    monkeypatch.setattr(watcher_module, "_stat", no_stat)
+    clock.now += 10.0
+    assert w.current() is first and first.auth_required is False
+
+
+def test_warnings_are_logged_once_per_load(web: Path) -> None:
+    doc = {"basic_auth_users": {"one": hashed("pw")}, "http_server_config": {"http2": True}}
+    write(web, doc)
+    clock = Clock()
+    with structlog.testing.capture_logs() as logs:
+        w = WebConfigWatcher(web, clock)
+        for _ in range(3):
+            clock.now += 1.0
+            w.current()
+    warned = [e for e in logs if e["event"] == "web_config_not_applied"]
+    assert len(warned) == 1 and "http2" in warned[0]["warning"] and warned[0]["log_level"] == "warning"
+    write(web, {**doc, "basic_auth_users": {"two": hashed("pw")}})
+    with structlog.testing.capture_logs() as logs:
+        clock.now += 1.0
+        w.current()
+    assert [e["event"] for e in logs] == ["web_config_reloaded", "web_config_not_applied"]
+
+
+def test_install_takes_the_config_given_and_starts_the_second_again(web: Path, tmp_path: Path) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    other = tmp_path / "other.yml"
+    write(other, {"basic_auth_users": {"other": hashed("pw")}, "http_server_config": {"http2": True}})
+    clock.now += 5.0
+    with structlog.testing.capture_logs() as logs:
+        w.install(other, load_web_config(other))
+    assert w.path == other and users(w) == {"other"}
+    assert [e["event"] for e in logs] == ["web_config_not_applied"]
+    write(other, {"basic_auth_users": {"edited": hashed("pw")}})
+    write(web, {"basic_auth_users": {"ignored": hashed("pw")}})  # no longer the file in force
+    clock.now += 0.5
+    assert users(w) == {"other"}  # the install was the check
+    clock.now += 0.5
+    assert users(w) == {"edited"}
