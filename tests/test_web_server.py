@@ -5,6 +5,9 @@ pages it is given.  Fast; the attacks at scale are in test_web_hostile.py."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,16 +17,22 @@ import pytest
 import yaml
 
 from gpu_exporter import __version__
+from gpu_exporter.web.auth import Passwords
+from gpu_exporter.web.config import WebConfig
 from gpu_exporter.web.server import HttpServer
 from gpu_exporter.web.tls import AdapterError
 from gpu_exporter.web.watcher import WebConfigWatcher
+from tests.timing import NEVER_S, wait_until
 from tests.web_helpers import basic, hashed
 
 OK = (200, b"hello\n", "text/plain; charset=utf-8", {"X-Page": "1"})
+BIG = b"x" * (16 << 20)  # more than the kernel buffers of both ends can hold
 PAGES: dict[str, Any] = {
     "/hello": lambda headers: OK,
     "/healthz": lambda headers: (200, b"ok\n", "text/plain", {}),
     "/echo": lambda headers: (200, repr(sorted(headers.items())).encode(), "text/plain", {}),
+    "/json": lambda headers: (200, b"{}", "application/json", {}),
+    "/big": lambda headers: (200, BIG, "application/octet-stream", {}),
 }
 
 
@@ -115,7 +124,7 @@ def test_an_unknown_path_is_404_naming_the_pages() -> None:
     with serving() as srv:
         [answer], closed = answers(srv.port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n") and not closed
-    assert answer.endswith(b"\r\n\r\nnot found; the pages are /echo, /healthz, /hello\n")
+    assert answer.endswith(b"\r\n\r\nnot found; the pages are /big, /echo, /healthz, /hello, /json\n")
 
 
 def test_head_gets_the_length_and_no_body() -> None:
@@ -126,7 +135,13 @@ def test_head_gets_the_length_and_no_body() -> None:
         and head.endswith(b"\r\n\r\n")
         and header(head, b"Content-Length") == b"6"
     )
-    assert get.endswith(b"hello\n")
+    assert get.startswith(b"HTTP/1.1 200 OK\r\n") and get.endswith(b"\r\n\r\nhello\n")  # nothing sent after HEAD's head
+
+
+def test_a_page_gives_its_own_content_type() -> None:
+    with serving() as srv:
+        [answer], _ = answers(srv.port, b"GET /json HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert header(answer, b"Content-Type") == b"application/json" and answer.endswith(b"\r\n\r\n{}")
 
 
 @pytest.mark.parametrize("method", [b"POST", b"PUT", b"DELETE", b"OPTIONS"])
@@ -163,6 +178,20 @@ def test_the_web_configs_headers_go_on_every_answer(tmp_path: Path) -> None:
     assert [header(a, b"X-Frame-Options") for a in got] == [b"deny"] * 3
 
 
+def test_the_web_configs_headers_go_on_a_503_too(tmp_path: Path) -> None:
+    with serving(tmp_path, {"http_server_config": {"headers": {"X-Frame-Options": "deny"}}}, max_requests=0) as srv:
+        [answer], _ = answers(srv.port, GET)
+    assert answer.startswith(b"HTTP/1.1 503 ") and header(answer, b"X-Frame-Options") == b"deny"
+
+
+def test_beyond_the_rate_limit_a_429_says_why_and_keeps_the_connection(tmp_path: Path) -> None:
+    with serving(tmp_path, {"rate_limit": {"interval": "1h", "burst": 1}}) as srv:
+        [served, refused], closed = answers(srv.port, GET * 2, n=2)
+    assert served.endswith(b"hello\n") and refused.startswith(b"HTTP/1.1 429 Too Many Requests\r\n") and not closed
+    assert refused.endswith(b"\r\n\r\ntoo many requests (rate_limit in the web config)\n")
+    assert header(refused, b"Connection") == b"keep-alive" and header(refused, b"Retry-After") == b"3600"
+
+
 def test_a_bad_request_is_answered_and_closed() -> None:
     with serving() as srv:
         [answer], closed = answers(srv.port, b"GET /hello HTTP/1.1\r\nBad Header\r\n\r\n" + GET)
@@ -180,6 +209,7 @@ def test_a_head_too_large_is_431_and_closed(data: bytes) -> None:
     with serving(max_header_bytes=200) as srv:
         [answer], closed = answers(srv.port, data)
     assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") and closed
+    assert header(answer, b"Connection") == b"close"
     assert answer.endswith(b"request head too large\n")
 
 
@@ -255,12 +285,12 @@ def test_stop_closes_what_is_open_and_stops_listening() -> None:
 
 
 def test_ipv6_and_every_interface() -> None:
-    if not socket.has_ipv6:
-        pytest.skip("no IPv6 here")
-    try:
-        srv = HttpServer("[::1]:0", PAGES)
+    try:  # only a host without IPv6 skips: the server failing on ::1 where a plain socket can bind it fails
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
     except OSError:
         pytest.skip("no ::1 here")
+    srv = HttpServer("[::1]:0", PAGES)
     srv.start()
     try:
         with socket.create_connection(("::1", srv.port), timeout=10) as s:
@@ -282,3 +312,205 @@ def test_a_python_whose_asyncio_changed_is_refused_at_start(monkeypatch: pytest.
     monkeypatch.setattr("gpu_exporter.web.server.check_runtime", changed)
     with pytest.raises(AdapterError, match=r"3\.99"):
         HttpServer("127.0.0.1:0", PAGES)
+
+
+# -- requests that wait: password checks held by the test ---------------------------------------------
+class HeldPasswords(Passwords):
+    """Every check waits until the test lets it go, and then lets the user in: a request stays
+    "being answered" for as long as the test wants, without any timing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+
+    def remembered(self, config: WebConfig, header: str | None) -> bool | None:
+        return None
+
+    def check(self, config: WebConfig, header: str | None) -> bool:
+        self.entered.release()
+        self.release.wait(NEVER_S)
+        return True
+
+
+AUTHED = (
+    b"GET /hello HTTP/1.1\r\nHost: x\r\nAuthorization: " + basic("prom", "pw")["Authorization"].encode() + b"\r\n\r\n"
+)
+
+
+def sent(port: int, data: bytes, source: str = "127.0.0.1") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    s.sendall(data)
+    return s
+
+
+def answer_on(s: socket.socket) -> bytes:
+    with s:
+        data = b""
+        while b"\r\n\r\n" not in data or not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def test_requests_being_answered_are_counted_and_beyond_max_requests_get_503(tmp_path: Path) -> None:
+    held = HeldPasswords()
+    web = {"basic_auth_users": {"prom": hashed("pw")}}
+    with serving(tmp_path, web, passwords=held, max_requests=2, auth_workers=3, auth_per_host=3) as srv:
+        for _ in range(3):  # answered one after the other: each gives its slot back, no more, no less
+            [probe], _ = answers(srv.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert probe.startswith(b"HTTP/1.1 200 ")
+        first, second = sent(srv.port, AUTHED), sent(srv.port, AUTHED)
+        assert held.entered.acquire(timeout=NEVER_S) and held.entered.acquire(timeout=NEVER_S)
+        [refused], closed = answers(srv.port, AUTHED)  # at once, while the two are held
+        held.release.set()
+        assert answer_on(first).endswith(b"hello\n") and answer_on(second).endswith(b"hello\n")
+        [after], _ = answers(srv.port, AUTHED)
+    assert refused.startswith(b"HTTP/1.1 503 ") and closed
+    assert after.endswith(b"hello\n")  # the slots given back
+
+
+def test_each_client_host_has_its_own_share_of_password_checks(tmp_path: Path) -> None:
+    held = HeldPasswords()
+    web = {"basic_auth_users": {"prom": hashed("pw")}}
+    with serving(tmp_path, web, passwords=held, auth_workers=2, auth_queue=2, auth_per_host=1) as srv:
+        first = sent(srv.port, AUTHED)
+        assert held.entered.acquire(timeout=NEVER_S)
+        [refused], closed = answers(srv.port, AUTHED)  # the same host, while its check is held
+        other = sent(srv.port, AUTHED, source="127.0.0.2")  # another host: a check of its own
+        assert held.entered.acquire(timeout=NEVER_S)
+        held.release.set()
+        assert answer_on(first).endswith(b"hello\n") and answer_on(other).endswith(b"hello\n")
+    assert refused.startswith(b"HTTP/1.1 429 Too Many Requests\r\n") and closed
+    assert refused.endswith(b"\r\n\r\ntoo many password checks at once; retry later\n")
+    assert header(refused, b"Retry-After") == b"1" and header(refused, b"Connection") == b"close"
+
+
+def test_a_401_to_a_client_that_closes_closes(tmp_path: Path) -> None:
+    with serving(tmp_path, {"basic_auth_users": {"prom": hashed("pw")}}) as srv:
+        [refused], closed = answers(srv.port, b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert refused.startswith(b"HTTP/1.1 401 ") and header(refused, b"Connection") == b"close" and closed
+
+
+def closed_to_make_room(srv: HttpServer) -> int:
+    return sum(n for why, n in srv.connections.counts.items() if why.startswith("evicted_"))
+
+
+def test_a_request_being_answered_is_never_closed_to_make_room(tmp_path: Path) -> None:
+    held = HeldPasswords()
+    web = {"basic_auth_users": {"prom": hashed("pw")}}
+    with serving(tmp_path, web, passwords=held, max_connections=16, read_timeout=NEVER_S) as srv:
+        busy = sent(srv.port, AUTHED)
+        assert held.entered.acquire(timeout=NEVER_S)
+        # Slow clients, each in the middle of its request head: each new one closes the oldest.
+        slow = [sent(srv.port, b"GET /hello HTTP/1.1\r\n") for _ in range(24)]
+        assert wait_until(lambda: srv.connections.accepted == 25)
+        held.release.set()
+        answer = answer_on(busy)
+        evicted = closed_to_make_room(srv)
+        for s in slow:
+            s.close()
+    assert answer.endswith(b"hello\n") and evicted >= 9  # the table was full, and the busy one kept
+
+
+def test_a_client_that_spoke_outlasts_the_ones_that_never_did(tmp_path: Path) -> None:
+    with (
+        serving(max_connections=16, read_timeout=NEVER_S, pressure_idle_timeout=NEVER_S) as srv,
+        socket.create_connection(("127.0.0.1", srv.port), timeout=10) as scraper,
+    ):
+        scraper.sendall(GET)
+        until_hello(scraper)
+        mute = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(24)]
+        assert wait_until(lambda: srv.connections.accepted == 25)
+        scraper.sendall(GET)
+        data = until_hello(scraper)
+        evicted = closed_to_make_room(srv)
+        for s in mute:
+            s.close()
+    assert data.startswith(b"HTTP/1.1 200 ") and evicted >= 9
+
+
+def test_a_body_that_never_comes_is_given_up_after_the_read_timeout() -> None:
+    with (
+        serving(read_timeout=0.2) as srv,
+        socket.create_connection(("127.0.0.1", srv.port), timeout=NEVER_S) as s,
+    ):
+        s.sendall(b"POST /hello HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789")
+        assert s.recv(65536) == b""  # closed, no answer: before NEVER_S, which a missing deadline would hit
+
+
+def test_a_client_that_does_not_take_its_answer_is_closed_after_the_write_timeout() -> None:
+    with serving(write_timeout=0.2) as srv, socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", srv.port))
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_until(lambda: srv.connections.accepted == 1 and len(srv.connections) == 0)
+
+
+# -- start and stop -----------------------------------------------------------------------------------
+def test_a_loop_that_cannot_serve_fails_start_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = HttpServer("127.0.0.1:0", PAGES)
+    port = srv.port
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("no server for you")
+
+    monkeypatch.setattr(srv._loop, "create_server", broken)
+    with pytest.raises(OSError, match="no server for you"):
+        srv.start()
+    assert srv._loop.is_closed()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_stop_closes_the_loop() -> None:
+    srv = HttpServer("127.0.0.1:0", PAGES)
+    srv.start()
+    assert answers(srv.port, GET)[0][0].endswith(b"hello\n")
+    srv.stop()
+    assert srv._loop.is_closed() and not srv._thread.is_alive()
+
+
+def test_stop_returns_while_a_page_hangs_and_the_loop_ends_when_it_does() -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    def hangs(_: Mapping[str, str]) -> Any:
+        entered.set()
+        release.wait(NEVER_S)
+        return OK
+
+    srv = HttpServer("127.0.0.1:0", {**PAGES, "/hangs": hangs})
+    srv.start()
+    port = srv.port
+    client = sent(port, b"GET /hangs HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert entered.wait(NEVER_S)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            srv.stop()
+        except BaseException as e:  # what stop() would raise to the daemon's shutdown
+            errors.append(e)
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    stopper.join(NEVER_S)
+    returned = not stopper.is_alive()
+    release.set()
+    stopper.join(NEVER_S)
+    srv._thread.join(NEVER_S)
+    client.close()
+    assert returned and errors == [] and not srv._thread.is_alive() and srv._loop.is_closed()
+    with pytest.raises(OSError):  # the loop closed the listening socket on its way out
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_a_process_that_ends_without_stop_is_not_held_by_the_server() -> None:
+    code = (
+        "from gpu_exporter.web.server import HttpServer\n"
+        "srv = HttpServer('127.0.0.1:0', {}); srv.start(); print(srv.port, flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=NEVER_S)
+    assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stderr

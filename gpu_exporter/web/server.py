@@ -114,6 +114,8 @@ class HttpServer:
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._started = threading.Event()
+        self._failure: BaseException | None = None  # why the loop could not start serving
+        # A daemon thread: a process that ends without stop() (an exception in main) must not hang on it.
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 
     @property
@@ -121,40 +123,62 @@ class HttpServer:
         return int(self._sock.getsockname()[1])
 
     def start(self) -> None:
+        """Serve from now on; raises what kept the loop from serving (the port stays closed then)."""
         self._thread.start()
-        self._started.wait(5)
+        self._started.wait()  # _run sets it on every path: no timeout for a busy machine to run into
+        if self._failure is not None:
+            self._thread.join()  # it has nothing left to do but close the loop
+            self.stop()
+            raise self._failure
 
     def stop(self) -> None:
-        """Stop accepting, close the connections in progress, and close the loop."""
+        """Stop accepting, close the connections in progress, and end the loop (which closes itself)."""
 
         async def _shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
-            self.connections.abort_all()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                if self._server is not None:
+                    self._server.close()
+                self.connections.abort_all()
+                # Again until none is left: a connection accepted in the loop's last turns starts
+                # its task while the others end, and a task left pending dies with the closed loop.
+                while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                # From inside, once the tasks have ended: a loop held up by a page that hangs runs
+                # this when the page returns, then stops and closes, instead of stopping before it.
+                # call_soon: this task's result must still reach stop(), in the loop's last turn.
+                loop = asyncio.get_running_loop()
+                loop.call_soon(loop.stop)
 
         if self._thread.is_alive():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # held up: the daemon's shutdown goes on without it
                 asyncio.run_coroutine_threadsafe(_shutdown(), self._loop).result(2)
-            self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(2)
-            if not self._thread.is_alive():
-                self._loop.close()
+        elif self._thread.ident is None:  # never started
+            self._loop.close()
         self._gate.shutdown()
-        self._sock.close()
+        if not self._thread.is_alive():  # else the loop's server.close() closes it when the loop is free
+            self._sock.close()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
-            self._loop.create_server(self._accept, sock=self._sock, backlog=_ACCEPT_BATCH)
-        )
-        self._sock.listen(_BACKLOG)  # the kernel's queue stays long
-        self._loop.create_task(self.connections.sweep_forever())
-        self._started.set()
-        self._loop.run_forever()
+        try:
+            try:
+                self._server = self._loop.run_until_complete(
+                    self._loop.create_server(self._accept, sock=self._sock, backlog=_ACCEPT_BATCH)
+                )
+                self._sock.listen(_BACKLOG)  # the kernel's queue stays long
+                self._loop.create_task(self.connections.sweep_forever())
+            except BaseException as e:
+                self._failure = e
+                return
+            finally:
+                self._started.set()
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
 
     def _accept(self) -> Connection:
         # The TLS settings of the moment: a changed certificate applies to the next connection.
