@@ -291,6 +291,33 @@ TARGETS: dict[str, Target] = {
         tests=("tests/test_web_tls_adapter.py", "tests/test_web_tls.py"),
         daemon_tests=WEB_SOCKET_TESTS,
     ),
+    # The server itself: which answer a request gets (405, 503, 429, 401, 404, a page), whether the
+    # connection stays, what a slow or silent client is given, the web config's headers on each answer.
+    "web_server": Target(
+        "gpu_exporter/web/server.py",
+        tests=(
+            "tests/test_web_server.py",
+            "tests/test_web_floods.py",
+            "tests/test_web_rate_limit.py",
+            "tests/test_web_tls.py",
+            "tests/test_web_tls_adapter.py",
+        ),
+        # The server in a process of its own first: whether it holds the process at its end.
+        daemon_tests=(
+            "tests/test_web_server.py::test_a_process_that_ends_without_stop_is_not_held_by_the_server",
+            *WEB_SOCKET_TESTS,
+        ),
+    ),
+    # The web config in force: a changed file or certificate not read again, a broken edit taken, a
+    # write that lands during a reload lost.
+    "web_watcher": Target(
+        "gpu_exporter/web/watcher.py",
+        tests=("tests/test_web_watcher.py",),
+        daemon_tests=("tests/test_web_security.py",),
+    ),
+    # What a client can make the server log, once an interval with a count; the listen address.
+    "web_pacing": Target("gpu_exporter/web/pacing.py", tests=("tests/test_web_floods.py", "tests/test_web_auth.py")),
+    "web_address": Target("gpu_exporter/web/address.py", tests=("tests/test_web_address.py",)),
     # (the web server's targets end here)
 }
 
@@ -367,7 +394,7 @@ def prepare(work: Path, names: list[str], tests_from: str | None = None) -> None
     config = {
         "source_paths": ["gpu_exporter"],
         "only_mutate": [tg.path for tg in targets],
-        "also_copy": ["alerts", "deploy", "benchmarks", "README.md"],
+        "also_copy": ["alerts", "deploy", "benchmarks", "docs", "README.md"],
         "pytest_add_cli_args_test_selection": tests,
         "pytest_add_cli_args": ["-p", "no:cacheprovider", *(f"--deselect={t}" for t in DESELECT)],
         "use_git_change_detection": False,

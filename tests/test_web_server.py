@@ -19,6 +19,7 @@ import yaml
 from gpu_exporter import __version__
 from gpu_exporter.web.auth import Passwords
 from gpu_exporter.web.config import WebConfig
+from gpu_exporter.web.fds import connection_cap
 from gpu_exporter.web.server import HttpServer
 from gpu_exporter.web.tls import AdapterError
 from gpu_exporter.web.watcher import WebConfigWatcher
@@ -388,6 +389,21 @@ def test_each_client_host_has_its_own_share_of_password_checks(tmp_path: Path) -
     assert header(refused, b"Retry-After") == b"1" and header(refused, b"Connection") == b"close"
 
 
+def test_beyond_the_checks_waiting_a_password_gets_429(tmp_path: Path) -> None:
+    held = HeldPasswords()
+    web = {"basic_auth_users": {"prom": hashed("pw")}}
+    with serving(tmp_path, web, passwords=held, auth_workers=1, auth_queue=1, auth_per_host=5) as srv:
+        running = sent(srv.port, AUTHED)
+        assert held.entered.acquire(timeout=NEVER_S)
+        waiting = sent(srv.port, AUTHED, source="127.0.0.2")
+        # The one waiting must be in the queue before the next comes: its request has been read.
+        assert wait_until(lambda: srv._gate._pending == 2)
+        [refused], _ = answers(srv.port, AUTHED)
+        held.release.set()
+        assert answer_on(running).endswith(b"hello\n") and answer_on(waiting).endswith(b"hello\n")
+    assert refused.startswith(b"HTTP/1.1 429 ")
+
+
 def test_a_401_to_a_client_that_closes_closes(tmp_path: Path) -> None:
     with serving(tmp_path, {"basic_auth_users": {"prom": hashed("pw")}}) as srv:
         [refused], closed = answers(srv.port, b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -466,6 +482,9 @@ def test_a_loop_that_cannot_serve_fails_start_saying_why(monkeypatch: pytest.Mon
 
 
 def test_stop_closes_the_loop() -> None:
+    never_started = HttpServer("127.0.0.1:0", PAGES)
+    never_started.stop()
+    assert never_started._loop.is_closed()
     srv = HttpServer("127.0.0.1:0", PAGES)
     srv.start()
     assert answers(srv.port, GET)[0][0].endswith(b"hello\n")
@@ -514,3 +533,51 @@ def test_a_process_that_ends_without_stop_is_not_held_by_the_server() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=NEVER_S)
     assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stderr
+
+
+# -- the bounds docs/security.md states are the ones the daemon's server enforces ---------------------
+def documented_row(resource: str) -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
+    [row] = [line for line in text.splitlines() if line.startswith(f"| {resource} |")]
+    return row
+
+
+def test_the_documented_bounds_are_the_servers_own() -> None:
+    # The daemon gives the server only max_requests (from --web.max-requests); every other bound is
+    # the server's default, which is what the table promises.
+    srv = HttpServer("127.0.0.1:0", PAGES)
+    try:
+        table, gate = srv.connections, srv._gate
+        checks: list[tuple[str, str, object, object]] = [
+            ("connections", "512 places (fewer if the file limit is low)", table.max_connections, connection_cap(512)),
+            ("idle time", "10 s for the first request, 120 s between", (srv._read_timeout, srv._idle_timeout),
+             (10.0, 120.0)),
+            ("idle time", "over half the places taken: 5 s", table.pressure_idle_timeout, 5.0),
+            ("request head", "16 KiB within 10 s", (srv._max_header_bytes, table.limit, table.read_timeout),
+             (16384, 16384, 10.0)),
+            ("requests being answered", "(40)", srv._max_requests, 40),
+            ("a slow reader", "30 s to take it all", srv._write_timeout, 30.0),
+            ("clients that do not read", "64 connections waiting", table.max_stalled, 64),
+            ("pipelining", "16 requests in a row", srv._max_pipelined, 16),
+            ("TLS handshakes", "128 at once, 5 s each", (table.max_handshakes, table.handshake_timeout), (128, 5.0)),
+            ("password checks", "one bcrypt thread, 4 waiting, one running or waiting per client host",
+             (gate._pool._max_workers, gate._limit, gate._per_host), (1, 1 + 4, 1)),
+        ]  # fmt: skip
+        for resource, words, actual, promised in checks:
+            assert words in documented_row(resource), (resource, words)
+            assert actual == promised, (resource, words, actual)
+    finally:
+        srv.stop()
+
+
+def test_each_bound_given_is_the_one_its_part_enforces() -> None:
+    srv = HttpServer("127.0.0.1:0", PAGES, max_connections=100, read_timeout=1.5, pressure_idle_timeout=2.5,
+                     max_handshakes=7, handshake_timeout=3.5, max_stalled_writers=9, auth_workers=2, auth_queue=3,
+                     auth_per_host=4, max_header_bytes=999)  # fmt: skip
+    try:
+        table, gate = srv.connections, srv._gate
+        assert (table.max_connections, table.read_timeout, table.pressure_idle_timeout) == (100, 1.5, 2.5)
+        assert (table.max_handshakes, table.handshake_timeout, table.max_stalled, table.limit) == (7, 3.5, 9, 999)
+        assert (gate._pool._max_workers, gate._limit, gate._per_host) == (2, 2 + 3, 4)
+    finally:
+        srv.stop()
