@@ -14,7 +14,8 @@ from gpu_exporter.web.address import parse_listen_address
 @pytest.mark.parametrize(
     ("address", "parsed"),
     [(":9445", ("0.0.0.0", 9445)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9445", ("::1", 9445)),
-     ("[::]:65535", ("::", 65535)), ("node-1.example:80", ("node-1.example", 80))],
+     ("[::]:65535", ("::", 65535)), ("node-1.example:80", ("node-1.example", 80)),
+     ("XL-node-X:9445", ("XL-node-X", 9445))],  # only the brackets are taken off
 )  # fmt: skip
 def test_addresses_as_prometheus_exporters_take_them(address: str, parsed: tuple[str, int]) -> None:
     assert parse_listen_address(address) == parsed

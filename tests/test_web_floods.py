@@ -112,3 +112,15 @@ def test_the_pacer_holds_back_and_counts_each_event_on_its_own() -> None:
     assert [pacer.ready("a"), pacer.ready("a"), pacer.ready("b")] == [3, None, 0]
     clock.now = 20.0
     assert [pacer.ready("a"), pacer.ready("a")] == [1, None]
+
+
+def test_the_servers_interval_is_the_documented_10_s() -> None:
+    docs = " ".join((Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text().split())
+    assert "then at most once every 10 s (60 s for the hash)" in docs
+    clock = Clock()
+    pacer = Pacer(clock=clock)  # as the server makes it
+    assert pacer.ready("a") == 0
+    clock.now = 9.99
+    assert pacer.ready("a") is None
+    clock.now = 10.0
+    assert pacer.ready("a") == 1

@@ -227,9 +227,13 @@ def test_install_takes_the_config_given_and_starts_the_second_again(web: Path, t
         w.install(other, load_web_config(other))
     assert w.path == other and users(w) == {"other"}
     assert [e["event"] for e in logs] == ["web_config_not_applied"]
+    with structlog.testing.capture_logs() as logs:
+        clock.now += 1.0
+        assert users(w) == {"other"}
+    assert logs == []  # the install took the files' stamps: nothing to read again
     write(other, {"basic_auth_users": {"edited": hashed("pw")}})
     write(web, {"basic_auth_users": {"ignored": hashed("pw")}})  # no longer the file in force
     clock.now += 0.5
-    assert users(w) == {"other"}  # the install was the check
+    assert users(w) == {"other"}  # a second after the last check, not before
     clock.now += 0.5
     assert users(w) == {"edited"}

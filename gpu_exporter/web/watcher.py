@@ -12,6 +12,7 @@ the next check, instead of being taken for what was just loaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -25,7 +26,9 @@ from .config import WebConfig, WebConfigError, load_web_config
 log = structlog.get_logger(__name__)
 
 _CHECK_EVERY_S = 1.0
-Stamp = tuple[int, int]  # (st_mtime_ns, st_size); (-1, -1) for a file that cannot be read
+# file -> (st_mtime_ns, st_size), for the files that can be read: one that cannot is left out, so that
+# its going and its coming back are both a change.
+Stamps = dict[Path, tuple[int, int]]
 
 
 class WebConfigWatcher:
@@ -39,11 +42,11 @@ class WebConfigWatcher:
         _warn(self._config)
 
     def current(self) -> WebConfig:
-        now = self._clock()
-        # abs(): a clock that steps back must not hold off reloads until it has caught up again.
-        if self.path is None or abs(now - self._checked) < _CHECK_EVERY_S:
+        if self.path is None:
             return self._config
         with self._lock:
+            now = self._clock()
+            # abs(): a clock that steps back must not hold off reloads until it has caught up again.
             if abs(now - self._checked) < _CHECK_EVERY_S:
                 return self._config
             self._checked = now
@@ -55,9 +58,7 @@ class WebConfigWatcher:
                 except WebConfigError as e:
                     log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
                     return self._config
-                seen = dict(zip(self._config.files, before, strict=True))
-                after = _stat(config.files)
-                self._stamps = tuple(seen.get(f, st) for f, st in zip(config.files, after, strict=True))
+                self._stamps = {f: before.get(f, stamp) for f, stamp in _stat(config.files).items()}
                 self._config = config
                 log.info("web_config_reloaded", path=str(self.path))
                 _warn(config)
@@ -73,15 +74,13 @@ class WebConfigWatcher:
         _warn(config)
 
 
-def _stat(files: Sequence[Path]) -> tuple[Stamp, ...]:
-    out = []
+def _stat(files: Sequence[Path]) -> Stamps:
+    out: Stamps = {}
     for f in files:
-        try:
+        with contextlib.suppress(OSError):
             st = os.stat(f)
-            out.append((st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append((-1, -1))
-    return tuple(out)
+            out[f] = (st.st_mtime_ns, st.st_size)
+    return out
 
 
 def _warn(config: WebConfig) -> None:
