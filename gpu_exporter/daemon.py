@@ -28,7 +28,6 @@ from .serving.pages import pages
 from .snapshot import GpuReading, NodeSnapshot
 from .sources.backend import Backend
 from .sources.poller import Poller
-from .web.config import load_web_config
 from .web.server import HttpServer
 from .web.watcher import WebConfigWatcher
 
@@ -230,7 +229,7 @@ class Daemon:
     def reload(self, new: Settings) -> None:
         """Apply a re-read configuration, all of it or (on WebConfigError) none of it."""
         running = self.settings
-        web = load_web_config(new.web_config_file)  # fails before anything has changed
+        web = self.web.read(new.web_config_file)  # fails before anything has changed
         rules, pinned = new.rules, []
         for name in ("GpuUnderutilized", "GpuIdle"):
             rule = getattr(rules, name)
@@ -269,7 +268,7 @@ class Daemon:
         for name in pinned:
             log.warning("setting_needs_restart", setting=name, reason="longer than the windows the daemon started with")
         log.info("config_reloaded", receivers=[r.name for r in receivers], web_config_file=str(new.web_config_file),
-                 tls=web.tls is not None, basic_auth=web.auth_required)  # fmt: skip
+                 tls=web.config.tls is not None, basic_auth=web.config.auth_required)  # fmt: skip
 
     @property
     def port(self) -> int:

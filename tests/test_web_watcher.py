@@ -162,6 +162,64 @@ def test_a_write_during_the_reload_is_read_at_the_next_check(web: Path, monkeypa
     assert users(w) == {"three"}  # not taken for what was loaded a second ago
 
 
+def test_a_renewed_certificate_of_the_same_size_copied_with_its_old_time_is_read(tmp_path: Path) -> None:
+    # cp -p, rsync -t and tar keep the modification time; a renewed certificate is often the same size.
+    ca = trustme.CA()
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    first = ca.issue_cert("a.example")
+    first.cert_chain_pems[0].write_to_path(str(crt))
+    first.private_key_pem.write_to_path(str(key))
+    web = tmp_path / "web.yml"
+    write(web, {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"}})
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    old = w.current()
+    renewed = ca.issue_cert("b.example")  # the same length of name: the same size of file
+    kept = crt.stat().st_mtime_ns, key.stat().st_mtime_ns
+    renewed.cert_chain_pems[0].write_to_path(str(crt))
+    renewed.private_key_pem.write_to_path(str(key))
+    os.utime(crt, ns=(kept[0], kept[0]))
+    os.utime(key, ns=(kept[1], kept[1]))
+    clock.now += 1.0
+    assert w.current() is not old
+
+
+def test_a_write_during_a_reload_on_request_is_read_at_the_next_check(
+    web: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+
+    def load_then_edited(path: Path | None) -> Any:
+        config = load_web_config(path)
+        write(web, {"basic_auth_users": {"three": hashed("pw")}})
+        return config
+
+    monkeypatch.setattr(watcher_module, "load_web_config", load_then_edited)
+    loaded = w.read(web)  # what the daemon does on SIGHUP, then install
+    monkeypatch.setattr(watcher_module, "load_web_config", load_web_config)
+    w.install(web, loaded)
+    assert users(w) == {"two"}
+    clock.now += 1.0
+    assert users(w) == {"three"}
+
+
+def test_a_write_during_the_first_read_is_read_at_the_first_check(web: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def load_then_edited(path: Path | None) -> Any:
+        config = load_web_config(path)
+        write(web, {"basic_auth_users": {"two": hashed("pw")}})
+        return config
+
+    monkeypatch.setattr(watcher_module, "load_web_config", load_then_edited)
+    clock = Clock()
+    w = WebConfigWatcher(web, clock)
+    monkeypatch.setattr(watcher_module, "load_web_config", load_web_config)
+    assert users(w) == {"one"}
+    clock.now += 1.0
+    assert users(w) == {"two"}
+
+
 def test_a_config_that_names_new_files_watches_them(tmp_path: Path) -> None:
     ca = trustme.CA()
     for name in ("a", "b"):
@@ -224,7 +282,7 @@ def test_install_takes_the_config_given_and_starts_the_second_again(web: Path, t
     write(other, {"basic_auth_users": {"other": hashed("pw")}, "http_server_config": {"http2": True}})
     clock.now += 5.0
     with structlog.testing.capture_logs() as logs:
-        w.install(other, load_web_config(other))
+        w.install(other, w.read(other))
     assert w.path == other and users(w) == {"other"}
     assert [e["event"] for e in logs] == ["web_config_not_applied"]
     with structlog.testing.capture_logs() as logs:

@@ -1,13 +1,16 @@
 """The web config in force: reloaded when the file or a certificate it names changes, or on request.
 
-A ``WebConfigWatcher`` checks the modification times at most once a second, when a connection or
-request asks for the current config; a changed file that fails to load is logged and ignored,
-keeping the last good configuration.  What a loaded config accepts but does not apply (its
-``warnings``) is logged once per load.
+A ``WebConfigWatcher`` looks at its files at most once a second, when a connection or request asks
+for the current config; a changed file that fails to load is logged and ignored, keeping the last
+good configuration.  What a loaded config accepts but does not apply (its ``warnings``) is logged
+once per load.
 
-A file is known by its modification time and size.  After a reload, a file both configs name keeps
-the stamp seen before the reload read it: a write that lands while the reload runs is then seen at
-the next check, instead of being taken for what was just loaded.
+A file is known by its stamp: modification and change times, size and inode.  The change time
+cannot be set back (``cp -p`` and ``rsync -t`` keep the modification time of a certificate renewed
+at the same size) and a file replaced by a rename (Kubernetes' ``..data`` swap) has a new inode.
+The files known before a read (the web config itself, and those the config in force names) are
+stamped before it: a write that lands while the read runs is seen at the next check, instead of
+being taken for what was just loaded.  A certificate only the new config names is stamped after.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -26,20 +30,32 @@ from .config import WebConfig, WebConfigError, load_web_config
 log = structlog.get_logger(__name__)
 
 _CHECK_EVERY_S = 1.0
-# file -> (st_mtime_ns, st_size), for the files that can be read: one that cannot is left out, so that
-# its going and its coming back are both a change.
-Stamps = dict[Path, tuple[int, int]]
+# file -> (st_mtime_ns, st_ctime_ns, st_size, st_ino), for the files that can be read: one that
+# cannot is left out, so that its going and its coming back are both a change.
+Stamps = dict[Path, tuple[int, int, int, int]]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A web config as read, and the stamps of its files from before the read where they were known."""
+
+    config: WebConfig
+    stamps: Stamps
 
 
 class WebConfigWatcher:
     def __init__(self, path: Path | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self._clock = clock
-        self._config = load_web_config(path)  # a broken file at start is the caller's exit 2
-        self._stamps = _stat(self._config.files)
+        loaded = _read(path, ())  # a broken file at start is the caller's exit 2
+        self._config, self._stamps = loaded.config, loaded.stamps
         self._checked = clock()
         self._lock = threading.Lock()
         _warn(self._config)
+
+    def read(self, path: Path | None) -> Loaded:
+        """The web config at ``path`` (WebConfigError names what is wrong with it), for ``install``."""
+        return _read(path, self._config.files)
 
     def current(self) -> WebConfig:
         if self.path is None:
@@ -50,28 +66,32 @@ class WebConfigWatcher:
             if abs(now - self._checked) < _CHECK_EVERY_S:
                 return self._config
             self._checked = now
-            before = _stat(self._config.files)
-            if before != self._stamps:
-                self._stamps = before
+            stamps = _stat(self._config.files)
+            if stamps != self._stamps:
+                self._stamps = stamps  # a file that fails to load is tried again when it changes again
                 try:
-                    config = load_web_config(self.path)
+                    loaded = _read(self.path, self._config.files)
                 except WebConfigError as e:
                     log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
                     return self._config
-                self._stamps = {f: before.get(f, stamp) for f, stamp in _stat(config.files).items()}
-                self._config = config
+                self._config, self._stamps = loaded.config, loaded.stamps
                 log.info("web_config_reloaded", path=str(self.path))
-                _warn(config)
+                _warn(self._config)
             return self._config
 
-    def install(self, path: Path | None, config: WebConfig) -> None:
-        """Use ``config``, loaded from ``path``, from now on (a reload on SIGHUP)."""
+    def install(self, path: Path | None, loaded: Loaded) -> None:
+        """Use ``loaded`` (from ``read(path)``) from now on: a reload on SIGHUP."""
         with self._lock:
             self.path = path
-            self._config = config
-            self._stamps = _stat(config.files)
+            self._config, self._stamps = loaded.config, loaded.stamps
             self._checked = self._clock()
-        _warn(config)
+        _warn(loaded.config)
+
+
+def _read(path: Path | None, known: Sequence[Path]) -> Loaded:
+    before = _stat([*([path] if path is not None else []), *known])
+    config = load_web_config(path)
+    return Loaded(config, {f: before.get(f, stamp) for f, stamp in _stat(config.files).items()})
 
 
 def _stat(files: Sequence[Path]) -> Stamps:
@@ -79,7 +99,7 @@ def _stat(files: Sequence[Path]) -> Stamps:
     for f in files:
         with contextlib.suppress(OSError):
             st = os.stat(f)
-            out[f] = (st.st_mtime_ns, st.st_size)
+            out[f] = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
     return out
 
 
