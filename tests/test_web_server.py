@@ -349,6 +349,7 @@ class HeldPasswords(Passwords):
         return True
 
 
+PROM = {"basic_auth_users": {"prom": hashed("pw")}}  # the one user AUTHED names
 AUTHED = (
     b"GET /hello HTTP/1.1\r\nHost: x\r\nAuthorization: " + basic("prom", "pw")["Authorization"].encode() + b"\r\n\r\n"
 )
@@ -385,8 +386,7 @@ def other_host() -> str:
 
 def test_requests_being_answered_are_counted_and_beyond_max_requests_get_503(tmp_path: Path) -> None:
     held = HeldPasswords()
-    web = {"basic_auth_users": {"prom": hashed("pw")}}
-    with serving(tmp_path, web, passwords=held, max_requests=2, auth_workers=3, auth_per_host=3) as srv:
+    with serving(tmp_path, PROM, passwords=held, max_requests=2, auth_workers=3, auth_per_host=3) as srv:
         for _ in range(3):  # answered one after the other: each gives its slot back, no more, no less
             [probe], _ = answers(srv.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             assert probe.startswith(b"HTTP/1.1 200 ")
@@ -402,8 +402,7 @@ def test_requests_being_answered_are_counted_and_beyond_max_requests_get_503(tmp
 
 def test_each_client_host_has_its_own_share_of_password_checks(tmp_path: Path) -> None:
     held = HeldPasswords()
-    web = {"basic_auth_users": {"prom": hashed("pw")}}
-    with serving(tmp_path, web, passwords=held, auth_workers=2, auth_queue=2, auth_per_host=1) as srv:
+    with serving(tmp_path, PROM, passwords=held, auth_workers=2, auth_queue=2, auth_per_host=1) as srv:
         first = sent(srv.port, AUTHED)
         assert held.entered.acquire(timeout=NEVER_S)
         [refused], closed = answers(srv.port, AUTHED)  # the same host, while its check is held
@@ -418,8 +417,7 @@ def test_each_client_host_has_its_own_share_of_password_checks(tmp_path: Path) -
 
 def test_beyond_the_checks_waiting_a_password_gets_429(tmp_path: Path) -> None:
     held = HeldPasswords()
-    web = {"basic_auth_users": {"prom": hashed("pw")}}
-    with serving(tmp_path, web, passwords=held, auth_workers=1, auth_queue=1, auth_per_host=5) as srv:
+    with serving(tmp_path, PROM, passwords=held, auth_workers=1, auth_queue=1, auth_per_host=5) as srv:
         running = sent(srv.port, AUTHED)
         assert held.entered.acquire(timeout=NEVER_S)
         waiting = sent(srv.port, AUTHED)  # auth_per_host=5: the same host may wait
@@ -443,8 +441,7 @@ def closed_to_make_room(srv: HttpServer) -> int:
 
 def test_a_request_being_answered_is_never_closed_to_make_room(tmp_path: Path) -> None:
     held = HeldPasswords()
-    web = {"basic_auth_users": {"prom": hashed("pw")}}
-    with serving(tmp_path, web, passwords=held, max_connections=16, read_timeout=NEVER_S) as srv:
+    with serving(tmp_path, PROM, passwords=held, max_connections=16, read_timeout=NEVER_S) as srv:
         busy = sent(srv.port, AUTHED)
         assert held.entered.acquire(timeout=NEVER_S)
         # Slow clients, each in the middle of its request head: each new one closes the oldest.
