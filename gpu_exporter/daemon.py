@@ -60,7 +60,10 @@ class Daemon:
                 refresh_interval=k8s.refresh_interval, timeout=k8s.timeout, outcome=self.metrics.count_kubelet,
                 keep_last_good_for=k8s.keep_last_good_for, expired=self.metrics.count_attribution_expired,
             )  # fmt: skip
-            attach = Attributor(self.watcher.devices).attach
+            watcher = self.watcher
+            pods = Attributor(watcher.devices, unattributed=lambda: watcher.table().unattributed)
+            self.metrics.watch_unattributed(pods.unattributed)
+            attach = pods.attach
         # Slurm jobs and containers, after the pods: a pod's process keeps its pod.
         self.holders = holder_attributor(settings, pod_mode=pod_labels is not None)
         if self.holders is not None:

@@ -79,11 +79,19 @@ class Activity:
 
 @dataclass(frozen=True, slots=True)
 class PodRef:
-    """The Kubernetes container that holds a device, from the kubelet's PodResources API."""
+    """The Kubernetes container that holds a device, from the kubelet's PodResources API.
+
+    Beyond who it is (the first three, all that names a holder): the DRA resource claim it holds the
+    device through, where it does, and the pod's UID where its processes' cgroups give one (the
+    kubelet does not say it); both only for ``gpu_holder_info``."""
 
     namespace: str
     pod: str
     container: str
+    # Not part of who it is: equal refs are one holder, whatever the claim or UID (compare=False).
+    claim_name: str = field(default="", compare=False)
+    claim_namespace: str = field(default="", compare=False)
+    uid: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +196,10 @@ class MigReading:
     profile: str  # e.g. "1g.10gb", from the device name
     gpu_instance_id: int | None
     compute_instance_id: int | None
+    # The GPU instance's profile id and the first memory slice it occupies (nvmlGpuInstanceGetInfo):
+    # with the parent's minor number they are how NVIDIA's DRA driver names a MIG device.
+    gpu_instance_profile_id: int | None = None
+    placement_start: int | None = None
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
@@ -223,6 +235,9 @@ class GpuStatic:
     fan_count: int = 0  # from nvmlDeviceGetNumFans; -1: that call is missing, read one fan the old way
     nvlink_count: int = 0
     gpm_supported: bool = False  # nvmlGpmQueryDeviceSupport said yes
+    # N of /dev/nvidiaN (nvmlDeviceGetMinorNumber): how GKE's device plugin and NVIDIA's DRA driver
+    # name a GPU to the kubelet ("nvidia0", "gpu-0").  None where the driver does not say (Windows).
+    minor_number: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpu_exporter.kubernetes import kubelet as kubelet_module
-from gpu_exporter.kubernetes.kubelet import PodRef, PodResourcesWatcher, normalize_device_id
+from gpu_exporter.kubernetes.devices import Unattributed, device_plugin_key
+from gpu_exporter.kubernetes.kubelet import PodRef, PodResourcesWatcher
 from tests.fake_kubelet import FakeKubelet, fake_kubelet, pod, socket_path_in
 from tests.timing import LATE_S, NEVER_S, wait_until
 
@@ -145,11 +146,26 @@ def test_index_style_ids(kubelet: FakeKubelet) -> None:
         ("1::2", "index:1"),
         ("0:1", "index:0:1"),
         ("3:2::7", "index:3:2"),
-        ("some-other-id", "some-other-id"),
+        # GKE's device plugin: the minor number, a MIG GPU instance, time-sharing on either.
+        ("nvidia0", "minor:0"),
+        ("nvidia12", "minor:12"),
+        ("nvidia1/vgpu3", "minor:1"),
+        ("nvidia0/gi1", "minor:0:gi:1"),
+        ("nvidia0/gi7/vgpu0", "minor:0:gi:7"),
+        # HAMi: a share of a GPU is its UUID and the share's number.
+        ("GPU-8f6b4b3a-1c2d-4e5f-8a9b-0c1d2e3f4a5b-0", "GPU-8f6b4b3a-1c2d-4e5f-8a9b-0c1d2e3f4a5b"),
+        ("GPU-8f6b4b3a-1c2d-4e5f-8a9b-0c1d2e3f4a5b-9", "GPU-8f6b4b3a-1c2d-4e5f-8a9b-0c1d2e3f4a5b"),
     ],
 )
-def test_normalize_device_id(raw: str, key: str) -> None:
-    assert normalize_device_id(raw) == key
+def test_device_plugin_ids(raw: str, key: str) -> None:
+    assert device_plugin_key(raw) == key
+
+
+@pytest.mark.parametrize(
+    "raw", ["some-other-id", "nvidia", "nvidia01", "nvidia0/gi", "nvidia0/ci0", "nvidia0/vgpu1/gi0", "01", "1:2:3", ""]
+)
+def test_a_device_id_in_no_known_form_names_no_gpu(raw: str) -> None:
+    assert device_plugin_key(raw) == Unattributed("unparsed", raw)
 
 
 def test_only_gpu_resources_count_by_default(kubelet: FakeKubelet) -> None:

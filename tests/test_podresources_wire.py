@@ -2,9 +2,9 @@
 
 The exporter decodes the kubelet's ``ListPodResourcesResponse`` by hand
 (gpu_exporter/kubernetes/podresources.py).  Whatever protobuf encodes, the decoder must read the
-same pods, containers, resource names and device ids, skipping the fields it does not read (CPU
-ids, topology, and fields of every wire type a later kubelet may add); whatever protobuf refuses to
-parse, the decoder refuses too, with WireError and nothing else.
+same pods, containers, resource names, device ids and DRA claims, skipping the fields it does not
+read (CPU ids, memory, topology, CDI devices, and fields of every wire type a later kubelet may
+add); whatever protobuf refuses to parse, the decoder refuses too, with WireError and nothing else.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_exporter.kubernetes.podresources import (
+    ClaimResource,
     ContainerDevices,
     ContainerResources,
+    DynamicResource,
     PodResources,
     WireError,
     decode_list_response,
@@ -65,11 +67,35 @@ def container_devices(draw: st.DrawFn) -> api_pb2.ContainerDevices:
 
 
 @st.composite
+def claim_resources(draw: st.DrawFn) -> api_pb2.ClaimResource:
+    share = draw(st.one_of(st.none(), text))
+    return api_pb2.ClaimResource(
+        cdi_devices=[api_pb2.CDIDevice(name=n) for n in draw(st.lists(text, max_size=2))],
+        driver_name=draw(st.one_of(text, st.just("gpu.nvidia.com"))),
+        pool_name=draw(text),
+        device_name=draw(st.one_of(text, st.sampled_from(["gpu-0", "gpu-1-mig-1g10gb-19-0"]))),
+        **({} if share is None else {"share_id": share}),
+    )
+
+
+@st.composite
+def dynamic_resources(draw: st.DrawFn) -> api_pb2.DynamicResource:
+    return api_pb2.DynamicResource(
+        claim_name=draw(text), claim_namespace=draw(text), claim_resources=draw(st.lists(claim_resources(), max_size=3))
+    )
+
+
+@st.composite
 def container_resources(draw: st.DrawFn) -> api_pb2.ContainerResources:
     return api_pb2.ContainerResources(
         name=draw(text),
         devices=draw(st.lists(container_devices(), max_size=3)),
         cpu_ids=draw(st.lists(int64s, max_size=4)),
+        memory=[
+            api_pb2.ContainerMemory(memory_type=t, size=n)
+            for t, n in draw(st.lists(st.tuples(text, st.integers(0, 2**64 - 1)), max_size=2))
+        ],
+        dynamic_resources=draw(st.lists(dynamic_resources(), max_size=2)),
     )
 
 
@@ -77,7 +103,10 @@ def container_resources(draw: st.DrawFn) -> api_pb2.ContainerResources:
 def list_responses(draw: st.DrawFn) -> api_pb2.ListPodResourcesResponse:
     pods = [
         api_pb2.PodResources(
-            name=draw(text), namespace=draw(text), containers=draw(st.lists(container_resources(), max_size=3))
+            name=draw(text),
+            namespace=draw(text),
+            containers=draw(st.lists(container_resources(), max_size=3)),
+            cpu_ids=draw(st.lists(int64s, max_size=2)),
         )
         for _ in range(draw(st.integers(0, 4)))
     ]
@@ -94,6 +123,22 @@ def expected(response: api_pb2.ListPodResourcesResponse) -> tuple[PodResources, 
                 ContainerResources(
                     name=c.name,
                     devices=tuple(ContainerDevices(d.resource_name, tuple(d.device_ids)) for d in c.devices),
+                    dynamic_resources=tuple(
+                        DynamicResource(
+                            r.claim_name,
+                            r.claim_namespace,
+                            tuple(
+                                ClaimResource(
+                                    x.driver_name,
+                                    x.pool_name,
+                                    x.device_name,
+                                    x.share_id if x.HasField("share_id") else None,
+                                )
+                                for x in r.claim_resources
+                            ),
+                        )
+                        for r in c.dynamic_resources
+                    ),
                 )
                 for c in p.containers
             ),
@@ -112,13 +157,14 @@ def protobuf_reading(data: bytes) -> tuple[PodResources, ...] | None:
     return expected(message)
 
 
-# Fields no version of the messages declares, one of each wire type a proto3 kubelet can send.
+# Fields no version of the messages declares (6 and up: 4 and 5 are memory and claims), one of each
+# wire type a proto3 kubelet can send.
 unknown_fields = st.lists(
     st.one_of(
-        st.builds(lambda n, v: key(n, 0) + varint(v), st.integers(4, MAX_FIELD_NUMBER), st.integers(0, 2**64 - 1)),
-        st.builds(lambda n, b: key(n, 1) + b, st.integers(4, MAX_FIELD_NUMBER), st.binary(min_size=8, max_size=8)),
-        st.builds(lambda n, b: length_delimited(n, b), st.integers(4, MAX_FIELD_NUMBER), st.binary(max_size=20)),
-        st.builds(lambda n, b: key(n, 5) + b, st.integers(4, MAX_FIELD_NUMBER), st.binary(min_size=4, max_size=4)),
+        st.builds(lambda n, v: key(n, 0) + varint(v), st.integers(6, MAX_FIELD_NUMBER), st.integers(0, 2**64 - 1)),
+        st.builds(lambda n, b: key(n, 1) + b, st.integers(6, MAX_FIELD_NUMBER), st.binary(min_size=8, max_size=8)),
+        st.builds(lambda n, b: length_delimited(n, b), st.integers(6, MAX_FIELD_NUMBER), st.binary(max_size=20)),
+        st.builds(lambda n, b: key(n, 5) + b, st.integers(6, MAX_FIELD_NUMBER), st.binary(min_size=4, max_size=4)),
     ),
     max_size=3,
 ).map(b"".join)
@@ -219,3 +265,29 @@ def test_repeated_names_keep_the_last_and_repeated_lists_add_up() -> None:
 
 def test_an_empty_answer_is_no_pods() -> None:
     assert decode_list_response(b"") == () == protobuf_reading(b"")
+
+
+def test_a_dra_claim_is_read_with_its_devices_and_share_id() -> None:
+    """A container holding a GPU through DRA: its claim, namespace and devices, an absent share id
+    told apart from an empty one (the field is ``optional``)."""
+    claim = api_pb2.DynamicResource(
+        claim_name="train-gpu",
+        claim_namespace="ml",
+        claim_resources=[
+            api_pb2.ClaimResource(cdi_devices=[api_pb2.CDIDevice(name="k8s.gpu.nvidia.com/claim=uid-gpu-0")],
+                                  driver_name="gpu.nvidia.com", pool_name="node-a", device_name="gpu-0"),
+            api_pb2.ClaimResource(driver_name="gpu.nvidia.com", pool_name="node-a", device_name="gpu-1", share_id=""),
+        ],
+    )  # fmt: skip
+    sent = api_pb2.ContainerResources(name="main", dynamic_resources=[claim])
+    response = api_pb2.ListPodResourcesResponse(
+        pod_resources=[api_pb2.PodResources(name="p", namespace="ml", containers=[sent])]
+    )
+    (pod,) = decode_list_response(response.SerializeToString())
+    (container,) = pod.containers
+    assert container.dynamic_resources == (
+        DynamicResource("train-gpu", "ml", (
+            ClaimResource("gpu.nvidia.com", "node-a", "gpu-0", None),
+            ClaimResource("gpu.nvidia.com", "node-a", "gpu-1", ""),
+        )),
+    )  # fmt: skip

@@ -18,23 +18,36 @@ processes, and it does not give pod UIDs. A process is therefore attributed like
 Without ``hostPID`` the exporter cannot see other containers' /proc entries. Processes on a device
 held by one pod are still attributed to it, but processes on a shared device are left without a
 pod.
+
+A device is found under every key it may be listed by (``devices.gpu_keys``/``mig_keys``: its UUID,
+its index, its minor number, its GPU instance id or DRA placement).  A listed device no GPU of the
+node has (a minor number, a UUID of another node) is counted as ``no_such_device`` and logged once.
+
+A pod's UID is not in the kubelet's answer.  A process attributed to a pod whose ``HOSTNAME`` is
+that pod's name vouches for the pod UID its cgroup path carries; where every such process of the
+pod vouches for the same UID, and no other pod's processes for it, that UID is the pod's
+(``gpu_holder_info``'s ``uid``, the label OpenCost joins on).  Anything else leaves it unsaid: a
+process of another pod on the device (its HOSTNAME is its own pod's), processes that disagree, or
+a pod with its own ``hostname``.
 """
 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import structlog
 
 from .. import untrusted
-from ..snapshot import GpuReading, PodRef, ProcessReading
+from ..snapshot import GpuReading, MigReading, PodRef, ProcessReading
+from .devices import NO_SUCH_DEVICE, REASONS, Unattributed, gpu_keys, mig_keys
 
 log = structlog.get_logger(__name__)
 
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
+MAX_LOGGED_UNMATCHED = 1024
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
@@ -75,8 +88,16 @@ def read_proc(pid: int, proc_root: str = "/proc") -> ProcInfo:
 class Attributor:
     """Adds pods to readings.  Per-process facts are cached by pid for the life of the process."""
 
-    def __init__(self, devices: Callable[[], DeviceMap], proc: Callable[[int], ProcInfo] = read_proc) -> None:
+    def __init__(
+        self,
+        devices: Callable[[], DeviceMap],
+        proc: Callable[[int], ProcInfo] = read_proc,
+        unattributed: Callable[[], Sequence[Unattributed]] = tuple,
+    ) -> None:
         self._devices = devices
+        self._unattributed = unattributed
+        self._counts: Mapping[str, int] = dict.fromkeys(REASONS, 0)
+        self._unmatched_logged: set[str] = set()
         self._proc = proc
         self._cache: dict[int, ProcInfo] = {}
         self._bound: dict[str, str] = {}  # pod UID -> the pod name its processes were believed for
@@ -95,17 +116,40 @@ class Attributor:
                 del self._cache[pid]
         trusted = self._trusted_claims(mapping)
         out = []
+        matched: set[str] = set()
         for g in gpus:
-            pods = _holders(mapping, g.uuid, f"index:{g.index}")
+            minor = g.static.minor_number if g.static is not None else None
+            pods = _holders(mapping, matched, gpu_keys(g.index, g.uuid, minor))
             migs = tuple(
-                replace(m, pods=(mp := _holders(mapping, m.uuid, f"index:{g.index}:{m.index}")),
+                replace(m, pods=(mp := _holders(mapping, matched, _mig_keys(g.index, minor, m))),
                         processes=self._processes(m.processes, mp, trusted))
                 for m in g.migs
             )  # fmt: skip
             # A process of the parent GPU may run in a MIG device: its holders count too.
             every = tuple(sorted(set(pods) | {r for m in migs for r in m.pods}, key=_order))
             out.append(replace(g, pods=pods, migs=migs, processes=self._processes(g.processes, every, trusted)))
-        return tuple(out)
+        self._count(mapping, matched, gpus)
+        return _with_uids(tuple(out))
+
+    def unattributed(self) -> Mapping[str, int]:
+        """Devices of the last answer held by a container but given to no GPU at the last poll, by
+        reason (``devices.REASONS``), for gpu_exporter_pod_attribution_unattributed_devices."""
+        return self._counts
+
+    def _count(self, mapping: DeviceMap, matched: set[str], gpus: tuple[GpuReading, ...]) -> None:
+        counts = Counter(u.reason for u in self._unattributed())
+        # A GPU that is down still has its UUID and index: its devices are not "no such device".
+        unmatched = [k for k in mapping if k not in matched]
+        counts[NO_SUCH_DEVICE] += len(unmatched)
+        self._counts = {reason: counts.get(reason, 0) for reason in REASONS}
+        for key in unmatched:
+            if key in self._unmatched_logged or len(self._unmatched_logged) >= MAX_LOGGED_UNMATCHED:
+                continue
+            self._unmatched_logged.add(key)
+            log.warning("pod_attribution_device_unattributed", reason=NO_SUCH_DEVICE, device=key,
+                        holders=[f"{r.namespace}/{r.pod}" for r in mapping[key]], gpus=len(gpus),
+                        detail="the kubelet lists a device no GPU of this node has (its UUID, index, minor number "
+                               "or MIG placement): its pods are given no GPU")  # fmt: skip
 
     def _trusted_claims(self, mapping: DeviceMap) -> dict[str, str]:
         """Pod UID -> the pod name its processes may be attributed to by HOSTNAME (see the module)."""
@@ -155,9 +199,38 @@ def _order(r: PodRef) -> tuple[str, str, str]:
     return (r.namespace, r.pod, r.container)
 
 
-def _holders(mapping: DeviceMap, *keys: str) -> tuple[PodRef, ...]:
-    refs = {r for k in keys for r in mapping.get(k, ())}
+def _mig_keys(gpu_index: int, minor: int | None, m: MigReading) -> tuple[str, ...]:
+    return mig_keys(gpu_index, minor, m.index, m.uuid, m.gpu_instance_id, m.gpu_instance_profile_id, m.placement_start)
+
+
+def _holders(mapping: DeviceMap, matched: set[str], keys: tuple[str, ...]) -> tuple[PodRef, ...]:
+    found = [k for k in keys if k in mapping]
+    matched.update(found)
+    refs = {r for k in found for r in mapping[k]}
     return tuple(sorted(refs, key=_order))
+
+
+def _with_uids(gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
+    """Each pod's UID, where the cgroups of all the processes attributed to it agree on one."""
+    uids: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for g in gpus:
+        for p in (*g.processes, *(p for m in g.migs for p in m.processes)):
+            if p.pod is not None and p.pod.uid:
+                uids[(p.pod.namespace, p.pod.pod)].add(p.pod.uid)
+    pods_of = Counter(uid for u in uids.values() for uid in u)
+    known = {pod: uid for pod, u in uids.items() if len(u) == 1 and pods_of[uid := next(iter(u))] == 1}
+
+    def mark(refs: tuple[PodRef, ...]) -> tuple[PodRef, ...]:
+        return tuple(replace(r, uid=known.get((r.namespace, r.pod)) or "") for r in refs)
+
+    def proc(p: ProcessReading) -> ProcessReading:
+        return replace(p, pod=mark((p.pod,))[0]) if p.pod is not None else p
+
+    return tuple(
+        replace(g, pods=mark(g.pods), processes=tuple(map(proc, g.processes)),
+                migs=tuple(replace(m, pods=mark(m.pods), processes=tuple(map(proc, m.processes))) for m in g.migs))
+        for g in gpus
+    )  # fmt: skip
 
 
 def _pick(holders: tuple[PodRef, ...], info: ProcInfo, trusted: Mapping[str, str]) -> PodRef | None:
@@ -174,5 +247,9 @@ def _pick(holders: tuple[PodRef, ...], info: ProcInfo, trusted: Mapping[str, str
     if not chosen:
         return None
     first = chosen[0]
+    # The process vouches for its pod UID only as its pod's own (see the module); _with_uids judges.
+    uid = info.pod_uid if info.pod_uid and info.hostname == first.pod else ""
     # Several containers of the pod hold the device: the process's container is not known.
-    return first if len(containers) == 1 else PodRef(first.namespace, first.pod, "")
+    if len(containers) == 1:
+        return replace(first, uid=uid)
+    return PodRef(first.namespace, first.pod, "", uid=uid)

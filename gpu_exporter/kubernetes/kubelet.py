@@ -13,32 +13,28 @@ succeeded for ``keep_last_good_for`` seconds is the mapping dropped, logged once
 (``pod_attribution_expired``) and counted, so labels never name pods long after the kubelet could
 have said they left.
 
-Device ids are normalised to the keys the rest of the exporter can look up:
-
-* ``GPU-<uuid>`` (whole GPU) and ``MIG-<uuid>`` (MIG device), the NVIDIA device plugin's default
-  ``DEVICE_ID_STRATEGY=uuid``, as they are;
-* ``index:N`` for a whole GPU and ``index:G:M`` for MIG device M of GPU G, under
-  ``DEVICE_ID_STRATEGY=index`` (the plugin sends ``N`` and ``G:M``);
-* with time-slicing the plugin advertises each GPU several times as ``<id>::<replica>``; the replica
-  suffix is dropped, so every pod sharing the GPU is listed under the GPU itself.
+Device ids and DRA claims are read into keys the rest of the exporter can look up, as
+``gpu_exporter.kubernetes.devices`` describes: NVIDIA's and GKE's device plugins, HAMi, and DRA
+with NVIDIA's GPU driver.  A device that names no GPU (another DRA driver's, a name in no known
+form) is logged once per reason and what it was, and counted in the last answer's table.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
 import structlog
 
 from ..snapshot import PodRef
+from .devices import DeviceMap, DeviceTable, Unattributed, build_device_map
 from .grpc_unix import RpcError, UnaryCall
-from .podresources import AnswerTooLarge, PodResources, WireError, decode_list_response
+from .podresources import AnswerTooLarge, WireError, decode_list_response
 
-__all__ = ["DeviceMap", "PodRef", "PodResourcesWatcher", "build_device_map", "normalize_device_id"]
+__all__ = ["DeviceMap", "DeviceTable", "PodRef", "PodResourcesWatcher", "build_device_map"]
 
 log = structlog.get_logger(__name__)
 
@@ -50,43 +46,9 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 STOP_JOIN_S = 1.0
 LIST_METHOD = "/v1.PodResourcesLister/List"
 
-_INDEX_ID = re.compile(r"\d+(?::\d+)?")
-
-
-DeviceMap = Mapping[str, tuple[PodRef, ...]]
-_EMPTY: DeviceMap = MappingProxyType({})
-
-
-def normalize_device_id(device_id: str) -> str:
-    """The mapping key for one device id as a device plugin reports it (see the module docstring).
-
-    Ids in no format we know (another vendor's plugin under an accepted resource name) are kept as
-    they are, less any replica suffix, so they are still visible but match no GPU.
-    """
-    base = device_id.strip().split("::", 1)[0]
-    if _INDEX_ID.fullmatch(base):
-        return "index:" + base
-    return base
-
-
-def build_device_map(pods: Sequence[PodResources], accept: Callable[[str], bool]) -> DeviceMap:
-    """Device key -> the containers holding it (sorted, each once), for resources ``accept`` takes."""
-    holders: dict[str, set[PodRef]] = {}
-    for pod in pods:
-        for container in pod.containers:
-            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
-            for devices in container.devices:
-                if not accept(devices.resource_name):
-                    continue
-                for device_id in devices.device_ids:
-                    key = normalize_device_id(device_id)
-                    if key:
-                        holders.setdefault(key, set()).add(ref)
-    return MappingProxyType({key: tuple(sorted(refs, key=_ref_order)) for key, refs in sorted(holders.items())})
-
-
-def _ref_order(ref: PodRef) -> tuple[str, str, str]:
-    return ref.namespace, ref.pod, ref.container
+# The (reason, device) pairs already logged, bounded: a node lists tens of devices, not thousands.
+MAX_LOGGED_UNATTRIBUTED = 1024
+_EMPTY = DeviceTable(MappingProxyType({}))
 
 
 class PodResourcesWatcher:
@@ -123,7 +85,8 @@ class PodResourcesWatcher:
         self.keep_last_good_for = keep_last_good_for
         self._expired = expired
         self._clock = clock
-        self._devices: DeviceMap = _EMPTY
+        self._table: DeviceTable = _EMPTY
+        self._logged: set[Unattributed] = set()  # devices naming no GPU, already logged
         self._last_ok = False
         self._last_ok_at: float | None = None  # clock() of the last successful refresh
         # What the last refresh found ("ok", "missing" or "error:<reason>"), to log changes only.
@@ -141,7 +104,11 @@ class PodResourcesWatcher:
     def devices(self) -> DeviceMap:
         """The last good mapping (immutable; empty while attribution is off, before the first
         successful refresh, and after ``keep_last_good_for`` without one)."""
-        return self._devices
+        return self._table.holders
+
+    def table(self) -> DeviceTable:
+        """The last good mapping with the devices of the same answer that name no GPU."""
+        return self._table
 
     @property
     def available(self) -> bool:
@@ -243,10 +210,12 @@ class PodResourcesWatcher:
         finally:
             with self._cond:
                 self._call = None
-        devices = build_device_map(pods, self.accepts)
+        table = build_device_map(pods, self.accepts)
+        devices = table.holders
         if self._stopped:
             return False
-        self._set(devices, ok=True)
+        self._log_unattributed(table)
+        self._set(table, ok=True)
         self._last_ok_at = self._clock()
         if self._state != "ok":
             log.info(
@@ -282,7 +251,7 @@ class PodResourcesWatcher:
         if self._last_ok_at is None or self._clock() - self._last_ok_at < self.keep_last_good_for:
             return
         self._last_ok_at = None  # expired: nothing more to drop until the next success
-        had = len(self._devices)
+        had = len(self._table.holders)
         self._set(_EMPTY, ok=False)
         log.warning(
             "pod_attribution_expired",
@@ -296,9 +265,18 @@ class PodResourcesWatcher:
         except Exception:
             log.exception("pod_attribution_expired_callback_failed")
 
-    def _set(self, devices: DeviceMap, *, ok: bool) -> None:
-        self._devices = devices  # one reference swap: readers see the old or the new map, whole
+    def _set(self, table: DeviceTable, *, ok: bool) -> None:
+        self._table = table  # one reference swap: readers see the old or the new map, whole
         self._last_ok = ok
+
+    def _log_unattributed(self, table: DeviceTable) -> None:
+        """Each device naming no GPU once (per reason and driver, or name), not once per refresh."""
+        for u in dict.fromkeys(table.unattributed):
+            if u in self._logged or len(self._logged) >= MAX_LOGGED_UNATTRIBUTED:
+                continue  # bounded: past it, new ones are only counted (a flood is never logged twice)
+            self._logged.add(u)
+            log.warning("pod_attribution_device_unattributed", reason=u.reason, device=u.what,
+                        detail=_UNATTRIBUTED_WHY.get(u.reason, ""))  # fmt: skip
 
     def _report(self, outcome: str) -> None:
         try:
@@ -316,3 +294,14 @@ class PodResourcesWatcher:
         except OSError:
             return False  # there, but not ours to look at (a non-root exporter): the call says why
         return False
+
+
+_UNATTRIBUTED_WHY = {
+    "other_driver": "a DRA claim's device of a driver other than gpu.nvidia.com: not a GPU the exporter reads, "
+    "so no GPU is given to its pod",
+    "unparsed": "a device id in no form the exporter knows (NVIDIA's, GKE's or HAMi's device plugin, NVIDIA's DRA "
+    "driver): it is given to no GPU, never guessed",
+    "vfio": "a GPU passed through to a virtual machine: NVML on this node does not see it",
+    "bad_claim": "a DRA claim without a name or namespace, or in another namespace than its pod: no kubelet answers "
+    "so, and it names no one",
+}

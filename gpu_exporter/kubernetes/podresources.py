@@ -5,10 +5,17 @@ k8s.io/kubelet/pkg/apis/podresources/v1/api.proto)::
 
     ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
     PodResources             { string name = 1; string namespace = 2; repeated ContainerResources containers = 3; }
-    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2; }
+    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2;
+                               repeated DynamicResource dynamic_resources = 5; }
     ContainerDevices         { string resource_name = 1; repeated string device_ids = 2; }
+    DynamicResource          { string claim_name = 2; string claim_namespace = 3;
+                               repeated ClaimResource claim_resources = 4; }
+    ClaimResource            { string driver_name = 2; string pool_name = 3; string device_name = 4;
+                               optional string share_id = 5; }
 
-Everything else (CPU ids, memory, topology, dynamic resources, fields a later kubelet adds) is
+``DynamicResource`` is DRA's (KubeletPodResourcesDynamicResources, on by default since Kubernetes
+1.34); ``share_id`` came in 1.35 (kubelet 5aff898c).  Everything else (CPU ids, memory, topology,
+CDI device names, fields a later kubelet adds) is
 skipped as protobuf skips unknown fields, and a known field sent with another wire type is skipped
 as protobuf does.  Decoding these four messages by hand is why the exporter needs neither the
 protobuf runtime nor generated code (about 2 MiB resident); tests compare this decoder with
@@ -23,8 +30,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "AnswerTooLarge",
+    "ClaimResource",
     "ContainerDevices",
     "ContainerResources",
+    "DynamicResource",
     "PodResources",
     "WireError",
     "decode_list_response",
@@ -41,6 +50,7 @@ _MAX_FIELD_NUMBER = 2**29 - 1
 # supports 110 pods per node by default and few clusters raise it past 500; a pod's containers and
 # their devices come to tens of fields.
 MAX_PODS = 5_000
+MAX_CLAIMS = 5_000  # DRA claims of all containers: a pod uses a few (10,000 is no node's answer)
 MAX_FIELDS = 250_000  # every field of every message, unknown ones included
 _CLOCK_EVERY = 4096  # fields between two looks at the deadline
 
@@ -54,14 +64,23 @@ class AnswerTooLarge(WireError):
 
 
 class _Budget:
-    """Fields and time left to decode one answer."""
+    """Fields, claims and time left to decode one answer."""
 
-    def __init__(self, fields: int, deadline: float | None, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, fields: int, deadline: float | None, clock: Callable[[], float], claims: int = MAX_CLAIMS
+    ) -> None:
+        self.claims = claims
+        self.max_claims = claims
         self.fields = fields
         self.max_fields = fields
         self.deadline = deadline
         self.clock = clock
         self._until_look = _CLOCK_EVERY
+
+    def claim(self) -> None:
+        self.claims -= 1
+        if self.claims < 0:
+            raise AnswerTooLarge(f"the answer lists more than {self.max_claims} DRA claims")
 
     def charge(self, n: int) -> None:
         self.fields -= n
@@ -81,9 +100,29 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimResource:
+    """One device of a DRA claim: the driver, pool and device name triplet names it uniquely."""
+
+    driver_name: str
+    pool_name: str
+    device_name: str
+    share_id: str | None = None  # None: the field was not sent (the device is not shared by capacity)
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicResource:
+    """One DRA resource claim a container uses."""
+
+    claim_name: str
+    claim_namespace: str
+    claim_resources: tuple[ClaimResource, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...]
+    dynamic_resources: tuple[DynamicResource, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +137,14 @@ def decode_list_response(
     *,
     max_pods: int = MAX_PODS,
     max_fields: int = MAX_FIELDS,
+    max_claims: int = MAX_CLAIMS,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[PodResources, ...]:
     """The pods of one serialized ``ListPodResourcesResponse``; raises WireError if malformed, and
-    AnswerTooLarge past ``max_pods`` pods, ``max_fields`` fields or ``deadline`` (on ``clock``)."""
-    budget = _Budget(max_fields, deadline, clock)
+    AnswerTooLarge past ``max_pods`` pods, ``max_claims`` DRA claims, ``max_fields`` fields or
+    ``deadline`` (on ``clock``)."""
+    budget = _Budget(max_fields, deadline, clock, max_claims)
     pods: list[PodResources] = []
     for value in _length_delimited(memoryview(data), 1, budget):
         if len(pods) == max_pods:
@@ -128,12 +169,44 @@ def _pod(data: memoryview, budget: _Budget) -> PodResources:
 def _container(data: memoryview, budget: _Budget) -> ContainerResources:
     name = ""
     devices: list[ContainerDevices] = []
+    claims: list[DynamicResource] = []
     for number, value in _len_fields(data, budget):
         if number == 1:
             name = _text(value)
         elif number == 2:
             devices.append(_devices(value, budget))
-    return ContainerResources(name=name, devices=tuple(devices))
+        elif number == 5:
+            budget.claim()
+            claims.append(_claim(value, budget))
+    return ContainerResources(name=name, devices=tuple(devices), dynamic_resources=tuple(claims))
+
+
+def _claim(data: memoryview, budget: _Budget) -> DynamicResource:
+    name = namespace = ""
+    resources: list[ClaimResource] = []
+    for number, value in _len_fields(data, budget):
+        if number == 2:
+            name = _text(value)
+        elif number == 3:
+            namespace = _text(value)
+        elif number == 4:
+            resources.append(_claim_resource(value, budget))
+    return DynamicResource(claim_name=name, claim_namespace=namespace, claim_resources=tuple(resources))
+
+
+def _claim_resource(data: memoryview, budget: _Budget) -> ClaimResource:
+    driver = pool = device = ""
+    share_id: str | None = None
+    for number, value in _len_fields(data, budget):
+        if number == 2:
+            driver = _text(value)
+        elif number == 3:
+            pool = _text(value)
+        elif number == 4:
+            device = _text(value)
+        elif number == 5:
+            share_id = _text(value)
+    return ClaimResource(driver_name=driver, pool_name=pool, device_name=device, share_id=share_id)
 
 
 def _devices(data: memoryview, budget: _Budget) -> ContainerDevices:

@@ -29,6 +29,7 @@ from ..snapshot import (
     NodeSnapshot,
     ProcessReading,
     device_holders,
+    pod_holder,
 )
 
 GPU_LABELS = SCOPE_LABELS[Scope.GPU]
@@ -160,8 +161,12 @@ def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metri
     for g in live:
         devices: tuple[GpuReading | MigReading, ...] = (g, *g.migs)
         for device in devices:
-            for h in device_holders(device, pod_mode, migs=False):
-                info.add_metric([str(g.index), g.uuid, *f.holders.detail_values(h), h.kind, device.uuid], 1)
+            if pod_mode:  # each container with what the kubelet and its processes say beyond its name
+                rows = sorted({(pod_holder(r), r.uid, r.claim_namespace, r.claim_name) for r in device.pods})
+            else:
+                rows = [(h, "", "", "") for h in device_holders(device, pod_mode, migs=False)]
+            for h, *pod_facts in rows:
+                info.add_metric([str(g.index), g.uuid, *f.holders.detail_values(h), h.kind, device.uuid, *pod_facts], 1)
     yield info
     yield from _mig_families(f, live)
 
@@ -247,14 +252,15 @@ class _CountOf(Collector):
 
 
 class _CountsOf(Collector):
-    """A counter by one label whose values another part keeps (read at render time)."""
+    """A counter or gauge by one label whose values another part keeps (read at render time)."""
 
     def __init__(self, name: str, counts: Callable[[], Mapping[str, int]]) -> None:
         self._def = METRICS[name]
         self._counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        fam = CounterMetricFamily(self._def.family_name, self._def.help, labels=list(self._def.series_labels()))
+        family = CounterMetricFamily if self._def.type == "counter" else GaugeMetricFamily
+        fam = family(self._def.family_name, self._def.help, labels=list(self._def.series_labels()))
         for key, n in sorted(self._counts().items()):
             fam.add_metric([key], n)
         yield fam
@@ -297,6 +303,10 @@ class SelfMetrics:
             self.kubelet_refreshes.labels(outcome)
         if self.pod_attribution_expired is None:
             self.pod_attribution_expired = _declared("gpu_exporter_pod_attribution_expired_total", self._registry)
+
+    def watch_unattributed(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Pod attribution is on: the kubelet's devices given to no GPU, by reason, from the start."""
+        self._registry.register(_CountsOf("gpu_exporter_pod_attribution_unattributed_devices", counts))
 
     def watch_holders(self, errors: Callable[[], Mapping[str, int]]) -> None:
         """Jobs or containers are attributed: the failed reads of each source on, from the start."""

@@ -5,16 +5,16 @@ isort:skip_file
 The kubelet's PodResources API, version v1: which devices the kubelet handed to which
 containers, served on the node at /var/lib/kubelet/pod-resources/kubelet.sock.
 
-This file mirrors k8s.io/kubelet/pkg/apis/podresources/v1/api.proto, keeping only the
-messages and fields that gpu-exporter reads.  The package, service, message names and field
-numbers are the kubelet's, so the wire format is the same; fields a newer kubelet sends that
-are not declared here (memory, dynamic resources, ...) are skipped by protobuf when parsing.
+This file mirrors k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (kubernetes/kubelet at
+63b3249, 2026-07), keeping the messages and fields that gpu-exporter reads and a few it skips
+(CPU ids, memory, topology, CDI devices).  The package,
+service, message names and field numbers are the kubelet's, so the wire format is the same.
 The Go-only options (gogoproto, go_package) are left out.
 
-Regenerate the Python modules beside this file (the results are committed, so only grpcio and
-protobuf are needed at run time) from the repository root with:
+The fake kubelet in tests serves it with grpcio.  Regenerate the Python modules beside this
+file (the results are committed) from the repository root with:
 
-  bash gpu_exporter/podresources/regenerate.sh
+  bash tests/podresources/regenerate.sh
 
 which runs grpc_tools.protoc with mypy-protobuf's plugins for the .pyi type stubs
 (pip install grpcio-tools mypy-protobuf) and makes the generated imports package-relative.
@@ -81,20 +81,30 @@ class PodResources(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     CONTAINERS_FIELD_NUMBER: _builtins.int
+    CPU_IDS_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     namespace: _builtins.str
     @_builtins.property
     def containers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerResources]: ...
+    @_builtins.property
+    def cpu_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Pod-level CPUs and memory: on the kubelet's master since 2026-05 (43855acf), in no tag yet."""
+
+    @_builtins.property
+    def memory(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerMemory]: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         namespace: _builtins.str = ...,
         containers: _abc.Iterable[Global___ContainerResources] | None = ...,
+        cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
+        memory: _abc.Iterable[Global___ContainerMemory] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "name", b"name", "namespace", b"namespace"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "cpu_ids", b"cpu_ids", "memory", b"memory", "name", b"name", "namespace", b"namespace"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -109,25 +119,148 @@ class ContainerResources(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
     CPU_IDS_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    DYNAMIC_RESOURCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerDevices]: ...
     @_builtins.property
     def cpu_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def memory(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerMemory]: ...
+    @_builtins.property
+    def dynamic_resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___DynamicResource]:
+        """DRA: the resource claims the container uses (KubeletPodResourcesDynamicResources, on by
+        default since Kubernetes 1.34).
+        """
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         devices: _abc.Iterable[Global___ContainerDevices] | None = ...,
         cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
+        memory: _abc.Iterable[Global___ContainerMemory] | None = ...,
+        dynamic_resources: _abc.Iterable[Global___DynamicResource] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_ids", b"cpu_ids", "devices", b"devices", "name", b"name"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_ids", b"cpu_ids", "devices", b"devices", "dynamic_resources", b"dynamic_resources", "memory", b"memory", "name", b"name"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ContainerResources: _TypeAlias = ContainerResources
+
+@_typing.final
+class ContainerMemory(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMORY_TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    TOPOLOGY_FIELD_NUMBER: _builtins.int
+    memory_type: _builtins.str
+    size: _builtins.int
+    @_builtins.property
+    def topology(self) -> Global___TopologyInfo: ...
+    def __init__(
+        self,
+        *,
+        memory_type: _builtins.str = ...,
+        size: _builtins.int = ...,
+        topology: Global___TopologyInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_type", b"memory_type", "size", b"size", "topology", b"topology"]
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContainerMemory: _TypeAlias = ContainerMemory
+
+@_typing.final
+class DynamicResource(_message.Message):
+    """One resource claim of a container.  Field 1 (class_name) was removed in 1.31."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_NAME_FIELD_NUMBER: _builtins.int
+    CLAIM_NAMESPACE_FIELD_NUMBER: _builtins.int
+    CLAIM_RESOURCES_FIELD_NUMBER: _builtins.int
+    claim_name: _builtins.str
+    claim_namespace: _builtins.str
+    @_builtins.property
+    def claim_resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimResource]: ...
+    def __init__(
+        self,
+        *,
+        claim_name: _builtins.str = ...,
+        claim_namespace: _builtins.str = ...,
+        claim_resources: _abc.Iterable[Global___ClaimResource] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_name", b"claim_name", "claim_namespace", b"claim_namespace", "claim_resources", b"claim_resources"]
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DynamicResource: _TypeAlias = DynamicResource
+
+@_typing.final
+class ClaimResource(_message.Message):
+    """One device allocated to the claim: the driver, pool and device name triplet names it uniquely."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CDI_DEVICES_FIELD_NUMBER: _builtins.int
+    DRIVER_NAME_FIELD_NUMBER: _builtins.int
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    DEVICE_NAME_FIELD_NUMBER: _builtins.int
+    SHARE_ID_FIELD_NUMBER: _builtins.int
+    driver_name: _builtins.str
+    pool_name: _builtins.str
+    device_name: _builtins.str
+    share_id: _builtins.str
+    """Set where the device is shared between claims (consumable capacity, 1.35 and later)."""
+    @_builtins.property
+    def cdi_devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___CDIDevice]: ...
+    def __init__(
+        self,
+        *,
+        cdi_devices: _abc.Iterable[Global___CDIDevice] | None = ...,
+        driver_name: _builtins.str = ...,
+        pool_name: _builtins.str = ...,
+        device_name: _builtins.str = ...,
+        share_id: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "share_id", b"share_id"]
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "cdi_devices", b"cdi_devices", "device_name", b"device_name", "driver_name", b"driver_name", "pool_name", b"pool_name", "share_id", b"share_id"]
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__share_id: _TypeAlias = _typing.Literal["share_id"]
+    _WhichOneofArgType__share_id: _TypeAlias = _typing.Literal["_share_id", b"_share_id"]
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__share_id) -> _WhichOneofReturnType__share_id | None: ...
+
+Global___ClaimResource: _TypeAlias = ClaimResource
+
+@_typing.final
+class CDIDevice(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Fully qualified CDI device name, e.g. vendor.com/gpu=gpudevice1"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CDIDevice: _TypeAlias = CDIDevice
 
 @_typing.final
 class ContainerDevices(_message.Message):

@@ -5,7 +5,7 @@
 import grpc
 import warnings
 
-from . import api_pb2 as gpu__exporter_dot_podresources_dot_api__pb2
+from . import api_pb2 as tests_dot_podresources_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -20,7 +20,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in gpu_exporter/podresources/api_pb2_grpc.py depends on'
+        + ' but the generated code in tests/podresources/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,13 +39,13 @@ class PodResourcesListerStub:
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=gpu__exporter_dot_podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=gpu__exporter_dot_podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=tests_dot_podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=tests_dot_podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
         self.GetAllocatableResources = channel.unary_unary(
                 '/v1.PodResourcesLister/GetAllocatableResources',
-                request_serializer=gpu__exporter_dot_podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
-                response_deserializer=gpu__exporter_dot_podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
+                request_serializer=tests_dot_podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=tests_dot_podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -72,13 +72,13 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=gpu__exporter_dot_podresources_dot_api__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=gpu__exporter_dot_podresources_dot_api__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=tests_dot_podresources_dot_api__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=tests_dot_podresources_dot_api__pb2.ListPodResourcesResponse.SerializeToString,
             ),
             'GetAllocatableResources': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAllocatableResources,
-                    request_deserializer=gpu__exporter_dot_podresources_dot_api__pb2.AllocatableResourcesRequest.FromString,
-                    response_serializer=gpu__exporter_dot_podresources_dot_api__pb2.AllocatableResourcesResponse.SerializeToString,
+                    request_deserializer=tests_dot_podresources_dot_api__pb2.AllocatableResourcesRequest.FromString,
+                    response_serializer=tests_dot_podresources_dot_api__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -107,8 +107,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/List',
-            gpu__exporter_dot_podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
-            gpu__exporter_dot_podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
+            tests_dot_podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
+            tests_dot_podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -134,8 +134,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/GetAllocatableResources',
-            gpu__exporter_dot_podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
-            gpu__exporter_dot_podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
+            tests_dot_podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
+            tests_dot_podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,24 +5,24 @@ isort:skip_file
 The kubelet's PodResources API, version v1: which devices the kubelet handed to which
 containers, served on the node at /var/lib/kubelet/pod-resources/kubelet.sock.
 
-This file mirrors k8s.io/kubelet/pkg/apis/podresources/v1/api.proto, keeping only the
-messages and fields that gpu-exporter reads.  The package, service, message names and field
-numbers are the kubelet's, so the wire format is the same; fields a newer kubelet sends that
-are not declared here (memory, dynamic resources, ...) are skipped by protobuf when parsing.
+This file mirrors k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (kubernetes/kubelet at
+63b3249, 2026-07), keeping the messages and fields that gpu-exporter reads and a few it skips
+(CPU ids, memory, topology, CDI devices).  The package,
+service, message names and field numbers are the kubelet's, so the wire format is the same.
 The Go-only options (gogoproto, go_package) are left out.
 
-Regenerate the Python modules beside this file (the results are committed, so only grpcio and
-protobuf are needed at run time) from the repository root with:
+The fake kubelet in tests serves it with grpcio.  Regenerate the Python modules beside this
+file (the results are committed) from the repository root with:
 
-  bash gpu_exporter/podresources/regenerate.sh
+  bash tests/podresources/regenerate.sh
 
 which runs grpc_tools.protoc with mypy-protobuf's plugins for the .pyi type stubs
 (pip install grpcio-tools mypy-protobuf) and makes the generated imports package-relative.
 """
 
 from collections import abc as _abc
-from . import api_pb2 as _api_pb2
 from grpc import aio as _aio
+from . import api_pb2 as _api_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
