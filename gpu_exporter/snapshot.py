@@ -346,11 +346,14 @@ class HolderLabels:
     pods: tuple[str, str, str] | None = None  # the names of the namespace, pod and container labels
     jobs: bool = False
     containers: bool = False
+    # The Unix users holding it (``user``): on alerts only, where no pod names the holder; per-GPU
+    # series keep the label sets they had (``gpu_holder_info`` names users).
+    users: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
         return (*(self.pods or ()), *(("hpc_job",) if self.jobs else ()),
-                *(("container_name",) if self.containers else ()))  # fmt: skip
+                *(("container_name",) if self.containers else ()), *(("user",) if self.users else ()))  # fmt: skip
 
     def values(
         self, pods: Iterable[PodRef], jobs: Iterable[JobRef] = (), containers: Iterable[ContainerRef] = ()
@@ -364,7 +367,11 @@ class HolderLabels:
         return out
 
     def of(self, d: GpuReading | MigReading) -> tuple[str, ...]:
-        return self.values(d.pods, d.jobs, d.containers)
+        out = self.values(d.pods, d.jobs, d.containers)
+        if self.users:  # those who hold it as themselves (not through a job or a container), by name
+            users = {h.values[0] for h in device_holders(d, False) if h.kind == USER} - {UNKNOWN_USER}
+            out += (",".join(sorted(users)),)
+        return out
 
     def _detail(self) -> tuple[str, ...]:
         return (*(HOLDER_LABELS[POD] if self.pods else ()), *(("hpc_job", "slurm_account", "slurm_partition")

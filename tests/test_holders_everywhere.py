@@ -297,6 +297,27 @@ def test_alerts_carry_only_the_holder_labels_of_the_sources_that_are_on() -> Non
         e.evaluate(node(monotonic=100.0 + 15 * step))
     (idle,) = [a for a in e.active() if a.label_dict["gpu"] == "3"]
     assert "hpc_job" not in idle.label_dict and "container_name" not in idle.label_dict
-    assert e.holders == HolderLabels()
+    assert e.holders == HolderLabels(users=True)  # without pods, the users holding a GPU are named
     e = RuleEngine(rules, "node-a", pod_labels=("ns", "p", "c"))
     assert e.holders == HolderLabels(("ns", "p", "c"))
+
+
+def test_a_unix_user_holding_a_gpu_is_on_its_alert_and_the_page() -> None:
+    """--once says "user bob" for GPU 2; its alert and /alerts say so too (they said "held by -")."""
+    rules = fast_rules(GpuIdle={"enabled": True, "for": "0s", "window": "30s"},
+                       GpuUnderutilized={"for": "0s", "window": "30s"})  # fmt: skip
+    e = RuleEngine(rules, "node-a", jobs=True, containers=True)
+    for step in range(4):
+        e.evaluate(node(monotonic=100.0 + 15 * step))
+    alerts = {a.label_dict["gpu"]: a for a in e.active()}
+    assert alerts["2"].label_dict["alertname"] == "GpuUnderutilized" and alerts["2"].label_dict["user"] == "bob"
+    # A job's or a container's user is not the holder: those alerts carry their own labels, no user.
+    assert "user" not in alerts["3"].label_dict and alerts["3"].label_dict["hpc_job"] == "4250"
+    page = alerts_html([alerts["2"]], holders=e.holders).decode()
+    assert "user bob" in page and "<td>-</td>" not in page
+    assert held_by(device_holders(node().gpus[2], False)) == "user bob"  # what --once says
+    # With pods the pod names the holder; no user label.
+    pods = RuleEngine(rules, "node-a", pod_labels=("namespace", "pod", "container"))
+    for step in range(4):
+        pods.evaluate(node(monotonic=100.0 + 15 * step))
+    assert all("user" not in a.label_dict for a in pods.active())

@@ -6,10 +6,11 @@ a firing alert resolves only when its separate clear condition holds.
 
 An alert is *identified* by its name, severity, node, GPU index and its rule's own labels (``xid``).
 The GPU's ``uuid`` and its holders' labels (the pod labels, ``hpc_job``, ``container_name``: those
-whose attribution is on) are carried along with their latest values: a change of the pod, job or
-container holding a GPU, or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is
-sent never holds an empty label value (Prometheus and Alertmanager drop those), so the label set,
-and the fingerprint computed from it, are the same here, in Alertmanager and in Prometheus.  When
+whose attribution is on; without pods, ``user`` for the Unix users holding it as themselves) are
+carried along with their latest values: a change of the pod, job, container or user holding a GPU,
+or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is sent never holds an
+empty label value (Prometheus and Alertmanager drop those), so the label set, and the fingerprint
+computed from it, are the same here, in Alertmanager and in Prometheus.  When
 the labels of a firing alert change, receivers get the old label set resolved and the new one
 firing from the same start, because to them a label set *is* the alert.
 """
@@ -129,7 +130,8 @@ class RuleEngine:
         containers: bool = False,
     ) -> None:
         self.rules = rules
-        self.holders = HolderLabels(pod_labels, jobs, containers)  # the holder labels of every alert
+        # The holder labels of every alert; without pods, the Unix users holding a GPU are named too.
+        self.holders = HolderLabels(pod_labels, jobs, containers, users=pod_labels is None)
         self.node = node
         self.resend_interval = resend_interval
         self.resolved_retention = resolved_retention

@@ -11,7 +11,7 @@ from ..alerting.engine import Alert
 from ..snapshot import HolderLabels
 
 # What the page looks for where the wiring does not say: the default pod labels, jobs and containers.
-EVERY_HOLDER = HolderLabels(("namespace", "pod", "container"), jobs=True, containers=True)
+EVERY_HOLDER = HolderLabels(("namespace", "pod", "container"), jobs=True, containers=True, users=True)
 
 
 def alerts_json(alerts: Sequence[Alert]) -> bytes:
@@ -38,7 +38,7 @@ REFRESH_SECONDS = 15
 
 
 def held_by(labels: Mapping[str, str], holders: HolderLabels = EVERY_HOLDER) -> str:
-    """Who holds the alert's GPU, in words, from its holder labels: pods, jobs and containers."""
+    """Who holds the alert's GPU, in words, from its holder labels: pods, jobs, containers and users."""
     parts = []
     if holders.pods:
         namespace, pod, container = (labels.get(name, "") for name in holders.pods)
@@ -48,6 +48,8 @@ def held_by(labels: Mapping[str, str], holders: HolderLabels = EVERY_HOLDER) -> 
         parts.append(f"job {labels['hpc_job']}")
     if holders.containers and labels.get("container_name"):
         parts.append(f"container {labels['container_name']}")
+    if holders.users and labels.get("user"):
+        parts.append(f"user {labels['user']}")
     return "; ".join(parts)
 
 
