@@ -7,6 +7,8 @@ by the exporter's decoder, as on a node.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -152,9 +154,17 @@ def test_a_claim_of_another_driver_is_counted_and_its_gpu_claim_still_read() -> 
 
 @pytest.mark.parametrize(("name", "namespace"), [("gpu", ""), ("", "ml"), ("gpu", "other-ns")])
 def test_a_claim_without_a_namespace_or_name_gives_no_pod(name: str, namespace: str) -> None:
-    t = table(("ml", "p", [container("main", claims=[claim(name, namespace, "gpu-0")])]))
-    assert dict(t.holders) == {}
-    assert [u.reason for u in t.unattributed] == ["bad_claim"]
+    """Each of its devices is counted, named by the claim; the container's next claim is still read."""
+    bad = claim(name, namespace, "gpu-0", "gpu-1")
+    t = table(("ml", "p", [container("main", claims=[bad, claim("good", "ml", "gpu-2")])]))
+    assert dict(t.holders) == {"minor:2": (PodRef("ml", "p", "main"),)}
+    assert t.unattributed == (Unattributed("bad_claim", f"{namespace}/{name}"),) * 2
+
+
+def test_a_device_plugin_id_in_no_known_form_is_counted_beside_those_read() -> None:
+    t = table(("ml", "p", [container("main", ids=["nvidia0", "fpga-3", "GPU-a::1"])]))
+    assert set(t.holders) == {"minor:0", "GPU-a"}
+    assert t.unattributed == (Unattributed("unparsed", "fpga-3"),)
 
 
 def test_ten_thousand_claims_are_refused_with_a_clear_error() -> None:
@@ -290,3 +300,118 @@ def test_one_uid_vouched_for_by_two_pods_is_neither_pods() -> None:
         (gpu(0, UUID0, 0, proc(10)), gpu(1, UUID1, 1, proc(11)))
     )
     assert [i["uid"] for i in holder_info(out)] == ["", ""]
+
+
+# -- the join's corners (what the mutation run found untested) ------------------------------------
+
+
+def test_nothing_is_unattributed_before_the_first_poll() -> None:
+    pods = Attributor(lambda: {}, lambda pid: ProcInfo(visible=False))
+    assert pods.unattributed() == {"other_driver": 0, "unparsed": 0, "vfio": 0, "bad_claim": 0, "no_such_device": 0}
+
+
+def test_every_unmatched_device_is_logged_once_up_to_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_exporter.kubernetes.attribution as attribution
+
+    mapping = {f"minor:{n}": (PodRef("ml", f"p{n}", "main"),) for n in (10, 11, 12, 13)}
+    monkeypatch.setattr(attribution, "MAX_LOGGED_UNMATCHED", 3)
+    pods = Attributor(lambda: mapping, lambda pid: ProcInfo(visible=False))
+    with capture_logs() as logs:
+        pods.attach(node_gpus())
+        pods.attach(node_gpus())
+    said = [e["device"] for e in logs if e["event"] == "pod_attribution_device_unattributed"]
+    assert said == ["minor:10", "minor:11", "minor:12"]  # the fourth only counted
+    assert pods.unattributed()["no_such_device"] == 4
+
+
+def test_a_process_of_a_pod_with_several_containers_on_the_device_gets_the_pod_and_its_uid() -> None:
+    a, b = PodRef("ml", "train", "main"), PodRef("ml", "train", "sidecar")
+    procs = {10: ProcInfo(True, True, POD_UID, "train")}
+    (g,) = Attributor(lambda: {UUID0: (a, b)}, procs.__getitem__).attach((gpu(0, UUID0, 0, proc(10)),))
+    ref = g.processes[0].pod
+    assert ref is not None and (ref.namespace, ref.pod, ref.container, ref.uid) == ("ml", "train", "", POD_UID)
+
+
+def test_uids_reach_the_processes_and_the_mig_devices() -> None:
+    ref = PodRef("ml", "train", "main")
+    procs = {10: ProcInfo(True, True, POD_UID, "train"), 11: ProcInfo(True, True, POD_UID, "train")}
+    m = replace_procs(mig(0, gi=1, profile_id=19, start=0), proc(11))
+    (g,) = Attributor(lambda: {UUID0: (ref,), m.uuid: (ref,)}, procs.__getitem__).attach(
+        (gpu(0, UUID0, 0, proc(10), migs=(m,)),)
+    )
+    assert [r.uid for r in g.pods] == [POD_UID] and [r.uid for r in g.migs[0].pods] == [POD_UID]
+    assert g.processes[0].pod is not None and g.processes[0].pod.uid == POD_UID
+    assert g.migs[0].processes[0].pod is not None and g.migs[0].processes[0].pod.uid == POD_UID
+
+
+def test_a_process_that_disagrees_loses_the_uid_it_claimed() -> None:
+    ref = PodRef("ml", "train", "main")
+    procs = {10: ProcInfo(True, True, POD_UID, "train"), 11: ProcInfo(True, True, OTHER_UID, "train")}
+    (g,) = Attributor(lambda: {UUID0: (ref,)}, procs.__getitem__).attach((gpu(0, UUID0, 0, proc(10), proc(11)),))
+    assert [p.pod.uid for p in g.processes if p.pod is not None] == ["", ""]
+
+
+def test_a_shared_mig_device_picks_each_processs_pod_by_its_claim() -> None:
+    a, b = PodRef("ml", "nb-a", "main"), PodRef("ml", "nb-b", "main")
+    m = replace_procs(mig(0, gi=1, profile_id=19, start=0), proc(10), proc(11))
+    procs = {10: ProcInfo(True, True, POD_UID, "nb-a"), 11: ProcInfo(True, True, OTHER_UID, "nb-b")}
+    (g,) = Attributor(lambda: {m.uuid: (a, b)}, procs.__getitem__).attach((gpu(0, UUID0, 0, migs=(m,)),))
+    assert [p.pod for p in g.migs[0].processes] == [a, b]
+
+
+def test_a_claim_without_a_pod_uid_does_not_block_the_real_one() -> None:
+    """A process whose cgroup names no pod UID claims nb-a: the real nb-a's claim still counts."""
+    a, b = PodRef("ml", "nb-a", "main"), PodRef("ml", "nb-b", "main")
+    procs = {10: ProcInfo(True, True, POD_UID, "nb-a"), 11: ProcInfo(True, True, None, "nb-a")}
+    (g,) = Attributor(lambda: {UUID0: (a, b)}, procs.__getitem__).attach((gpu(0, UUID0, 0, proc(10), proc(11)),))
+    assert [p.pod for p in g.processes] == [a, None]
+
+
+def replace_procs(m: MigReading, *procs: ProcessReading) -> MigReading:
+    from dataclasses import replace
+
+    return replace(m, processes=procs)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "environ", "want"),
+    [
+        # cgroup v2, systemd driver: the UID's dashes are underscores in the slice name.
+        (b"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b8f0c3e_1d2a_4b5c_8d9e_370918639585"
+         b".slice/cri-containerd-ab.scope\n", b"PATH=/bin\0HOSTNAME=train\0HOME=/\0",
+         ProcInfo(True, True, POD_UID, "train")),
+        # cgroupfs driver, dashes as they are.
+        (b"0::/kubepods/besteffort/pod0b8f0c3e-1d2a-4b5c-8d9e-370918639585/ab\n", b"HOSTNAME=x\0",
+         ProcInfo(True, True, POD_UID, "x")),
+        # A node process: no pod, whatever its environment says.
+        (b"0::/system.slice/xorg.service\n", b"HOSTNAME=train\0", ProcInfo(True, False, None, "train")),
+        (b"0::/kubepods.slice/x\n", b"HOME=/\0", ProcInfo(True, True, None, None)),
+        (b"0::/kubepods.slice/x\n", None, ProcInfo(True, True, None, None)),  # environ unreadable
+    ],
+)  # fmt: skip
+def test_read_proc_reads_the_pod_uid_and_hostname(tmp_path: Path, cgroup: bytes, environ: bytes | None,
+                                                  want: ProcInfo) -> None:  # fmt: skip
+    from gpu_exporter.kubernetes.attribution import read_proc
+
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_bytes(cgroup)
+    if environ is not None:
+        (tmp_path / "42" / "environ").write_bytes(environ)
+    assert read_proc(42, str(tmp_path)) == want
+    assert read_proc(43, str(tmp_path)) == ProcInfo(visible=False)
+
+
+def test_a_refused_claim_is_logged_once_naming_the_other_claimants() -> None:
+    a, b = PodRef("ml", "nb-a", "main"), PodRef("ml", "nb-b", "main")
+    procs = {10: ProcInfo(True, True, POD_UID, "nb-a"), 11: ProcInfo(True, True, OTHER_UID, "nb-a")}
+    pods = Attributor(lambda: {UUID0: (a, b)}, lambda pid: procs[pid])
+    gpus = (gpu(0, UUID0, 0, proc(10), proc(11)),)
+    with capture_logs() as logs:
+        pods.attach(gpus)
+        pods.attach(gpus)
+        # The other UID now also claims nb-b: only that conflict is new.
+        procs[12] = ProcInfo(True, True, OTHER_UID, "nb-b")
+        pods.attach((gpu(0, UUID0, 0, proc(10), proc(11), proc(12)),))
+    said = [(e["pod_uid"], e["hostname"], e["also_claimed_by"]) for e in logs
+            if e["event"] == "pod_attribution_claim_refused"]  # fmt: skip
+    assert said == [(POD_UID, "nb-a", [OTHER_UID]), (OTHER_UID, "nb-a", [POD_UID]), (OTHER_UID, "nb-b", [])]

@@ -177,7 +177,7 @@ class Attributor:
         return trusted
 
     def _refuse(self, uid: str, claimed: set[str], claimants: dict[str, set[str]], owner: str) -> None:
-        for name in claimed:
+        for name in sorted(claimed):  # a stable order: the log reads the same on every run
             if (uid, name) in self._refused:
                 continue
             self._refused.add((uid, name))

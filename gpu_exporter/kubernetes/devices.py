@@ -82,7 +82,7 @@ class Unattributed:
 
 def device_plugin_key(device_id: str) -> str | Unattributed:
     """The key of a device plugin's id (NVIDIA's, GKE's or HAMi's), or why it has none."""
-    base = device_id.strip().split("::", 1)[0]  # NVIDIA's time-slicing replica
+    base = device_id.strip().partition("::")[0]  # NVIDIA's time-slicing replica
     if _INDEX.fullmatch(base):
         return "index:" + base
     if m := _GKE.fullmatch(base):
@@ -163,8 +163,8 @@ def build_device_map(pods: Sequence[PodResources], accept: Callable[[str], bool]
                 if not claim.claim_name or claim.claim_namespace != pod.namespace:
                     # A claim lives in its pod's namespace (a pod can name no other): one that says
                     # otherwise, or nothing, is no answer a kubelet gives, and names no one.
-                    skipped.extend(Unattributed(BAD_CLAIM, f"{claim.claim_namespace}/{claim.claim_name}")
-                                   for _ in claim.claim_resources or (None,))  # fmt: skip
+                    what = f"{claim.claim_namespace}/{claim.claim_name}"
+                    skipped.extend(Unattributed(BAD_CLAIM, what) for _ in claim.claim_resources)
                     continue
                 claimed = PodRef(pod.namespace, pod.name, container.name, claim_name=claim.claim_name,
                                  claim_namespace=claim.claim_namespace)  # fmt: skip
