@@ -9,6 +9,8 @@ import pwd
 import time
 from typing import Any
 
+import pytest
+
 from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.config import load_settings
 from gpu_exporter.daemon import Daemon
@@ -20,6 +22,8 @@ from tests.cost_helpers import H100_PRICE, L4_PRICE, PRICING, three_gpu_node
 from tests.exporter_helpers import parse_exposition, value
 from tests.fakenvml import Scenario
 from tests.test_exporter_promtool import promtool_check
+
+pytestmark = pytest.mark.integration
 
 GIB = 1024**3
 

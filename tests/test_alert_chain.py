@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.alerting_helpers import Alertmanager, WebhookReceiver, alertmanager, raw_receiver, webhook_receiver
@@ -24,6 +25,8 @@ from tests.fakenvml import Scenario
 from tests.fakenvml.presets import h100_sxm
 from tests.prometheus_helpers import prometheus
 from tests.timing import NEVER_S
+
+pytestmark = pytest.mark.integration
 
 GIB = 1024**3
 TOTAL = 81559 * 1024**2

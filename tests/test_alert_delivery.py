@@ -28,6 +28,8 @@ from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
 from tests.timing import LATE_S, NEVER_S
 
+pytestmark = pytest.mark.integration
+
 
 class FakeClock:
     def __init__(self, now: float) -> None:

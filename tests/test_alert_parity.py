@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,8 @@ from tests.exporter_helpers import http_get, run_daemon, value, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import h100_sxm
 from tests.prometheus_helpers import prometheus
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-exporter.rules.yml"

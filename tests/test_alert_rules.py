@@ -21,6 +21,8 @@ from tests.fakenvml import Counter, Scenario
 from tests.fakenvml.presets import h100_activity, h100_sxm
 from tests.prometheus_helpers import prometheus
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-exporter.rules.yml"
 COST_RULES = ROOT / "alerts" / "gpu-cost.rules.yml"

@@ -21,6 +21,8 @@ from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml.presets import MIB, preset
 from tests.test_report_html import _pixels
 
+pytestmark = pytest.mark.integration
+
 CHROMIUM = ["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
             "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]  # fmt: skip
 FIRING_CELL = "#f4b4b4"

@@ -8,10 +8,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml.presets import preset
+
+pytestmark = pytest.mark.integration
 
 
 def alerts(url: str) -> list[dict[str, object]]:

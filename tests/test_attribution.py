@@ -8,12 +8,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from gpu_exporter.kubernetes.attribution import Attributor, ProcInfo, read_proc
 from gpu_exporter.serving.metrics import RenderOptions, gpu_families
 from gpu_exporter.snapshot import GpuReading, MigReading, NodeSnapshot, PodRef, ProcessReading, pod_label_values
 from tests.timing import NEVER_S
+
+pytestmark = pytest.mark.integration
 
 A = PodRef("ml", "trainer-0", "main")
 B = PodRef("ml", "notebook-7", "jupyter")

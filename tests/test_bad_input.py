@@ -19,6 +19,8 @@ from gpu_exporter.web.config import WebConfigError, load_web_config
 from tests.timing import NEVER_S
 from tests.web_helpers import hashed, tls_files
 
+pytestmark = pytest.mark.integration
+
 BILLION_LAUGHS = """\
 a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
 b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]

@@ -15,6 +15,8 @@ import pytest
 from tests.fakenvml import Scenario, subprocess_env
 from tests.test_gpm import OLDEST_NVML, oldest_bindings
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHECK = """

@@ -23,6 +23,8 @@ from tests.exporter_helpers import parse_exposition, run_daemon, wait_for
 from tests.fakenvml import Scenario, subprocess_env
 from tests.fakenvml.presets import GIB, h100_sxm
 
+pytestmark = pytest.mark.integration
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 # The NVML entry points each collector needs (prefixes, as the fake counts them).

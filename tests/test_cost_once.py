@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cost_helpers import H100_PRICE, L4_PRICE, pricing_config, three_gpu_node
 from tests.fakenvml import Scenario, subprocess_env
+
+pytestmark = pytest.mark.integration
 
 
 def once(scenario: Path, *args: str) -> subprocess.CompletedProcess[str]:

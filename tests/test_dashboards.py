@@ -40,6 +40,8 @@ from tests.fakenvml.presets import GIB, MIB, h100_activity, mig_uuid, preset
 from tests.prometheus_helpers import Prometheus, prometheus
 from tests.timing import LATE_S
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"

@@ -43,6 +43,8 @@ from tests.test_deploy_k8s_routing import EXPORTER_POD, NODE, operator_target_la
 from tests.test_helm import EXAMPLES, config_of, template
 from tests.timing import LATE_S
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPAT_RULES = ROOT / "alerts" / "dcgm-compat.rules.yml"
 METRICS_MD = ROOT / "docs" / "metrics.md"

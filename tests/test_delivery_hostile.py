@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from gpu_exporter.alerting.delivery import AlertmanagerReceiver
 from gpu_exporter.alerting.settings import ReceiverSettings
 from tests.alerting_helpers import webhook_receiver
@@ -19,6 +21,8 @@ from tests.exporter_helpers import wait_for
 from tests.socket_helpers import serve_connections
 from tests.test_alert_delivery import T0, Outcomes, alert
 from tests.timing import NEVER_S
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "http://node-a:9445/alerts"

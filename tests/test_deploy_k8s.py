@@ -28,6 +28,8 @@ import yaml
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.config import KubernetesSettings, load_settings
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"

@@ -49,7 +49,10 @@ def _have_namespaces() -> bool:
     return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30).returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _have_namespaces(), reason="needs root, unshare -m and setpriv")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not _have_namespaces(), reason="needs root, unshare -m and setpriv"),
+]
 
 
 def _runs_as(uid: int, python: str, env: dict[str, str]) -> bool:

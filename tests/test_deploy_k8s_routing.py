@@ -30,6 +30,8 @@ from tests.prometheus_helpers import prometheus
 from tests.test_alert_rules import EXPECTED, parity_node, rules_of, short_daemon_config, short_rules_file
 from tests.test_deploy_k8s import EXAMPLES, NAMESPACE, kustomize, one
 
+pytestmark = pytest.mark.integration
+
 Doc = dict[str, Any]
 ALERTMANAGER_NAMESPACE = "monitoring"  # where the example puts the AlertmanagerConfig
 EXPORTER_POD = "gpu-exporter-x7k2p"

@@ -36,6 +36,8 @@ from packaging.utils import canonicalize_name
 
 from tests.timing import NEVER_S
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"

@@ -13,6 +13,8 @@ from gpu_exporter.metric_defs import METRICS
 from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml.presets import preset
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]

@@ -7,6 +7,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.exporter_helpers import (
     DAEMON_STOP_S,
     RunningDaemon,
@@ -19,6 +21,8 @@ from tests.exporter_helpers import (
 from tests.fakenvml import Scenario, install_library
 from tests.fakenvml.presets import preset
 from tests.timing import LATE_S, NEVER_S
+
+pytestmark = pytest.mark.integration
 
 
 def wait_for_a_stuck_poll(d: RunningDaemon) -> None:

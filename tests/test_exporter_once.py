@@ -11,9 +11,13 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from gpu_exporter.metric_defs import METRICS
 from tests.fakenvml import Scenario, subprocess_env
 from tests.fakenvml.presets import MIB, preset
+
+pytestmark = pytest.mark.integration
 
 
 def once(scenario: Path, *args: str, library_dir: Path | None = None) -> subprocess.CompletedProcess[str]:

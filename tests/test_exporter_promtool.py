@@ -15,6 +15,8 @@ from gpu_exporter.sources.simulated import SimulatedBackend
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import PRESETS, preset
 
+pytestmark = pytest.mark.integration
+
 
 def promtool_check(body: bytes) -> None:
     promtool = shutil.which("promtool")

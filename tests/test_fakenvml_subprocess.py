@@ -8,9 +8,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.fakenvml import Scenario, build_library, run_python, start, subprocess_env
 from tests.fakenvml.build import SONAME
 from tests.timing import NEVER_S
+
+pytestmark = pytest.mark.integration
 
 
 def one_gpu(scenario: Scenario) -> Scenario:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.alerting_helpers import webhook_receiver
@@ -35,6 +36,8 @@ from tests.test_dashboards import (
     targets,
     variable_selectors,
 )  # fmt: skip
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = [ROOT / "alerts" / "gpu-exporter.rules.yml", ROOT / "alerts" / "gpu-cost.rules.yml"]

@@ -19,6 +19,8 @@ from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value, wai
 from tests.fakenvml import NOT_SUPPORTED, Err, Scenario, build_library, run_python, subprocess_env
 from tests.fakenvml.presets import mig_uuid
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
 UUID = "GPU-11111111-2222-3333-4444-555555555555"

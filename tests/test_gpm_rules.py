@@ -19,6 +19,8 @@ from tests.prometheus_helpers import prometheus
 from tests.test_alert_rules import firing, short_daemon_config, short_rules_file
 from tests.test_rules import GIB, STATIC, fast_rules, fired, gpu, minutes, run
 
+pytestmark = pytest.mark.integration
+
 GPM_STATIC = STATIC.__class__(**{**{s: getattr(STATIC, s) for s in STATIC.__slots__}, "gpm_supported": True})
 
 

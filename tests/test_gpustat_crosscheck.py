@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import spawn_sleeper
 from tests.fakenvml import Scenario, subprocess_env
 
+pytestmark = pytest.mark.integration
+
 MIB = 1024**2
 
 

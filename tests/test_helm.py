@@ -64,6 +64,8 @@ from tests.test_deploy_k8s import (
     violates_restricted,
 )
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 HELM = ROOT / "deploy" / "helm"
 CHART = HELM / "gpu-exporter"

@@ -41,6 +41,8 @@ from gpu_exporter.snapshot import (
 )
 from tests.test_rules import GIB, STATIC, fast_rules
 
+pytestmark = pytest.mark.integration
+
 JOB = JobRef("4242", "alice", "ml", "gpu")
 IDLE_JOB = JobRef("4250")
 TRAINER = ContainerRef("docker", "a" * 64, "trainer")

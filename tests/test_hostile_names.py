@@ -28,6 +28,8 @@ from tests.exporter_helpers import make_poller, samples_of
 from tests.fakenvml import Scenario
 from tests.timing import NEVER_S
 
+pytestmark = pytest.mark.integration
+
 GIB = 1024**3
 # What the kernel keeps of "éééééééé" (16 bytes) in a 15-byte task name: the last character cut in two.
 CUT_NAME = b"\xc3\xa9" * 7 + b"\xc3"

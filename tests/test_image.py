@@ -57,7 +57,7 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
 
 
 def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -19,12 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
 from gpu_exporter.logs import LogPipe
 from tests.exporter_helpers import DAEMON_STOP_S, http_get, parse_exposition, value
 from tests.fakenvml import Scenario, subprocess_env
 from tests.timing import LATE_S, NEVER_S, wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def test_writes_never_wait_for_a_reader_that_stopped(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.alerting_helpers import webhook_receiver
@@ -15,6 +16,8 @@ from tests.fake_kubelet import fake_kubelet, pod
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import h100_sxm, mig_uuid, preset
 from tests.timing import LATE_S, NEVER_S
+
+pytestmark = pytest.mark.integration
 
 GIB = 1024**3
 

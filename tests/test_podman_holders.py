@@ -25,7 +25,7 @@ from tests.fakenvml import Scenario, subprocess_env
 from tests.test_image import STAND_IN, STORE, ULIMITS, _missing, podman, stand_in_base
 from tests.timing import NEVER_S
 
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
 
 GIB = 1024**3
 

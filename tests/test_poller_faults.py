@@ -26,6 +26,8 @@ from tests.fakenvml.presets import preset
 from tests.fakenvml.scenario import Err
 from tests.timing import NEVER_S
 
+pytestmark = pytest.mark.integration
+
 
 class Clock:
     def __init__(self) -> None:

@@ -11,7 +11,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_readme import README, first_commands
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_TOOLS = ("pytest", "mypy", "ruff", "checkov", "kubectl", "mutmut", "hypothesis")

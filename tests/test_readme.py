@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpu_exporter.metric_defs import METRICS, reference_table
+
+pytestmark = pytest.mark.integration
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 METRICS_DOC = README.parent / "docs" / "metrics.md"

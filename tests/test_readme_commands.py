@@ -24,6 +24,8 @@ from tests.fakenvml import subprocess_env
 from tests.fakenvml.presets import SCENARIO_DIR
 from tests.timing import LATE_S
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 VENV_BIN = Path(sys.executable).parent

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.alerting_helpers import EVERY_ALERT_ALONE, Alertmanager, Received, free_port, webhook_receiver
@@ -17,6 +18,8 @@ from tests.exporter_helpers import RunningDaemon, http_get, run_daemon, value, w
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import gpu_uuid, h100_sxm, preset
 from tests.web_helpers import basic, hashed
+
+pytestmark = pytest.mark.integration
 
 
 def events(d: RunningDaemon, name: str) -> list[dict[str, object]]:

@@ -23,6 +23,8 @@ import promql_parser as pp
 import pytest
 import trustme
 
+pytestmark = pytest.mark.integration
+
 EMPTY = {"query": {"resultType": "vector", "result": []}, "query_range": {"resultType": "matrix", "result": []}}
 Answer = Callable[[BaseHTTPRequestHandler, str], tuple[int, bytes]]
 

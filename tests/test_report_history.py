@@ -21,6 +21,8 @@ import yaml
 
 from tests.report_week import END, GIB, START, Stores, stores
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINES = ("prometheus", "victoriametrics")
 MINUTE_H = 1 / 60

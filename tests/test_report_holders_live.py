@@ -30,6 +30,8 @@ from tests.test_image import _missing as podman_missing
 from tests.test_podman_holders import container  # noqa: F401  (the real Podman container, where podman runs)
 from tests.timing import NEVER_S
 
+pytestmark = pytest.mark.integration
+
 GIB = 1024**3
 ME = pwd.getpwuid(os.getuid()).pw_name
 

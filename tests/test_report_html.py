@@ -19,6 +19,8 @@ from gpu_exporter.report.model import Options, build
 from gpu_exporter.report.queries import window_for
 from gpu_exporter.report.render import COLOURS, as_html, as_markdown, as_table
 
+pytestmark = pytest.mark.integration
+
 GIB = 1024**3
 END = 1_796_000_400.0  # a whole hour
 START = END - 7 * 86400

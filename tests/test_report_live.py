@@ -25,6 +25,8 @@ from tests.cost_helpers import H100_PRICE, L4_PRICE, pricing_config, three_gpu_n
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.prometheus_helpers import Prometheus, prometheus
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 COST_RULES = ROOT / "alerts" / "gpu-cost.rules.yml"
 POLL_S = 1.0

@@ -21,6 +21,8 @@ from tests.cost_helpers import H100_PRICE, L4_PRICE, PRICING, three_gpu_node
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.prometheus_helpers import prometheus, victoria_metrics
 
+pytestmark = pytest.mark.integration
+
 POLL_S = 1.0
 PRICES = {"0": H100_PRICE, "1": H100_PRICE, "2": L4_PRICE}
 

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fake_kubelet import fake_kubelet, pod
+
+pytestmark = pytest.mark.integration
 
 PROBE = """
 import json, sys

@@ -28,6 +28,8 @@ from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import parse_exposition
 from tests.timing import NEVER_S, wait_until
 
+pytestmark = pytest.mark.integration
+
 SECRETS = ("S3CRETPASS", "T0KEN-abc", "XYZSECRETPATH", "123456")
 ALERT = Alert(sendable({"alertname": "GpuLost", "severity": "critical", "gpu": "0", "node": "n1"}), (), FIRING,
               active_at=1.8e9, fired_at=1.8e9)  # fmt: skip

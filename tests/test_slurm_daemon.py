@@ -13,9 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario, subprocess_env
 from tests.timing import NEVER_S
+
+pytestmark = pytest.mark.integration
 
 GIB = 1024**3
 

@@ -9,7 +9,11 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from gpu_exporter.holders.slurm import JobMappingDir
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 PROLOG = ROOT / "deploy" / "slurm" / "gpu-job-map-prolog.sh"

@@ -10,6 +10,8 @@ import pytest
 
 from gpu_exporter.web.address import parse_listen_address
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize(
     ("address", "parsed"),

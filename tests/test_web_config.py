@@ -25,6 +25,8 @@ from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
 from tests.web_helpers import basic, client_context, get, hashed, tls_files
 
+pytestmark = pytest.mark.integration
+
 HASH = hashed("pw")
 
 

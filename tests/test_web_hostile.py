@@ -39,6 +39,8 @@ from tests.exporter_helpers import wait_for
 from tests.timing import LATE_S, NEVER_S
 from tests.web_helpers import basic, client_context, get, hashed, open_fds, proc_status, server, tls_files
 
+pytestmark = pytest.mark.integration
+
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 METRICS = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 

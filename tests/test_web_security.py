@@ -27,6 +27,8 @@ from tests.fakenvml.presets import preset
 from tests.timing import LATE_S, NEVER_S
 from tests.web_helpers import basic, client_context, get, hashed, raw, server, tls_files
 
+pytestmark = pytest.mark.integration
+
 
 # -- TLS and mTLS ---------------------------------------------------------------------------------------
 def test_tls(tmp_path: Path, ca: trustme.CA) -> None:

@@ -27,6 +27,8 @@ from gpu_exporter.web.watcher import WebConfigWatcher
 from tests.timing import NEVER_S, wait_until
 from tests.web_helpers import basic, hashed
 
+pytestmark = pytest.mark.integration
+
 OK = (200, b"hello\n", "text/plain; charset=utf-8", {"X-Page": "1"})
 
 

@@ -24,6 +24,8 @@ from tests.exporter_helpers import wait_for
 from tests.test_alert_delivery import T0, FakeClock, Outcomes, alert
 from tests.timing import LATE_S, NEVER_S
 
+pytestmark = pytest.mark.integration
+
 GENERATOR = "http://node-a:9445/alerts"
 
 
