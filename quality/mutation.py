@@ -237,6 +237,18 @@ TARGETS: dict[str, Target] = {
             "tests/test_kubelet_budget.py",
         ),
     ),
+    # What each device the kubelet lists names (issue 35): DRA, GKE, HAMi and NVIDIA's device plugin;
+    # a wrong key gives a GPU to nobody (then "release" in the report) or to the wrong pod.
+    "kubelet_devices": Target(
+        "gpu_exporter/kubernetes/devices.py",
+        tests=("tests/test_kubelet_devices.py", "tests/test_kubelet.py", "tests/test_podresources_wire.py"),
+    ),
+    # ...and the join into the snapshot: which GPU, MIG device and process each key gives to whom,
+    # the pod UID only where the pod's own processes vouch for it.
+    "pod_attribution": Target(
+        "gpu_exporter/kubernetes/attribution.py",
+        tests=("tests/test_attribution.py", "tests/test_kubelet_devices.py"),
+    ),
     # ...and its one gRPC call: a misread status or answer, a call that outlives its deadline or a
     # socket left open per refresh.
     "grpc_unix": Target(

@@ -324,6 +324,17 @@ def test_every_unmatched_device_is_logged_once_up_to_the_bound(monkeypatch: pyte
     assert pods.unattributed()["no_such_device"] == 4
 
 
+def test_a_device_unmatched_later_is_logged_after_those_logged_before() -> None:
+    mapping = {"minor:10": (PodRef("ml", "a", "main"),)}
+    pods = Attributor(lambda: mapping, lambda pid: ProcInfo(visible=False))
+    with capture_logs() as logs:
+        pods.attach(node_gpus())
+        mapping["minor:11"] = (PodRef("ml", "b", "main"),)
+        pods.attach(node_gpus())
+    said = [e["device"] for e in logs if e["event"] == "pod_attribution_device_unattributed"]
+    assert said == ["minor:10", "minor:11"]
+
+
 def test_a_process_of_a_pod_with_several_containers_on_the_device_gets_the_pod_and_its_uid() -> None:
     a, b = PodRef("ml", "train", "main"), PodRef("ml", "train", "sidecar")
     procs = {10: ProcInfo(True, True, POD_UID, "train")}
@@ -342,6 +353,16 @@ def test_uids_reach_the_processes_and_the_mig_devices() -> None:
     assert [r.uid for r in g.pods] == [POD_UID] and [r.uid for r in g.migs[0].pods] == [POD_UID]
     assert g.processes[0].pod is not None and g.processes[0].pod.uid == POD_UID
     assert g.migs[0].processes[0].pod is not None and g.migs[0].processes[0].pod.uid == POD_UID
+
+
+def test_a_mig_process_that_disagrees_loses_the_uid_it_claimed() -> None:
+    ref = PodRef("ml", "train", "main")
+    m = replace_procs(mig(0, gi=1, profile_id=19, start=0), proc(11))
+    procs = {10: ProcInfo(True, True, POD_UID, "train"), 11: ProcInfo(True, True, OTHER_UID, "train")}
+    (g,) = Attributor(lambda: {UUID0: (ref,), m.uuid: (ref,)}, procs.__getitem__).attach(
+        (gpu(0, UUID0, 0, proc(10), migs=(m,)),)
+    )
+    assert g.migs[0].processes[0].pod is not None and g.migs[0].processes[0].pod.uid == ""
 
 
 def test_a_process_that_disagrees_loses_the_uid_it_claimed() -> None:
@@ -387,6 +408,9 @@ def replace_procs(m: MigReading, *procs: ProcessReading) -> MigReading:
         (b"0::/system.slice/xorg.service\n", b"HOSTNAME=train\0", ProcInfo(True, False, None, "train")),
         (b"0::/kubepods.slice/x\n", b"HOME=/\0", ProcInfo(True, True, None, None)),
         (b"0::/kubepods.slice/x\n", None, ProcInfo(True, True, None, None)),  # environ unreadable
+        # A cgroup named in bytes that are not UTF-8 (its creator chose them): read, not a crash.
+        (b"0::/kubepods.slice/\xff\xfe/pod0b8f0c3e-1d2a-4b5c-8d9e-370918639585\n", b"HOSTNAME=t\0",
+         ProcInfo(True, True, POD_UID, "t")),
     ],
 )  # fmt: skip
 def test_read_proc_reads_the_pod_uid_and_hostname(tmp_path: Path, cgroup: bytes, environ: bytes | None,

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_exporter.kubernetes.podresources import (
+    MAX_CLAIMS,
+    AnswerTooLarge,
     ClaimResource,
     ContainerDevices,
     ContainerResources,
@@ -291,3 +293,22 @@ def test_a_dra_claim_is_read_with_its_devices_and_share_id() -> None:
             ClaimResource("gpu.nvidia.com", "node-a", "gpu-1", ""),
         )),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_claims_are_refused_one_past_the_limit(limit: int) -> None:
+    claim = api_pb2.DynamicResource(claim_name="c", claim_namespace="ml")
+
+    def answer(n: int) -> bytes:
+        sent = api_pb2.ContainerResources(name="main", dynamic_resources=[claim] * n)
+        pods = [api_pb2.PodResources(name="p", namespace="ml", containers=[sent])]
+        return api_pb2.ListPodResourcesResponse(pod_resources=pods).SerializeToString()
+
+    (pod,) = decode_list_response(answer(limit), max_claims=limit)
+    assert len(pod.containers[0].dynamic_resources) == limit
+    with pytest.raises(AnswerTooLarge, match=f"more than {limit} DRA claims"):
+        decode_list_response(answer(limit + 1), max_claims=limit)
+    assert MAX_CLAIMS == 5_000
+    assert len(decode_list_response(answer(MAX_CLAIMS))[0].containers[0].dynamic_resources) == MAX_CLAIMS
+    with pytest.raises(AnswerTooLarge, match="more than 5000 DRA claims"):
+        decode_list_response(answer(MAX_CLAIMS + 1))
