@@ -146,6 +146,10 @@ enum {
     K_MIG_MAX_DEVICES,
     K_GPU_INSTANCE_ID,
     K_COMPUTE_INSTANCE_ID,
+    K_GI_LOOKUP,        /* what nvmlDeviceGetGpuInstanceById answers instead (an error) */
+    K_GI_PROFILE_ID,    /* nvmlGpuInstanceInfo_t.profileId */
+    K_GI_PLACEMENT_START,
+    K_GI_PLACEMENT_SIZE,
     /* GPM and per-process utilization */
     K_GPM_SUPPORTED,
     K_GPM0,
@@ -163,6 +167,7 @@ enum {
     K_PROC_UTIL_RACE,
     K_PROCS_COMPUTE,
     K_PROCS_GRAPHICS,
+    K_PROCS_MPS,
     K_MIG_HANDLE,
     NKEYS
 };
@@ -271,6 +276,10 @@ static void init_keys(void)
     def_key(K_MIG_MAX_DEVICES, KT_NUM, SCOPE_GPU, "mig.max_devices");
     def_key(K_GPU_INSTANCE_ID, KT_NUM, SCOPE_MIG, "gpu_instance_id");
     def_key(K_COMPUTE_INSTANCE_ID, KT_NUM, SCOPE_MIG, "compute_instance_id");
+    def_key(K_GI_LOOKUP, KT_NUM, SCOPE_DEV, "gi.lookup");
+    def_key(K_GI_PROFILE_ID, KT_NUM, SCOPE_MIG, "gi.profile_id");
+    def_key(K_GI_PLACEMENT_START, KT_NUM, SCOPE_MIG, "gi.placement.start");
+    def_key(K_GI_PLACEMENT_SIZE, KT_NUM, SCOPE_MIG, "gi.placement.size");
     def_key(K_GPM_SUPPORTED, KT_NUM, SCOPE_GPU, "gpm.supported");
     for (int i = 0; i < NGPM; i++)
         def_key(K_GPM0 + i, KT_NUM, SCOPE_DEV, "gpm.%s", gpm_metrics[i].key);
@@ -286,6 +295,7 @@ static void init_keys(void)
     def_key(K_PROC_UTIL_RACE, KT_NUM, SCOPE_GPU, "process_util.race");
     def_key(K_PROCS_COMPUTE, KT_NUM, SCOPE_DEV, "processes.compute");
     def_key(K_PROCS_GRAPHICS, KT_NUM, SCOPE_DEV, "processes.graphics");
+    def_key(K_PROCS_MPS, KT_NUM, SCOPE_DEV, "processes.mps");
     def_key(K_MIG_HANDLE, KT_NUM, SCOPE_MIG, "handle");
 }
 
@@ -352,9 +362,18 @@ struct slot {
     char *str;
 };
 
+/* Which list a process line is in.  An MPS client is in the MPS list only: the MPS server
+ * (nvidia-cuda-mps-server) owns the CUDA context and is what the compute list shows (NVIDIA's MPS
+ * guide: "when querying active processes via nvidia-smi (or any NVML-based application)
+ * nvidia-cuda-mps-server will appear as the active CUDA process rather than any of the client
+ * processes"), and nvmlDeviceGetMPSComputeRunningProcesses lists the clients ("processes with a
+ * Multi-Process Service (MPS) compute context", nvml.h).  A scenario lists the server as a compute
+ * line of its own; a pid on two lines is in both lists. */
+enum proc_kind { PROC_COMPUTE, PROC_GRAPHICS, PROC_MPS };
+
 struct proc {
     unsigned int pid;
-    int graphics;
+    enum proc_kind kind;
     unsigned long long used; /* NVML_VALUE_NOT_AVAILABLE as ULL when "used=-" */
     unsigned int gi, ci;
     char *name;
@@ -410,6 +429,11 @@ static const struct {
     unsigned int since;
 } introduced[] = {
     {"nvmlDeviceGetTemperatureV", 570}, /* first bound by nvidia-ml-py 12.570 */
+    /* In nvml.h since CUDA 11.4 (R470) and 11.6 (R510), per NVIDIA's go-nvml copies of each header:
+     * every modelled branch has them, so only a branch below 535 given its own profile would not. */
+    {"nvmlDeviceGetMPSComputeRunningProcesses", 470},
+    {"nvmlDeviceGetMPSComputeRunningProcesses_v2", 470},
+    {"nvmlDeviceGetMPSComputeRunningProcesses_v3", 510},
 };
 
 struct state {
@@ -431,8 +455,15 @@ struct nvmlEventSet_st {
     int delivered[MAX_GPUS];
 };
 
+/* A GPU instance, by its GPU and the first [gpu N mig M] section that carries its id. */
+struct nvmlGpuInstance_st {
+    int gpu;
+    int mig;
+};
+
 static struct nvmlDevice_st gpu_handles[MAX_GPUS];
 static struct nvmlDevice_st mig_handles[MAX_GPUS][MAX_MIG];
+static struct nvmlGpuInstance_st gi_handles[MAX_GPUS][MAX_MIG];
 static struct nvmlEventSet_st event_sets[MAX_EVENT_SETS];
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -624,10 +655,10 @@ static int parse_process(struct parser *p, struct dev *d, char *v)
     int have_pid = 0, have_used = 0;
     char *save = NULL;
     char *w = strtok_r(v, " \t", &save);
-    if (!w || (strcmp(w, "compute") != 0 && strcmp(w, "graphics") != 0))
-        return perr(p, "process line must start with 'compute' or 'graphics': "
+    if (!w || (strcmp(w, "compute") != 0 && strcmp(w, "graphics") != 0 && strcmp(w, "mps") != 0))
+        return perr(p, "process line must start with 'compute' or 'graphics' ('mps' for an MPS client): "
                        "process = compute pid=1234 used=1073741824 [name=python3] [gi=1 ci=0]");
-    pr.graphics = strcmp(w, "graphics") == 0;
+    pr.kind = w[0] == 'g' ? PROC_GRAPHICS : w[0] == 'm' ? PROC_MPS : PROC_COMPUTE;
     while ((w = strtok_r(NULL, " \t", &save))) {
         char *eq = strchr(w, '=');
         if (!eq)
@@ -1282,6 +1313,8 @@ static nvmlReturn_t do_init(void)
             for (int m = 0; m < MAX_MIG; m++) {
                 mig_handles[i][m].gpu = i;
                 mig_handles[i][m].mig = m;
+                gi_handles[i][m].gpu = i;
+                gi_handles[i][m].mig = m;
             }
         }
     } else {
@@ -1531,7 +1564,24 @@ nvmlReturn_t DECLDIR nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t 
     return leave(NVML_SUCCESS);
 }
 
-DEVICE_UINT_GETTER(nvmlDeviceGetMinorNumber, K_MINOR)
+/* N of /dev/nvidiaN.  nvml.h: "Supported only for Linux", where every GPU has a device node, so a
+ * whole GPU without `minor_number` answers its index (the kernel numbers the nodes in probe order,
+ * which is the index on common systems; set the key where they differ, or `!NOT_SUPPORTED` for a
+ * Windows host).  A MIG handle has no node of its own: NOT_SUPPORTED. */
+nvmlReturn_t DECLDIR nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    struct dev *d;
+    if (!minorNumber)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig < 0 && !d->s[K_MINOR].set) {
+        *minorNumber = (unsigned int)device->gpu;
+        return leave(NVML_SUCCESS);
+    }
+    return leave(get_uint(d, K_MINOR, minorNumber));
+}
 
 /* ---------------------------------------------------------------------------------------------
  * Utilization and memory.
@@ -2044,9 +2094,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int
  * Processes.  The two-call protocol: a count too small (or no buffer) gets INSUFFICIENT_SIZE
  * together with the count needed.  The struct versions differ in layout, which is the point.
  */
-static int proc_matches(const struct proc *p, int graphics, nvmlDevice_t h, const struct dev *d)
+static int proc_matches(const struct proc *p, enum proc_kind kind, nvmlDevice_t h, const struct dev *d)
 {
-    if (p->graphics != graphics)
+    if (p->kind != kind)
         return 0;
     if (h->mig < 0)
         return 1;
@@ -2056,21 +2106,25 @@ static int proc_matches(const struct proc *p, int graphics, nvmlDevice_t h, cons
     return p->gi == gi && (p->ci == NO_INSTANCE || ci == NO_INSTANCE || p->ci == ci);
 }
 
-static nvmlReturn_t running_processes(nvmlDevice_t device, int graphics, unsigned int *count, void *infos, int version)
+/* `fn`: the entry point, so that each version is counted (and can be missing) under its own name. */
+static nvmlReturn_t running_processes(nvmlDevice_t device, enum proc_kind kind, unsigned int *count, void *infos,
+                                      int version, const char *fn)
 {
     struct dev *d, *g;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t r = enter_dev(device, &d);
+    nvmlReturn_t r = enter_dev_counted(device, &d, fn);
     if (r)
         return r;
     resolve(device, &d, &g);
-    const struct slot *refuse = &d->s[graphics ? K_PROCS_GRAPHICS : K_PROCS_COMPUTE];
+    static const int refusals[] = {[PROC_COMPUTE] = K_PROCS_COMPUTE, [PROC_GRAPHICS] = K_PROCS_GRAPHICS,
+                                   [PROC_MPS] = K_PROCS_MPS};
+    const struct slot *refuse = &d->s[refusals[kind]];
     if (refuse->set && refuse->err)
         return leave(refuse->err);
     unsigned int n = 0;
     for (int i = 0; i < g->nprocs; i++)
-        n += (unsigned int)proc_matches(&g->procs[i], graphics, device, d);
+        n += (unsigned int)proc_matches(&g->procs[i], kind, device, d);
     if (*count < n || (!infos && n > 0)) {
         *count = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
@@ -2078,7 +2132,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, int graphics, unsigne
     unsigned int j = 0;
     for (int i = 0; i < g->nprocs; i++) {
         const struct proc *p = &g->procs[i];
-        if (!proc_matches(p, graphics, device, d))
+        if (!proc_matches(p, kind, device, d))
             continue;
         if (version == 1) {
             nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + j;
@@ -2099,32 +2153,54 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, int graphics, unsigne
 
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, 0, infoCount, infos, 3);
+    return running_processes(device, PROC_COMPUTE, infoCount, infos, 3, __func__);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
 {
-    return running_processes(device, 0, infoCount, infos, 2);
+    return running_processes(device, PROC_COMPUTE, infoCount, infos, 2, __func__);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
 {
-    return running_processes(device, 0, infoCount, infos, 1);
+    return running_processes(device, PROC_COMPUTE, infoCount, infos, 1, __func__);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
 {
-    return running_processes(device, 1, infoCount, infos, 3);
+    return running_processes(device, PROC_GRAPHICS, infoCount, infos, 3, __func__);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
 {
-    return running_processes(device, 1, infoCount, infos, 2);
+    return running_processes(device, PROC_GRAPHICS, infoCount, infos, 2, __func__);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos)
 {
-    return running_processes(device, 1, infoCount, infos, 1);
+    return running_processes(device, PROC_GRAPHICS, infoCount, infos, 1, __func__);
+}
+
+/* The clients of an MPS server (`mps` process lines), in the three layouts nvml.h declares: the
+ * unversioned and _v2 symbols since CUDA 11.4 (R470), _v3 since 11.6 (R510), as NVIDIA's go-nvml
+ * copies of each nvml.h show.  "For Volta or newer": an older card answers NOT_SUPPORTED
+ * (`processes.mps = !NOT_SUPPORTED`).  Without an MPS server the list is empty (SUCCESS). */
+nvmlReturn_t DECLDIR nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                                nvmlProcessInfo_t *infos)
+{
+    return running_processes(device, PROC_MPS, infoCount, infos, 3, __func__);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                                nvmlProcessInfo_v2_t *infos)
+{
+    return running_processes(device, PROC_MPS, infoCount, infos, 2, __func__);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v1_t *infos)
+{
+    return running_processes(device, PROC_MPS, infoCount, infos, 1, __func__);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -2234,6 +2310,183 @@ nvmlReturn_t DECLDIR nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t m
     if (migDevice->mig < 0)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     *device = &gpu_handles[migDevice->gpu];
+    return leave(NVML_SUCCESS);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GPU instances: nvmlDeviceGetGpuInstanceById on the parent, then nvmlGpuInstanceGetInfo, which
+ * says the instance's profile id and the memory slices it occupies (its placement).
+ *
+ * The profile id is the one nvmlDeviceGetGpuInstanceProfileInfo answers in `id` ("Unique profile ID
+ * within the device", nvml.h), the number `nvidia-smi mig -lgip` shows and `-cgi` takes, not the
+ * NVML_GPU_INSTANCE_PROFILE_* index passed to that call: on an A100 or H100, 1g 19, 1g+me 20, 1g
+ * with two memory slices (1g.20gb on an 80 GB card) 15, 2g 14, 3g 9, 4g 5, 7g 0 (nvidia-smi mig
+ * -lgip/-lgipp output, as quoted by NVIDIA's H100 NVL MIG post; NVIDIA's DRA driver matches
+ * giInfo.ProfileId against that profile info's Id).  Possible placements there, as `-lgipp` lists
+ * them, {starts}:size over 8 memory slices: 19 and 20 {0..6}:1, 15 {0,2,4,6}:2, 14 {0,2,4}:2,
+ * 9 {0,4}:4, 5 {0}:4, 0 {0}:8.
+ *
+ * A MIG section without `gi.profile_id` takes it from its name ("... MIG 3g.40gb"), and one without
+ * `gi.placement.start` the first possible start not taken by an earlier GPU instance of the file: a
+ * valid layout, not necessarily the one the driver chose (the DRA driver: no guaranteed relation
+ * between GI id and placement).  nvml.h: GetGpuInstanceById "Requires privileged user"; without the
+ * mig/monitor capability (MIG user guide, "Device Nodes and Capabilities": root, CAP_SYS_ADMIN, or
+ * access to the capability) it fails, which `gi.lookup = !NO_PERMISSION` on the GPU models.
+ */
+static const struct {
+    unsigned int id, size, starts; /* starts: bit s set where the instance may begin at slice s */
+} gi_profiles[] = {
+    {19, 1, 0x7f}, {20, 1, 0x7f}, {15, 2, 0x55}, {14, 2, 0x15}, {9, 4, 0x11}, {5, 4, 0x01}, {0, 8, 0x01},
+};
+#define NGI_PROFILES ((int)(sizeof gi_profiles / sizeof gi_profiles[0]))
+
+/* The profile a MIG device's name says, as an A100 or H100 numbers it. */
+static unsigned int gi_profile_of_name(const struct dev *mig, const struct dev *g)
+{
+    const struct slot *n = &mig->s[K_NAME];
+    const char *at = n->set && !n->err && n->str ? strstr(n->str, "MIG ") : NULL;
+    unsigned int slices = 1, gb = 0;
+    if (!at || sscanf(at + 4, "%ug.%ugb", &slices, &gb) < 1)
+        return 19;
+    switch (slices) {
+    case 7:
+        return 0;
+    case 4:
+        return 5;
+    case 3:
+        return 9;
+    case 2:
+        return 14;
+    default:
+        break;
+    }
+    if (strstr(at, "+me"))
+        return 20;
+    /* Two memory slices: a name whose memory is twice an eighth of the card's (1g.20gb of 80 GB). */
+    long double total;
+    if (gb && get_num(g, K_MEM_TOTAL, &total) == NVML_SUCCESS && total > 0 &&
+        (long double)gb * 8.0L > 1.5L * total / (1024.0L * 1024.0L * 1024.0L))
+        return 15;
+    return 19;
+}
+
+/* The first section of GPU `g` that carries GPU instance `id`, or -1. */
+static int gi_section(const struct dev *g, unsigned int id)
+{
+    for (int m = 0; m < g->nmig; m++) {
+        unsigned int gi;
+        if (get_uint(g->mig[m], K_GPU_INSTANCE_ID, &gi) == NVML_SUCCESS && gi == id)
+            return m;
+    }
+    return -1;
+}
+
+/* A MIG section's value for `k`, or `dflt` where the key is unset.  A key set to an error answers
+ * `dflt` too, for the layout of the other instances (which one failing call does not move), and
+ * leaves the error in *err for the instance's own answer. */
+static unsigned int gi_value(const struct dev *d, int k, unsigned int dflt, nvmlReturn_t *err)
+{
+    unsigned int v;
+    if (!d->s[k].set)
+        return dflt;
+    nvmlReturn_t r = get_uint(d, k, &v);
+    if (r) {
+        if (!*err)
+            *err = r;
+        return dflt;
+    }
+    return v;
+}
+
+/* Profile and placement of the GPU instance whose first section is `want`, laying out the GPU's
+ * instances in file order.  Called with the lock held. */
+static nvmlReturn_t gi_layout(const struct dev *g, int want, nvmlGpuInstanceInfo_t *info)
+{
+    unsigned int taken = 0;
+    for (int m = 0; m <= want && m < g->nmig; m++) {
+        const struct dev *d = g->mig[m];
+        unsigned int id, size = 1, starts = 0xff;
+        if (get_uint(d, K_GPU_INSTANCE_ID, &id) != NVML_SUCCESS || gi_section(g, id) != m)
+            continue; /* no instance id, or another compute instance of an instance already laid out */
+        nvmlReturn_t err = NVML_SUCCESS;
+        unsigned int profile = gi_value(d, K_GI_PROFILE_ID, gi_profile_of_name(d, g), &err);
+        for (int i = 0; i < NGI_PROFILES; i++)
+            if (gi_profiles[i].id == profile) {
+                size = gi_profiles[i].size;
+                starts = gi_profiles[i].starts;
+            }
+        size = gi_value(d, K_GI_PLACEMENT_SIZE, size, &err);
+        unsigned int span = size >= 32 ? 0xffffffffu : (1u << size) - 1, start = UINT_MAX;
+        for (unsigned int s = 0; s < 8 && start == UINT_MAX; s++)
+            if ((starts >> s & 1) && !(taken & span << s))
+                start = s;
+        if (start == UINT_MAX) /* more instances than fit: the scenario's doing, not the driver's */
+            for (unsigned int s = 0; s < 8 && start == UINT_MAX; s++)
+                if (starts >> s & 1)
+                    start = s;
+        start = gi_value(d, K_GI_PLACEMENT_START, start, &err);
+        if (start < 32)
+            taken |= span << start;
+        if (m == want) {
+            if (err)
+                return err;
+            info->id = id;
+            info->profileId = profile;
+            info->placement.start = start;
+            info->placement.size = size;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance)
+{
+    struct dev *d;
+    unsigned int mode = 0;
+    if (!gpuInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    if (device->mig >= 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT); /* "The identifier of the target device": the GPU */
+    if (get_uint(d, K_MIG_MODE, &mode) != NVML_SUCCESS || !mode)
+        return leave(NVML_ERROR_NOT_SUPPORTED); /* "If device doesn't have MIG mode enabled" */
+    const struct slot *refuse = &d->s[K_GI_LOOKUP];
+    if (refuse->set && refuse->err)
+        return leave(refuse->err);
+    int m = gi_section(d, id);
+    if (m < 0)
+        return leave(NVML_ERROR_NOT_FOUND); /* "If the GPU instance is not found" */
+    refuse = &d->mig[m]->s[K_GI_LOOKUP];
+    if (refuse->set && refuse->err)
+        return leave(refuse->err);
+    *gpuInstance = &gi_handles[device->gpu][m];
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+    struct dev *g;
+    const struct nvmlGpuInstance_st *first = &gi_handles[0][0];
+    if (!info || gpuInstance < first || gpuInstance >= first + MAX_GPUS * MAX_MIG ||
+        ((const char *)gpuInstance - (const char *)first) % sizeof *gpuInstance != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(&gpu_handles[gpuInstance->gpu], &g);
+    if (r)
+        return r;
+    /* A reload that destroyed the instance (or moved its id) leaves the handle pointing at nothing. */
+    const int m = gpuInstance->mig;
+    unsigned int id;
+    if (m >= g->nmig || get_uint(g->mig[m], K_GPU_INSTANCE_ID, &id) != NVML_SUCCESS || gi_section(g, id) != m)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlGpuInstanceInfo_t out;
+    memset(&out, 0, sizeof out);
+    if ((r = gi_layout(g, m, &out)))
+        return leave(r);
+    out.device = &gpu_handles[gpuInstance->gpu];
+    *info = out;
     return leave(NVML_SUCCESS);
 }
 

@@ -49,6 +49,32 @@ class MigDevice(Device):
         self.error("handle", err)
         return self
 
+    def gpu_instance(
+        self,
+        profile_id: int | Err | None = None,
+        placement_start: int | Err | None = None,
+        placement_size: int | Err | None = None,
+    ) -> MigDevice:
+        """What nvmlGpuInstanceGetInfo says of this device's GPU instance: the profile id as
+        ``nvidia-smi mig -lgip`` numbers it (A100/H100: 1g 19, 1g+me 20, 1g with two memory slices
+        15, 2g 14, 3g 9, 4g 5, 7g 0) and the memory slices it occupies.  None leaves a value to the
+        fake, which takes the profile from the name and the first free possible placement (README:
+        "GPU instances"); an error makes nvmlGpuInstanceGetInfo fail with it."""
+        _check_range("gi.profile_id", profile_id, 0, 0xFFFFFFFE)
+        _check_range("gi.placement.start", placement_start, 0, 7)
+        _check_range("gi.placement.size", placement_size, 1, 8)
+        for key, v in (("gi.profile_id", profile_id), ("gi.placement.start", placement_start),
+                       ("gi.placement.size", placement_size)):  # fmt: skip
+            if v is None:
+                self.values.pop(key, None)
+            else:
+                self.set(key, v)
+        return self
+
+    def gpu_instance_refused(self, err: str | Err = "NOT_FOUND") -> MigDevice:
+        """nvmlDeviceGetGpuInstanceById fails with ``err`` for this device's GPU instance."""
+        return self.error("gi.lookup", err)
+
 
 @dataclass
 class Gpu(Device):
@@ -68,7 +94,8 @@ class Gpu(Device):
         self.set("serial", serial)
         return self
 
-    def minor_number(self, n: int) -> Gpu:
+    def minor_number(self, n: int | Err) -> Gpu:
+        """N of /dev/nvidiaN (nvmlDeviceGetMinorNumber); unset, the fake answers the GPU's index."""
         self.set("minor_number", n)
         return self
 
@@ -250,10 +277,27 @@ class Gpu(Device):
             self.set("mig.max_devices", max_devices)
         return self
 
-    def add_mig(self, name: str, uuid: str, gpu_instance_id: int, compute_instance_id: int = 0) -> MigDevice:
+    def gpu_instances_refused(self, err: str | Err = "NO_PERMISSION") -> Gpu:
+        """nvmlDeviceGetGpuInstanceById fails with ``err`` for every GPU instance of this GPU: a caller
+        neither root nor granted the mig/monitor capability (nvml.h: "Requires privileged user")."""
+        return self.error("gi.lookup", err)
+
+    def add_mig(
+        self,
+        name: str,
+        uuid: str,
+        gpu_instance_id: int,
+        compute_instance_id: int = 0,
+        *,
+        profile_id: int | Err | None = None,
+        placement_start: int | Err | None = None,
+    ) -> MigDevice:
+        """A MIG device.  Its GPU instance's ``profile_id`` and ``placement_start``, None: what the fake
+        derives (the profile from the ``Ng`` of ``name``, the first free start; see ``gpu_instance``)."""
         mig = MigDevice()
         mig.identity(name, uuid)
         mig.instance(gpu_instance_id, compute_instance_id)
+        mig.gpu_instance(profile_id, placement_start)
         self.migs.append(mig)
         return mig
 
@@ -297,7 +341,7 @@ class Gpu(Device):
         pid: int,
         used_bytes: int | None,
         *,
-        kind: Literal["compute", "graphics"] = "compute",
+        kind: Literal["compute", "graphics", "mps"] = "compute",
         name: str | Err | None = None,
         gpu_instance_id: int | None = None,
         compute_instance_id: int | None = None,
@@ -306,7 +350,11 @@ class Gpu(Device):
         enc: int = 0,
         dec: int = 0,
     ) -> Gpu:
-        """A running process; ``sm``/``mem``/``enc``/``dec`` are its utilization in percent."""
+        """A running process; ``sm``/``mem``/``enc``/``dec`` are its utilization in percent.
+
+        ``kind="mps"``: a client of an MPS server, listed by nvmlDeviceGetMPSComputeRunningProcesses
+        only; the server itself (nvidia-cuda-mps-server) is a ``compute`` process of its own.  A pid
+        added under two kinds is in both lists."""
         self.processes.append(
             Process(pid, used_bytes, kind, name, gpu_instance_id, compute_instance_id, (sm, mem, enc, dec))
         )

@@ -128,7 +128,7 @@ def _check_range(name: str, v: Value | None, lo: float, hi: float) -> None:
 class Process:
     pid: int
     used_bytes: int | None  # None: NVML_VALUE_NOT_AVAILABLE, as under WDDM or without permission
-    kind: Literal["compute", "graphics"] = "compute"
+    kind: Literal["compute", "graphics", "mps"] = "compute"  # mps: in the MPS client list only
     name: str | Err | None = None  # what nvmlSystemGetProcessName answers; None: read /proc
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
@@ -216,8 +216,9 @@ class Device:
         """Every call on this device blocks this long first, like a hung driver call."""
         return self.set("delay_ms", ms)
 
-    def processes_refused(self, kind: Literal["compute", "graphics"], err: str | Err = "NOT_SUPPORTED") -> Self:
-        """nvmlDevice{Compute,Graphics}RunningProcesses fail with ``err`` on this device."""
+    def processes_refused(self, kind: Literal["compute", "graphics", "mps"], err: str | Err = "NOT_SUPPORTED") -> Self:
+        """nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses fail with ``err`` on this device
+        (``mps`` NOT_SUPPORTED: a card older than Volta, nvml.h)."""
         return self.error(f"processes.{kind}", err)
 
     def gpm(self, **percent: float | Err | None) -> Self:
