@@ -34,12 +34,25 @@ class ProcessReader:
         users: dict[int, str | None],
         util: dict[int, tuple[float | None, float | None]] | None = None,
     ) -> tuple[ProcessReading, ...]:
-        """Compute and graphics processes; ``names`` and ``users`` are those already looked up, by pid,
-        ``util`` the per-process utilization last read."""
+        """Compute, MPS client and graphics processes, each once; ``names`` and ``users`` are those
+        already looked up, by pid, ``util`` the per-process utilization last read.
+
+        The clients of an MPS server are only in the MPS list: the compute list shows the server
+        (nvidia-cuda-mps-server), which owns the CUDA context (NVIDIA's MPS guide).  A client is a CUDA
+        program like any other, so it counts as ``compute``; a pid in several lists is read from the
+        first.  The MPS call is ``_v3`` by name: nvidia-ml-py's unversioned one turns a driver
+        without it into NVMLLibraryMismatchError, no NVMLError, where ``_v3`` says FUNCTION_NOT_FOUND.
+        ``Device.call`` remembers that, and the NOT_SUPPORTED of a card before Volta (nvml.h), until
+        the next static refresh, so neither is asked again every poll and the other lists go on.
+        """
+        N = pynvml
         found: dict[int, ProcessReading] = {}
-        for kind, fn in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
-                         ("graphics", pynvml.nvmlDeviceGetGraphicsRunningProcesses)):  # fmt: skip
-            for p in dev.call(f"nvmlDeviceGet{kind.title()}RunningProcesses", fn) or ():
+        lists = (("compute", "nvmlDeviceGetComputeRunningProcesses", N.nvmlDeviceGetComputeRunningProcesses),
+                 ("compute", "nvmlDeviceGetMPSComputeRunningProcesses", N.nvmlDeviceGetMPSComputeRunningProcesses_v3),
+                 ("graphics", "nvmlDeviceGetGraphicsRunningProcesses",
+                  N.nvmlDeviceGetGraphicsRunningProcesses))  # fmt: skip
+        for kind, what, fn in lists:
+            for p in dev.call(what, fn) or ():
                 if p.pid in found:
                     continue
                 name = names.get(p.pid) or process_name(p.pid)
