@@ -1,5 +1,5 @@
-"""Facts of a GPU that rarely change (name, bus id, maxima, thresholds, fans, NVLink links, GPM
-support), read at discovery and on every static refresh."""
+"""Facts of a GPU that rarely change (name, bus id, minor number, maxima, thresholds, fans, NVLink
+links, GPM support), read at discovery and on every static refresh."""
 
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ def read_static(dev: Device, uuid: str, *, clocks: bool, nvlink: bool, gpm: GpmR
         fan_count=fans or 0,
         nvlink_count=count_nvlinks(dev) if nvlink else 0,
         gpm_supported=gpm.supported(dev) if gpm is not None else False,
+        # nvml.h: "Supported only for Linux"; elsewhere NOT_SUPPORTED, remembered like any other.
+        minor_number=c("nvmlDeviceGetMinorNumber", N.nvmlDeviceGetMinorNumber),
     )
 
 
