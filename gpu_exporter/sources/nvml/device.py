@@ -55,6 +55,8 @@ class Device:
         self.process_util: dict[int, tuple[float | None, float | None]] = {}  # pid -> (sm, memory) then
         self.gpm: SamplePair[Any] | None = None
         self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)
+        # (gi, MIG uuid) -> (GPU instance profile id, placement start), read once per instance (mig.py).
+        self.gpu_instances: dict[tuple[int, str], tuple[int | None, int | None]] = {}
         self.lost = False
         self.uuid_seen = ""
         self.errors = errors
