@@ -26,10 +26,22 @@ MAX_SOCKET_PATH = 100
 
 
 @dataclass
+class FakeClaim:
+    """A DRA resource claim, allocated ``devices`` (device names) of ``driver``'s pool."""
+
+    name: str
+    namespace: str
+    devices: list[str]
+    driver: str = "gpu.nvidia.com"
+    pool: str = "node-a"
+
+
+@dataclass
 class FakeContainer:
     name: str
     resource_name: str
     device_ids: list[str]
+    claims: list[FakeClaim] = field(default_factory=list)
 
 
 @dataclass
@@ -42,6 +54,11 @@ class FakePod:
 def pod(namespace: str, name: str, *containers: tuple[str, str, list[str]]) -> FakePod:
     """``pod("ns", "p", ("main", "nvidia.com/gpu", ["GPU-a"]))``; one container may repeat, once per resource."""
     return FakePod(namespace, name, [FakeContainer(c, r, list(ids)) for c, r, ids in containers])
+
+
+def dra_pod(namespace: str, name: str, container: str, *claims: FakeClaim) -> FakePod:
+    """A pod whose container holds its GPUs through DRA claims (no device plugin resource)."""
+    return FakePod(namespace, name, [FakeContainer(container, "", [], list(claims))])
 
 
 class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
@@ -113,7 +130,14 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
             containers: dict[str, api_pb2.ContainerResources] = {}
             for c in p.containers:
                 cr = containers.setdefault(c.name, api_pb2.ContainerResources(name=c.name))
-                cr.devices.append(api_pb2.ContainerDevices(resource_name=c.resource_name, device_ids=c.device_ids))
+                if c.resource_name:
+                    cr.devices.append(api_pb2.ContainerDevices(resource_name=c.resource_name, device_ids=c.device_ids))
+                for claim in c.claims:
+                    cr.dynamic_resources.append(api_pb2.DynamicResource(
+                        claim_name=claim.name, claim_namespace=claim.namespace,
+                        claim_resources=[api_pb2.ClaimResource(driver_name=claim.driver, pool_name=claim.pool,
+                                                               device_name=d) for d in claim.devices],
+                    ))  # fmt: skip
             response.pod_resources.append(
                 api_pb2.PodResources(name=p.name, namespace=p.namespace, containers=list(containers.values()))
             )
@@ -126,7 +150,8 @@ class FakeKubelet(api_pb2_grpc.PodResourcesListerServicer):
             devices: dict[str, list[str]] = {}
             for p in self.pods:
                 for c in p.containers:
-                    devices.setdefault(c.resource_name, []).extend(c.device_ids)
+                    if c.resource_name:
+                        devices.setdefault(c.resource_name, []).extend(c.device_ids)
         return api_pb2.AllocatableResourcesResponse(
             devices=[api_pb2.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in devices.items()]
         )

@@ -200,6 +200,7 @@ print(json.dumps({"seen": seen, "errors": {f"{f}/{e}": n for (f, e), n in errors
 """
 
 
+@pytest.mark.integration  # a child Python process with its own library
 def test_a_driver_without_the_mps_call_still_lists_compute_and_graphics(tmp_path: Any) -> None:
     """A library that lacks the symbols (nvml.h has them since R470/R510): nvidia-ml-py says
     FUNCTION_NOT_FOUND, counted once and not asked again; the other lists are whole every poll."""
