@@ -7,12 +7,19 @@ something on every panel and trips the usual alerts now and then.
 Gauges are pure functions of the seed and the time elapsed on ``clock`` since the backend was made:
 a few sinusoids with seeded phases, so they drift smoothly and repeat exactly for the same inputs.
 Counters (energy, PCIe and NVLink bytes) integrate those rates between polls, so they only grow.
+
+Each GPU's UUID is derived from the node's name (``$NODE_NAME``, else the hostname, as the daemon
+names its node), the seed and the index: the same on every restart of one node's simulator, and
+another on every other node, so that two simulated nodes are a fleet of distinct GPUs and not one
+node's GPUs counted twice.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
+import socket
 import threading
 import time
 import uuid
@@ -225,15 +232,15 @@ def _load(profile: str, w: Mapping[str, _Wiggle], t: float, creep_offset: float)
 class _SimulatedGpu:
     """One GPU: fixed identity, seeded noise, and the counters it has accumulated so far."""
 
-    def __init__(self, index: int, seed: int) -> None:
-        # Seeded by (seed, index) alone, so GPU i looks the same however many GPUs there are.
+    def __init__(self, index: int, seed: int, node: str = "") -> None:
+        # Seeded by (seed, index) alone, so GPU i looks the same however many GPUs there are, on any node.
         rng = random.Random(f"gpu-exporter-simulated/{seed}/{index}")
         self.profile = PROFILES[index % len(PROFILES)]
         self.model = model = _MODEL_OF_PROFILE.get(self.profile, _H100)
         domain, slot = divmod(index, len(_HGX_BUSES))
         self.static = GpuStatic(
             index=index,
-            uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{seed}/{index}')}",
+            uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{seed}/{index}')}",
             name=model.name,
             pci_bus_id=f"{domain:08X}:{_HGX_BUSES[slot]:02X}:00.0",
             serial=f"1652{rng.randrange(10**9):09d}",
@@ -382,18 +389,26 @@ class _SimulatedGpu:
         )
 
 
+def node_name() -> str:
+    """The node's name as the daemon takes it where none is configured: ``$NODE_NAME``, else the hostname."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
 class SimulatedBackend:
     """A ``Backend`` with ``gpus`` invented GPUs; see ``PROFILES`` for what each one does.
 
     Deterministic: the same ``seed`` and the same sequence of ``clock`` values give the same readings.
+    ``node`` (default: ``$NODE_NAME``, else the hostname) makes the UUIDs this node's own.
     """
 
-    def __init__(self, gpus: int = 4, *, clock: Callable[[], float] = time.monotonic, seed: int = 0) -> None:
+    def __init__(self, gpus: int = 4, *, clock: Callable[[], float] = time.monotonic, seed: int = 0,
+                 node: str | None = None) -> None:  # fmt: skip
         if gpus < 1:
             raise ValueError(f"the simulator needs at least one GPU, got gpus={gpus}")
         self._clock = clock
         self._start = clock()
-        self._gpus = [_SimulatedGpu(index, seed) for index in range(gpus)]
+        self.node = node_name() if node is None else node
+        self._gpus = [_SimulatedGpu(index, seed, self.node) for index in range(gpus)]
 
     @property
     def gpu_count(self) -> int:
