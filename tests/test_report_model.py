@@ -23,6 +23,7 @@ GIB = 1024**3
 END = 1_796_000_400.0  # a whole hour
 START = END - 100 * 3600  # 100 h
 W = window_for(START, END)
+W200 = window_for(END - 200 * 3600, END)
 H100 = "NVIDIA H100 80GB HBM3"
 L4 = "NVIDIA L4"
 CATALOGUE = load_catalogue()
@@ -317,9 +318,9 @@ def test_where_prices_changed_the_hours_are_asked_in_pieces_of_one_price_each() 
         add_gpu(r, {**key, "gpu": gpu, "uuid": f"GPU-{gpu}"}, H100, {}, w=w)
         r["prices"].append(({**key, "gpu": gpu, "uuid": f"GPU-{gpu}", "currency": "USD"}, steps(w, prices)))
     p = plan(w, r, "USD")
-    assert p.pieces == [(1, 30), (31, 60), (61, 100)] and p.steady == {"GPU-0": 3.0} and p.exact == {}
-    assert p.by_piece == {"GPU-1": [3.0, 3.0, 4.0], "GPU-2": [1.0, 1.5, 1.5]}
-    assert p.last == {"GPU-0": 3.0, "GPU-1": 4.0, "GPU-2": 1.5}
+    assert p.pieces == [(1, 30), (31, 60), (61, 100)] and p.steady == {gk("GPU-0"): 3.0} and p.exact == {}
+    assert p.by_piece == {gk("GPU-1"): [3.0, 3.0, 4.0], gk("GPU-2"): [1.0, 1.5, 1.5]}
+    assert p.last == {gk("GPU-0"): 3.0, gk("GPU-1"): 4.0, gk("GPU-2"): 1.5}
     for (a, b), share in zip(p.pieces, (0.3, 0.3, 0.4), strict=True):  # each GPU busy throughout
         r[f"hours:{a}:{b}"] = [({**key, "gpu": g, "uuid": f"GPU-{g}", "state": "busy"}, 100 * share)
                                for g in ("0", "1", "2")]  # fmt: skip
@@ -347,7 +348,7 @@ def test_a_price_missing_at_a_step_the_gpu_was_seen_is_priced_by_the_step_by_ste
     r["prices"].append(({**key, "gpu": "2", "uuid": "GPU-2", "currency": "USD"}, steps(W, [None] * 50 + [3.0] * 50)))
     r["seen"] = [(k, 50.0 if k.get("uuid") == "GPU-2" else v) for k, v in r["seen"]]
     p = plan(W, r, "USD")
-    assert p.exact == {"GPU-0": "GPU-0", "n1/1": ""} and p.steady == {"GPU-2": 3.0}
+    assert p.exact == {gk("GPU-0"): "GPU-0", ("n1", "", "1"): ""} and p.steady == {gk("GPU-2"): 3.0}
     assert "uuid=~" not in exact_cost(W, "", sorted(p.exact.values()), "USD").expr
     r["cost"] = [({**key, "gpu": "0", "uuid": "GPU-0", "state": "busy", "currency": "USD"}, 150.0),
                  ({**key, "gpu": "1", "state": "busy", "currency": "USD"}, 100.0),
@@ -366,7 +367,7 @@ def test_a_range_cut_into_too_many_pieces_is_priced_step_by_step_instead() -> No
                     steps(W, prices))]  # fmt: skip
     assert MAX_PIECES < 10
     p = plan(W, r, "USD")
-    assert p.pieces == [(1, W.points)] and p.exact == {"GPU-0": "GPU-0"} and p.by_piece == {}
+    assert p.pieces == [(1, W.points)] and p.exact == {gk("GPU-0"): "GPU-0"} and p.by_piece == {}
 
 
 def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
@@ -378,11 +379,11 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
     assert set(doc["advice_settings"]) == {"min_history_hours", "allow_slower", "allow_consumer_cards", "min_saving",
                                            "min_saving_ratio"}  # fmt: skip
     assert set(doc["totals"]) == hours | {"cost", "wasted_cost", "gpus", "unpriced_gpus", "unpriced_hours",
-                                          "advised_saving_per_month"}  # fmt: skip
+                                          "merged_gpus", "advised_saving_per_month"}  # fmt: skip
     for g in doc["gpus"]:
         assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
                           "price_now_per_hour", "memory_total_bytes", "memory_peak_bytes", "activity_p95",
-                          "activity_signal", "dram_active_p95", "holder", "notes"}  # fmt: skip
+                          "activity_signal", "dram_active_p95", "holder", "targets", "notes"}  # fmt: skip
         assert g["memory_total_bytes"] == 80 * GIB
     for h in doc["holders"]:
         assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "user", "gpus", "gpu_hours",
@@ -415,7 +416,7 @@ def test_a_gpu_priced_in_two_currencies_at_once_is_priced_in_the_one_picked() ->
     key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
     add_gpu(r, key, H100, {"busy": 100.0}, price=3.0)
     r["prices"].append(({**key, "currency": "EUR"}, steps(W, 2.8)))
-    assert plan(W, r, "EUR").steady == {"GPU-0": 2.8}
+    assert plan(W, r, "EUR").steady == {gk("GPU-0"): 2.8}
     with pytest.raises(ValueError, match="several currencies"):
         build(W, r, CATALOGUE)
     assert build(W, r, CATALOGUE, Options(currency="EUR"))["totals"]["cost"] == 280.0
@@ -447,6 +448,11 @@ def test_a_negative_price_is_no_price() -> None:
 
 
 # -- cost.plan: which price each step's hours are multiplied by -----------------------------------------------
+def gk(uuid: str) -> tuple[str, str, str]:
+    """The key of a GPU of node n1 (cost.gpu_key): its uuid on its node."""
+    return ("n1", uuid, "")
+
+
 def priced(*gpus: tuple[str, Sequence[float | None]], seen: dict[str, float] | None = None,
            currency: str = "USD", w: Window = W) -> dict[str, Any]:  # fmt: skip
     """GPUs GPU-<name>, each with its price at every step (None: none there)."""
@@ -462,7 +468,7 @@ def test_a_price_of_nothing_is_a_price_and_a_negative_one_none() -> None:
     from gpu_exporter.report.cost import plan
 
     p = plan(W, priced(("0", [0.0] * W.points), ("1", [-1.0] * W.points), ("2", [2.0] * W.points)), "USD")
-    assert p.steady == {"GPU-0": 0.0, "GPU-2": 2.0} and "GPU-1" not in p.last and p.exact == {}
+    assert p.steady == {gk("GPU-0"): 0.0, gk("GPU-2"): 2.0} and gk("GPU-1") not in p.last and p.exact == {}
 
 
 def test_a_currency_whose_every_price_was_left_out_is_no_currency() -> None:
@@ -483,14 +489,14 @@ def test_the_last_price_is_the_last_steps_and_a_gpu_seen_once_has_one() -> None:
     r = priced(("0", [3.0] * 99 + [4.0]), ("1", [None] * 99 + [2.5]), ("2", [1.0] * 100), seen={"1": 1}, w=w)
     r["seen"] = [(k, v) for k, v in r["seen"] if k["gpu"] != "2"]
     p = plan(w, r, "USD")
-    assert p.last == {"GPU-0": 4.0, "GPU-1": 2.5, "GPU-2": 1.0}
-    assert p.steady == {"GPU-1": 2.5, "GPU-2": 1.0} and p.by_piece == {"GPU-0": [3.0, 4.0]}
+    assert p.last == {gk("GPU-0"): 4.0, gk("GPU-1"): 2.5, gk("GPU-2"): 1.0}
+    assert p.steady == {gk("GPU-1"): 2.5, gk("GPU-2"): 1.0} and p.by_piece == {gk("GPU-0"): [3.0, 4.0]}
     assert p.pieces == [(1, 99), (100, 100)]  # a piece of one step has its price too
     r["prices"].insert(
         0,
         ({"node": "n0", "instance": "n0:9445", "gpu": "9", "uuid": "GPU-9", "currency": "USD"}, steps(w, [-1.0] * 100)),
     )  # listed first, no price at all: the others are still read
-    assert plan(w, r, "USD").last == {"GPU-0": 4.0, "GPU-1": 2.5, "GPU-2": 1.0}
+    assert plan(w, r, "USD").last == {gk("GPU-0"): 4.0, gk("GPU-1"): 2.5, gk("GPU-2"): 1.0}
 
 
 @pytest.mark.parametrize(("changes", "pieces"), [(7, 8), (8, None)])
@@ -502,13 +508,13 @@ def test_up_to_eight_pieces_of_one_price_each_then_step_by_step(changes: int, pi
     prices: list[float | None] = [1.0 + (k * (changes + 1) // 100) / 10 for k in range(100)]
     p = plan(w, priced(("0", prices), w=w), "USD")
     if pieces is None:
-        assert p.pieces == [(1, 100)] and p.exact == {"GPU-0": "GPU-0"}
+        assert p.pieces == [(1, 100)] and p.exact == {gk("GPU-0"): "GPU-0"}
     else:
         assert len(p.pieces) == pieces and p.pieces[0][0] == 1 and p.pieces[-1][1] == 100 and p.exact == {}
         assert all(b + 1 == c for (_, b), (c, _) in zip(p.pieces, p.pieces[1:], strict=False))
 
 
-def users_and_signals() -> dict[str, Any]:
+def users_and_signals(w: Window = W200) -> dict[str, Any]:
     """n1 GPU 0, an H100 at 3.00: Unix users bob (busy 5 h, held idle 55 h), alice (held idle 50 h, in two
     series, the second her container's) and aaron (busy 10 h); alice and aaron hold it now. SM activity
     0.123456, DRAM 0.054321.
@@ -517,11 +523,12 @@ def users_and_signals() -> dict[str, Any]:
     n1 GPU 3, an H100 at 3.00 nobody holds now: xavier (busy 30 h, idle 35 h) and erin (idle 36 h, in two
     series of 20 and 16 h).
     n1 GPU 4, a priced card the catalogue does not know, and n1 GPU 5, a GPU with no model at all.
-    n1 GPU 6, an H100 at 3.00 held busy by zoe and amy, 10 h each, neither now."""
+    n1 GPU 6, an H100 at 3.00 held busy by zoe and amy, 10 h each, neither now.
+    Over 200 h: no GPU holds more hours than the range."""
     r = empty()
     node = {"node": "n1", "instance": "n1:9445"}
     k0 = {**node, "gpu": "0", "uuid": "GPU-0"}
-    add_gpu(r, k0, H100, {}, price=3.0, peak=10 * GIB)
+    add_gpu(r, k0, H100, {}, price=3.0, peak=10 * GIB, w=w)
     r["hours"] += [({**k0, "user": "bob", "state": "busy"}, 5.0),
                    ({**k0, "user": "bob", "state": "allocated_idle"}, 55.0),
                    ({**k0, "user": "alice", "state": "allocated_idle"}, 30.0),
@@ -536,30 +543,30 @@ def users_and_signals() -> dict[str, Any]:
         ({"node": "n9", "instance": "n9:9445", "gpu": "0", "uuid": "GPU-gone", "user": "eve"}, 1.0),
     ]
     k1 = {**node, "gpu": "1", "uuid": "GPU-1"}
-    add_gpu(r, k1, L4, {"idle": 40.0, "busy": 60.0}, price=0.8, total=22.5 * GIB)
+    add_gpu(r, k1, L4, {"idle": 40.0, "busy": 60.0}, price=0.8, total=22.5 * GIB, w=w)
     r["activity"].append(({**k1, "signal": "utilization"}, 0.654321))
     k2 = {**node, "gpu": "2", "uuid": "GPU-2"}
-    add_gpu(r, k2, H100, {"busy": 100.0}, holder={"user": "alice"})
+    add_gpu(r, k2, H100, {"busy": 100.0}, holder={"user": "alice"}, w=w)
     r["hours"].append(({**k2, "namespace": "ml", "pod": "p", "state": "busy"}, 20.0))
     k3 = {**node, "gpu": "3", "uuid": "GPU-3"}
-    add_gpu(r, k3, H100, {}, price=3.0)
+    add_gpu(r, k3, H100, {}, price=3.0, w=w)
     r["hours"] += [({**k3, "user": "xavier", "state": "busy"}, 30.0),
                    ({**k3, "user": "xavier", "state": "allocated_idle"}, 35.0),
                    ({**k3, "user": "erin", "state": "allocated_idle"}, 20.0),
                    ({**k3, "user": "erin", "container": "b", "state": "allocated_idle"}, 16.0)]  # fmt: skip
     add_gpu(r, {**node, "gpu": "4", "uuid": "GPU-4"}, "NVIDIA GeForce GT 710", {"busy": 100.0}, price=0.1,
-            total=2 * GIB)  # fmt: skip
+            total=2 * GIB, w=w)  # fmt: skip
     k5 = {**node, "gpu": "5", "uuid": "GPU-5"}
-    add_gpu(r, k5, H100, {"busy": 100.0}, price=3.0)
+    add_gpu(r, k5, H100, {"busy": 100.0}, price=3.0, w=w)
     r["info"] = [(labels, v) for labels, v in r["info"] if labels.get("uuid") != "GPU-5"]
     k6 = {**node, "gpu": "6", "uuid": "GPU-6"}
-    add_gpu(r, k6, H100, {}, price=3.0)
+    add_gpu(r, k6, H100, {}, price=3.0, w=w)
     r["hours"] += [({**k6, "user": "zoe", "state": "busy"}, 10.0), ({**k6, "user": "amy", "state": "busy"}, 10.0)]
     return r
 
 
 def test_users_signals_and_who_holds_it_now_reach_every_field() -> None:
-    doc = build(W, users_and_signals(), CATALOGUE)
+    doc = build(W200, users_and_signals(), CATALOGUE)
     gpus = {g["gpu"]: g for g in doc["gpus"]}
     g0, g1, g2 = gpus["0"], gpus["1"], gpus["2"]
     # Its holder is who holds it now, of those the one that held it longest (alice 50 h, aaron 10 h), though
@@ -616,17 +623,17 @@ def test_the_fleets_price_for_a_card_is_the_highest_it_pays_now() -> None:
 
 def test_the_status_says_which_prices_are_missing() -> None:
     r = users_and_signals()
-    assert (build(W, r, CATALOGUE)["status"], build(W, r, CATALOGUE)["status_reason"]) == ("ok", "")
+    assert (build(W200, r, CATALOGUE)["status"], build(W200, r, CATALOGUE)["status_reason"]) == ("ok", "")
     for labels, _ in r["prices"]:
         labels["currency"] = "EUR" if labels["gpu"] in ("0", "1") else "GBP"
-    doc = build(W, r, CATALOGUE, Options(currency="USD"))
+    doc = build(W200, r, CATALOGUE, Options(currency="USD"))
     assert (doc["status"], doc["status_reason"]) == (
         "no_currency",
         "no prices in USD: the GPUs are priced in EUR, GBP; leave out --currency or pick one of those",
     )
     r["prices"] = []
     for currency in (None, "USD"):
-        doc = build(W, r, CATALOGUE, Options(currency=currency))
+        doc = build(W200, r, CATALOGUE, Options(currency=currency))
         assert (doc["status"], doc["status_reason"]) == ("no_prices", (
             "no prices: the store has no gpu_price_per_hour for these GPUs in the range; set the exporter's pricing "
             "section (docs/cost.md) to see costs"))  # fmt: skip
@@ -698,7 +705,7 @@ def test_a_gpu_not_seen_in_a_piece_has_no_price_there() -> None:
     p = plan(w, priced(("1", [3.0] * 30 + [None] * 30 + [4.0] * 40), ("2", [1.0] * 30 + [1.5] * 70),
                        seen={"1": 70}, w=w), "USD")  # fmt: skip
     assert p.pieces == [(1, 30), (31, 60), (61, 100)]
-    assert p.by_piece == {"GPU-1": [3.0, None, 4.0], "GPU-2": [1.0, 1.5, 1.5]} and p.exact == {}
+    assert p.by_piece == {gk("GPU-1"): [3.0, None, 4.0], gk("GPU-2"): [1.0, 1.5, 1.5]} and p.exact == {}
 
 
 def test_a_card_is_suggested_in_words_naming_the_holder_and_signal_and_a_whole_card_peak_gets_a_note() -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from gpu_exporter.metric_defs import METRICS
 from gpu_exporter.report.queries import (
+    EXPORTED,
     MAX_POINTS,
     MIN_STEP,
     PROBES,
@@ -33,6 +34,7 @@ from gpu_exporter.report.queries import (
     queries,
     scrape_interval,
     selector_matchers,
+    timeline,
     window_for,
 )
 
@@ -58,7 +60,10 @@ def matchers_of(v: pp.VectorSelector) -> set[tuple[str, str, str]]:
 def every_query(matchers: str) -> list[str]:
     w = window_for(END - 7 * DAY - 17, END - 17, 15)  # not on a step boundary: every selector has an offset
     return [*(q.expr for q in queries(w, matchers)), exact_cost(w, matchers, ["GPU-1", "GPU-2"], "USD").expr,
-            hours(w, matchers).expr, hours(w, matchers, 3, 200).expr,
+            hours(w, matchers).expr, hours(w, matchers, 3, 200).expr, timeline(w, matchers).expr,
+            # where some GPU was seen through two scrapers: each counted once
+            exact_cost(w, matchers, ["GPU-1"], "USD", copies=True).expr, hours(w, matchers, copies=True).expr,
+            timeline(w, matchers, copies=True).expr,
             *(probe(matchers, p) for p in PROBES), presence(matchers, w), anywhere(matchers)]  # fmt: skip
 
 
@@ -194,12 +199,15 @@ def test_a_series_younger_than_an_hour_is_judged_by_its_last_minute() -> None:
 def test_the_queries_avoid_what_the_engines_read_differently() -> None:
     """Issue 25: an ``or on (...)`` filled SM activity's gaps with GPU-Util on VictoriaMetrics and not on
     Prometheus. Every ``or`` now joins expressions that label_replace tells apart by a label of their
-    own; ranges other than a counter's for increase() leave out the sample at their start; a step's
-    price is the last the step saw, never an instant selector's (stale at the end of an outage)."""
+    own, or (``queries.once``) aggregations of series with a uuid and of series without one; ranges
+    other than a counter's for increase() leave out the sample at their start; a step's price is the
+    last the step saw, never an instant selector's (stale at the end of an outage)."""
     for expr in every_query(""):
         tree = pp.parse(expr)
         for node in walk(tree):
-            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or"):
+            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or") and _split_by_uuid(node):
+                assert node.modifier is None or not getattr(node.modifier, "labels", None), expr
+            elif isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or"):
                 for side in (node.lhs, node.rhs):
                     inner = side
                     while isinstance(inner, pp.BinaryExpr) and str(inner.op).endswith("or"):
@@ -221,6 +229,16 @@ def test_the_queries_avoid_what_the_engines_read_differently() -> None:
         assert "increase(" not in q.expr or re.search(r"increase\([^)]*\[840s\]", q.expr), q.expr
 
 
+def _split_by_uuid(node: Any) -> bool:
+    """An ``or`` of two aggregations whose every selector reads series with a uuid (left) and without
+    one (right): their label sets never match."""
+    return (
+        all(isinstance(side, pp.AggregateExpr) for side in (node.lhs, node.rhs))
+        and all(("uuid", "NotEqual", "") in matchers_of(v) for v in selectors(node.lhs))
+        and all(("uuid", "Equal", "") in matchers_of(v) for v in selectors(node.rhs))
+    )
+
+
 def walk(e: Any) -> Iterator[Any]:
     yield e
     for attr in ("lhs", "rhs", "expr", "vector_selector"):
@@ -234,12 +252,14 @@ def test_each_query_is_named_in_the_progress_lines() -> None:
     """A long report says on stderr which query it waits on ("[3/7] GPU models: 2.1 s"): each has a name."""
     names = [q.what for q in queries(window_for(END - 7 * DAY, END, 15), "")]
     names.append(exact_cost(window_for(END - 7 * DAY, END, 15), "", ["GPU-1"], "USD").what)
+    names.append(timeline(window_for(END - 7 * DAY, END, 15), "").what)
     assert all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names), names
 
 
 def uuid_filter(expr: str) -> set[str | None]:
     """The uuid regex each selector of the query applies (None where it reads every GPU)."""
-    return {next((m.value for m in v.matchers.matchers if m.name == "uuid"), None) for v in selectors(pp.parse(expr))}
+    return {next((m.value for m in v.matchers.matchers if m.name == "uuid" and str(m.op).endswith(".Re")), None)
+            for v in selectors(pp.parse(expr))}  # fmt: skip
 
 
 @pytest.mark.parametrize("n", [1, 2, 200])
@@ -326,8 +346,9 @@ def test_the_queries_word_for_word() -> None:
     expected = {
         "prices": ("prices", "range", f"max by (node, instance, gpu, uuid, currency) (last_over_time("
                                       f"gpu_price_per_hour{{{n2}}}[839999ms]))"),
-        "seen": ("GPUs seen", "instant", f"max by (node, instance, gpu, uuid) (count_over_time(max_over_time("
-                                         f'gpu_state_seconds_total{{{n2}, state="down"}}{tile}{sub}))'),
+        # One row per GPU and target (every label but the exporter's): the targets the report names.
+        "seen": ("GPUs seen, by target", "instant", f"max without ({EXPORTED}) (count_over_time(max_over_time("
+                                                    f'gpu_state_seconds_total{{{n2}, state="down"}}{tile}{sub}))'),
         "info": ("GPU models", "instant", f"max by (node, instance, gpu, uuid, name, mig_mode) (max_over_time("
                                           f"max_over_time(gpu_info{{{n2}}}{tile}{sub}))"),
         "memory_total": ("memory sizes", "instant", f"max by (node, instance, gpu, uuid) (max_over_time(max_over_time("
@@ -342,8 +363,6 @@ def test_the_queries_word_for_word() -> None:
                      f'"", "") or label_replace(avg_over_time(gpu_dram_active_ratio{{{n2}}}{tile}, "signal", '
                      '"dram_active", "", "")) and on (job, instance, gpu, uuid) (stddev_over_time('
                      f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0)){sub}))'),
-        "timeline": ("hours over time", "range",
-                     f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"),
         "holders_now": ("holders now", "instant",
                         "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, "
                         "user) (stddev_over_time("
@@ -366,10 +385,43 @@ def test_the_queries_word_for_word() -> None:
         "group_left (currency) max by (job, instance, gpu, uuid, currency) (last_over_time(gpu_price_per_hour"
         f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'
     )
-    assert presence(n2, w) == f'count(max_over_time(max_over_time(gpu_state_seconds_total{{{n2}, state="down"}}' \
-                              f"{tile}{sub}))"  # fmt: skip
-    assert anywhere(n2) == f'count(gpu_state_seconds_total{{{n2}, state="down"}})'
-    assert anywhere("") == 'count(gpu_state_seconds_total{state="down"})'
+    line = timeline(w, n2)
+    assert (line.key, line.what, line.kind, line.at) == ("timeline", "hours over time", "range", None)
+    assert line.expr == f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"
+    # Where some GPU was seen through two scrapers (cost.seen_twice), each step's increase is counted once
+    # (queries.once): the instances one scraper saw a GPU at added up, the copies of other scrapers (job,
+    # a replica label) the largest; a GPU without a uuid once per target.
+    assert EXPORTED == ("namespace, pod, container, hpc_job, user, slurm_account, slurm_partition, container_engine, "
+                        "container_id, container_name, state")  # fmt: skip
+
+    def once(each: str, keep: str = "") -> str:
+        with_uuid, without = each.format(u='uuid!=""'), each.format(u='uuid=""')
+        return (f"max by (node, gpu, uuid, {EXPORTED}{keep}) (sum without (instance) ({with_uuid})) or max by "
+                f"(node, instance, gpu, {EXPORTED}{keep}) ({without})")  # fmt: skip
+
+    assert timeline(w, n2, copies=True).expr == (
+        f"sum by (state) ({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s])')}) / 3600"
+    )
+    assert hours(w, n2, copies=True).expr == (
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "
+        f"(sum_over_time(({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s] offset 257s)')}){sub})) "
+        "/ 3600"
+    )
+    priced = (
+        f'increase(gpu_state_seconds_total{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}}}}}[840s] offset 257s) * on '
+        "(job, instance, gpu, uuid) group_left (currency) max by (job, instance, gpu, uuid, currency) "
+        f'(last_over_time(gpu_price_per_hour{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}, currency="USD"}}}}{tile})'
+    )
+    assert exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD", copies=True).expr == (
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state, "
+        f"currency) (sum_over_time(({once(priced, ', currency')}){sub})) / 3600"
+    )
+    # Each GPU once, however many targets saw it: a GPU with a uuid once on its node, one without per target.
+    down = 'count(max by (node, instance, gpu, uuid) (label_replace({}, "instance", "", "uuid", ".+")))'
+    assert presence(n2, w) == down.format(f'max_over_time(max_over_time(gpu_state_seconds_total{{{n2}, '
+                                          f'state="down"}}{tile}{sub})')  # fmt: skip
+    assert anywhere(n2) == down.format(f'gpu_state_seconds_total{{{n2}, state="down"}}')
+    assert anywhere("") == down.format('gpu_state_seconds_total{state="down"}')
     # On a step boundary, no offset; without a selector, bare metric names.
     aligned = window_for(END - DAY, END, 15)
     assert aligned.offset == 0 and "offset" not in " ".join(q.expr for q in queries(aligned, ""))

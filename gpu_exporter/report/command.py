@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from ..durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
-from .cost import pick_currency, plan
+from .cost import pick_currency, plan, seen_twice
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .queries import (
     PROBES,
@@ -36,6 +36,7 @@ from .queries import (
     queries,
     scrape_interval,
     selector_matchers,
+    timeline,
     window_for,
 )
 from .render import as_html, as_markdown, as_table
@@ -279,14 +280,16 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
                 progress.finished(q.what)
                 if q.key not in ("prices", "seen") or not {"prices", "seen"} <= set(results):
                     continue
-                # The prices say where to cut the range for the hours, and which GPUs need every step's.
+                # The prices say where to cut the range for the hours, and which GPUs need every step's;
+                # the targets, whether any GPU was seen through two scrapers, to be counted once.
                 picked = pick_currency(results, currency)  # several and none asked for: stop here
                 p = plan(w, results, picked)
-                more = [hours(w, matchers, a, b) for a, b in p.pieces]
+                copies = seen_twice(results)
+                more = [*(hours(w, matchers, a, b, copies) for a, b in p.pieces), timeline(w, matchers, copies)]
                 if p.exact:
                     assert picked is not None
-                    more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked))
-                progress.total += len(more) - 1  # the hours were counted from the start
+                    more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked, copies))
+                progress.total += len(more) - 2  # the hours and the timeline were counted from the start
                 pending.update({pool.submit(one, x): x for x in more})
     return results
 
@@ -402,13 +405,13 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         asked = window_for(span.start, span.end, scrape_interval(per_hour, per_minute))
         w = asked.from_epoch()
         qs = queries(w, matchers)
-        progress = Progress(None if args.quiet else sys.stderr, len(qs) + 1)  # and the hours, after the prices
+        progress = Progress(None if args.quiet else sys.stderr, len(qs) + 2)  # the hours and timeline come later
         if span.requested_end is not None:
             say.say(f"the range ended in the future ({iso(span.requested_end)}): cut to now, {iso(w.end)}")
         if w != asked:
             say.say(f"the range started before any store holds samples ({iso(asked.start)}): cut to "
                     f"{iso(w.start)}")  # fmt: skip
-        progress.say(f"{len(qs) + 1} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
+        progress.say(f"{len(qs) + 2} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
         with progress:
             results = run_queries(client, w, matchers, qs, progress, opts.currency)
         empty = None if any(v for k, v in results.items() if k.startswith("hours")) else \

@@ -23,11 +23,30 @@ from .queries import Window
 
 MAX_PIECES = 8
 Results = dict[str, Any]
+# A GPU: its uuid on its node, however many targets saw it; without a uuid, its index on its node (or,
+# without a node label, on its target).  Never a uuid alone: two nodes that report one uuid (two
+# simulators of an older gpu-exporter) are two GPUs, each with its own price or none.
+GpuKey = tuple[str, str, str]  # (node, uuid, "") or (node or instance, "", index)
 
 
-def gpu_key(labels: Labels) -> str:
-    node = labels.get("node") or labels.get("instance", "")
-    return labels.get("uuid") or f"{node}/{labels.get('gpu', '')}"
+def gpu_key(labels: Labels) -> GpuKey:
+    if uuid := labels.get("uuid", ""):
+        return labels.get("node", ""), uuid, ""
+    return labels.get("node") or labels.get("instance", ""), "", labels.get("gpu", "")
+
+
+def seen_twice(results: Results) -> bool:
+    """Whether some GPU was seen through two scrapers: two of the targets that saw it ("seen", one row
+    per target) differ in more than their instance (a job's exporter that moved to a new address is one
+    scraper's, whose series the hours add up as they are).  Only then are the hours counted once step by
+    step (``queries.once``), which costs the store about as much again."""
+    scrapers: dict[GpuKey, set[tuple[tuple[str, str], ...]]] = defaultdict(set)
+    for labels, _ in results["seen"]:
+        scrapers[gpu_key(labels)].add(tuple(sorted((k, v) for k, v in labels.items() if k not in _NOT_SCRAPER)))
+    return any(len(s) > 1 for s in scrapers.values())
+
+
+_NOT_SCRAPER = frozenset({"node", "gpu", "uuid", "instance"})
 
 
 def currencies(results: Results) -> list[str]:
@@ -47,15 +66,15 @@ def pick_currency(results: Results, asked: str | None) -> str | None:
 @dataclass
 class Plan:
     pieces: list[tuple[int, int]]  # (first, last) step of each piece, 1-based, together 1..points
-    steady: dict[str, float] = field(default_factory=dict)  # GPU -> its one price
-    by_piece: dict[str, list[float | None]] = field(default_factory=dict)  # GPU -> its price in each piece
-    exact: dict[str, str] = field(default_factory=dict)  # GPU -> uuid, priced step by step by one more query
-    last: dict[str, float] = field(default_factory=dict)  # GPU -> its price at the end of the range
+    steady: dict[GpuKey, float] = field(default_factory=dict)  # GPU -> its one price
+    by_piece: dict[GpuKey, list[float | None]] = field(default_factory=dict)  # GPU -> its price in each piece
+    exact: dict[GpuKey, str] = field(default_factory=dict)  # GPU -> uuid, priced step by step by one more query
+    last: dict[GpuKey, float] = field(default_factory=dict)  # GPU -> its price at the end of the range
 
 
 def plan(w: Window, results: Results, currency: str | None) -> Plan:
-    steps: dict[str, dict[int, float]] = defaultdict(dict)
-    uuids: dict[str, str] = {}
+    steps: dict[GpuKey, dict[int, float]] = defaultdict(dict)
+    uuids: dict[GpuKey, str] = {}
     for labels, points in results["prices"]:
         if labels.get("currency") != currency or not currency:
             continue
@@ -63,11 +82,18 @@ def plan(w: Window, results: Results, currency: str | None) -> Plan:
         uuids[key] = labels.get("uuid", "")
         for t, v in points:
             if v >= 0:  # a negative price is no price
-                steps[key][round((t - w.start) / w.step)] = v
-    seen = {gpu_key(labels): v for labels, v in results["seen"]}
+                # The price at a step of any target that saw the GPU then (each target's copy of one
+                # exporter's price); the highest, were they to differ.
+                k = round((t - w.start) / w.step)
+                steps[key][k] = max(v, steps[key].get(k, v))
+    # On how many steps the GPU was seen: by the target that saw it longest.
+    seen: dict[GpuKey, float] = {}
+    for labels, v in results["seen"]:
+        key = gpu_key(labels)
+        seen[key] = max(v, seen.get(key, v))
     p = Plan([(1, w.points)])
     cuts: set[int] = set()
-    changing: dict[str, dict[int, float]] = {}
+    changing: dict[GpuKey, dict[int, float]] = {}
     for key, prices in steps.items():  # a GPU is in ``steps`` once it has a price
         order = sorted(prices)
         p.last[key] = prices[order[-1]]

@@ -3,6 +3,11 @@ the query results; its JSON is the stable, documented form, which every other fo
 
 Schema ``gpu-exporter.report/v1``: hours are hours, money is in ``currency``, times are RFC 3339 UTC.
 A figure that cannot be known is ``null``, never 0: a GPU without a price has ``cost: null``.
+
+Each GPU is counted once (``cost.gpu_key``: its uuid on its node), whatever number of targets saw it
+(the queries count each step once, ``queries.once``); the report names the targets (``targets``), and
+a GPU's hours never exceed the range: should its series still add up to more (one exporter scraped
+under two names by one job, which no label tells apart), they are scaled down to it, and a note says so.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
 from .catalogue import Catalogue
 from .client import Labels
-from .cost import cost_rows, currencies, hours_rows, pick_currency, plan
+from .cost import GpuKey, cost_rows, currencies, hours_rows, pick_currency, plan
 from .cost import gpu_key as _gpu_key
 from .holders import Holder, holder_of
 from .prices import PriceList
@@ -27,6 +32,9 @@ SCHEMA = "gpu-exporter.report/v1"
 HOURS_DIGITS = 6
 MONEY_DIGITS = 4
 Results = dict[str, Any]
+# The labels that say which GPU a series is of; the others of the "seen" query name the target (job,
+# instance, a replica label, ...) that saw it.
+IDENTITY = frozenset({"node", "gpu", "uuid"})
 
 # Why a report has nothing to show, and the exit status that says so (docs/cost.md).
 OK, NO_DATA, NO_MATCH, NO_PRICES, NO_PRICES_IN_CURRENCY = "ok", "no_data", "no_match", "no_prices", "no_currency"
@@ -66,6 +74,8 @@ class _Gpu:
     memory_total: float | None = None
     memory_peak: float | None = None
     signals: dict[str, float] = field(default_factory=dict)
+    instances: set[str] = field(default_factory=set)  # where the GPU was scraped, for a node without a label
+    targets: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target that saw it
 
 
 @dataclass(frozen=True)
@@ -85,22 +95,31 @@ class Options:
 
 
 def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Options()) -> dict[str, Any]:
-    gpus: dict[str, _Gpu] = {}
+    gpus: dict[GpuKey, _Gpu] = {}
 
     def gpu(labels: Labels) -> _Gpu:
         key = _gpu_key(labels)
         if key not in gpus:
-            gpus[key] = _Gpu(labels.get("node") or labels.get("instance", ""), labels.get("gpu", ""),
-                             labels.get("uuid", ""))  # fmt: skip
+            gpus[key] = _Gpu(key[0], labels.get("gpu", ""), key[1])
+        if instance := labels.get("instance"):
+            gpus[key].instances.add(instance)
         return gpus[key]
 
     currency = pick_currency(results, opts.currency)
     priced_by = plan(w, results, currency)
+    rows_of_hours = hours_rows(results, priced_by)
+    total: dict[GpuKey, float] = defaultdict(float)
+    for labels, v in rows_of_hours:
+        if labels.get("state", "") in STATES:
+            total[_gpu_key(labels)] += v
+    # Never more hours than the range: series that still add up to more are scaled down to it.
+    scale = {key: w.hours / t for key, t in total.items() if t > w.hours}
     holders: dict[Holder, dict[str, Any]] = {}
-    for labels, v in hours_rows(results, priced_by):
+    for labels, v in rows_of_hours:
         g, state = gpu(labels), labels.get("state", "")
         if state not in STATES:
             continue
+        v *= scale.get(_gpu_key(labels), 1.0)
         g.hours[state] += v
         h = holder_of(labels)
         if h.kind and state in (BUSY, ALLOCATED_IDLE):
@@ -116,6 +135,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         if state not in STATES:  # as its hours: a state unknown here
             continue
         g = gpu(labels)
+        v *= scale.get(_gpu_key(labels), 1.0)
         g.cost[state] += v
         g.priced = True
         h = holder_of(labels)
@@ -130,15 +150,26 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         g = gpu(labels)
         g.model = labels.get("name") or g.model
         g.mig_mode = g.mig_mode or labels.get("mig_mode") == "enabled"
+    # Each target's copy of a figure: the highest (one exporter's figure, read through each).
     for labels, v in results["memory_total"]:
-        gpu(labels).memory_total = v
+        g = gpu(labels)
+        g.memory_total = _higher(g.memory_total, v)
     for labels, v in results["memory_peak"]:
-        gpu(labels).memory_peak = v
+        g = gpu(labels)
+        g.memory_peak = _higher(g.memory_peak, v)
     for labels, v in results["activity"]:
-        gpu(labels).signals[labels.get("signal", "")] = v
+        g, signal = gpu(labels), labels.get("signal", "")
+        g.signals[signal] = max(v, g.signals.get(signal, v))
     for labels, v in results.get("holders_now", []):
         if v > 0 and (h := holder_of(labels)).kind and _gpu_key(labels) in gpus:
             gpus[_gpu_key(labels)].holders_now.add(h.name)
+    for labels, _ in results["seen"]:
+        if (key := _gpu_key(labels)) in gpus:
+            gpus[key].targets.add(tuple(sorted((k, x) for k, x in labels.items() if k not in IDENTITY)))
+            gpus[key].instances.add(labels.get("instance", ""))
+    for g in gpus.values():
+        # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
+        g.node = g.node or min(g.instances - {""}, default="")
 
     # What the fleet pays now for each card of the catalogue: the highest where several prices.
     fleet: dict[str, float] = {}
@@ -152,9 +183,9 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
 
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
-    for g in sorted(gpus.values(), key=lambda g: (g.node, _index(g.gpu), g.uuid)):
-        total = sum(g.hours.values())
-        price = sum(g.cost.values()) / total if g.priced and total > 0 else None
+    for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, _index(kg[1].gpu), kg[1].uuid)):
+        hours = sum(g.hours.values())
+        price = sum(g.cost.values()) / hours if g.priced and hours > 0 else None
         # Its holder: who holds it now, else who held it longest (by hours, holders that come and go can
         # tie, and two engines would pick different ones).
         top = _most({h: g.holders.get(h, 0.0) for h in g.holders_now}) or _most(g.holders)
@@ -175,7 +206,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "memory_total_bytes": g.memory_total, "memory_peak_bytes": g.memory_peak,
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
-            "holder": top, "notes": sizer.notes(usage),
+            "holder": top, "targets": [dict(t) for t in sorted(g.targets)],
+            "notes": [*_over_the_range(total.get(key, 0.0), w), *sizer.notes(usage)],
         })  # fmt: skip
         advice = sizer.advise(usage)
         if advice is not None:
@@ -216,6 +248,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         "wasted_cost": _m(sum(g.cost[s] for g in priced for s in WASTE_STATES)) if priced else None,
         "gpus": len(gpus), "unpriced_gpus": len(gpus) - len(priced),
         "unpriced_hours": _h(sum(sum(g.hours.values()) for g in gpus.values() if not g.priced)),
+        "merged_gpus": sum(len(g.targets) > 1 for g in gpus.values()),
         "advised_saving_per_month": _m(sum(r["saving_per_month"] or 0.0 for r in recommendations)),
     }  # fmt: skip
     status, why = _status(gpus, priced, currency, results, opts)
@@ -247,6 +280,21 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     }
 
 
+def _higher(a: float | None, b: float) -> float:
+    return b if a is None else max(a, b)
+
+
+def _over_the_range(hours: float, w: Window) -> list[str]:
+    """A note where a GPU's series added up to more than the range by more than a step: not the
+    engines' extrapolation at a step's edges, but the same counter read twice."""
+    if hours <= w.hours + w.step / 3600:
+        return []
+    return [
+        f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one exporter scraped twice under "
+        "names no label tells apart (two addresses in one job?); its hours are scaled down to the range"
+    ]
+
+
 def _no_figure(advice: Advice, u: Usage) -> str | None:
     """Why an advice has no monthly saving: none for a slower card, none without a price, none from too
     little history."""
@@ -262,7 +310,7 @@ def _most(hours: dict[str, float]) -> str:
     return min(hours.items(), key=lambda kv: (-kv[1], kv[0]))[0] if hours else ""
 
 
-def _status(gpus: dict[str, _Gpu], priced: list[_Gpu], currency: str | None, results: Results,
+def _status(gpus: dict[GpuKey, _Gpu], priced: list[_Gpu], currency: str | None, results: Results,
             opts: Options) -> tuple[str, str]:  # fmt: skip
     if not gpus:
         return opts.empty_because or (NO_DATA, "no gpu-exporter series in the range")

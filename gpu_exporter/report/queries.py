@@ -16,14 +16,25 @@ ones that differ): no ``or`` between series whose labels match (VictoriaMetrics 
 with the other's points, Prometheus keeps both), prices per step by ``last_over_time`` of the step
 (an instant selector at a step's end finds nothing during an outage, and finds a staleness marker
 right after one).
+
+Each GPU is counted once, however many scrapers saw it (two scrape jobs of one exporter, an HA pair
+of Prometheus behind one query front, federation): its series that differ only in labels the
+scrapers attach (``job``, a replica label, ...) are copies of one counter, and each step takes the
+largest of their increases, never their sum (``once``; asked only where some GPU was seen through
+two scrapers, as it aggregates at every step).  Within one scraper, the series of a GPU that
+differ only in ``instance`` are one exporter that moved (a pod recreated on a new address): one
+after the other, they are added up.  A GPU is its ``uuid`` on its ``node``; without a uuid (a GPU
+lost before it was first read), its index on its target.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from .holders import EVERY as EVERY_HOLDER_LABEL
 from .holders import LABELS as HOLDER_LABELS
 
 MAX_POINTS = 720
@@ -36,6 +47,10 @@ DOWN = 'state="down"'
 # user), a container (by ID and name) or a Unix user (holders.py).  Grouping by fewer would give a
 # container's time to nobody and merge the jobs of one user.
 HOLDER = ", ".join(HOLDER_LABELS)
+# What one exporter writes on a GPU's state series besides the GPU itself: two series of a GPU that
+# agree on these and the state are copies of one counter.
+EXPORTED = ", ".join((*EVERY_HOLDER_LABEL, "state"))
+WITH_UUID, WITHOUT_UUID = 'uuid!=""', 'uuid=""'
 
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^\s*\{{\s*(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
@@ -197,6 +212,26 @@ class _Tiles:
         return f"{outer}({inner}({self.range(metric, *extra)})[{self.span}:{self.s}])"
 
 
+def once(per_series: Callable[[str], str], keep: str = "") -> str:
+    """``per_series`` (an expression per series, given a matcher to add to its selectors) with each
+    GPU's counter counted once at this step, under the exporter's labels and ``node`` (and ``keep``):
+
+    - within one scraper, the series that differ only in ``instance`` (an exporter that moved) are
+      added up;
+    - copies of one series seen through several scrapers (told apart by ``job``, a replica label or
+      any other label a scraper attaches) give the largest of their values: one counter read twice,
+      whose increases differ only by where each scraper's samples fall;
+    - a GPU without a uuid is its index on its target: its ``instance`` is kept.
+
+    The two halves read disjoint series (with a uuid, without), whose label sets never match, so
+    ``or`` is a plain union on every engine."""
+    by = f"{EXPORTED}{keep}"
+    return (
+        f"max by (node, gpu, uuid, {by}) (sum without (instance) ({per_series(WITH_UUID)})) or "
+        f"max by (node, instance, gpu, {by}) ({per_series(WITHOUT_UUID)})"
+    )
+
+
 def _union(parts: list[tuple[str, str, str]]) -> str:
     """Expressions told apart by a label of their own: their label sets never match, so ``or`` is a
     plain union on every engine."""
@@ -204,9 +239,10 @@ def _union(parts: list[tuple[str, str, str]]) -> str:
 
 
 def queries(w: Window, matchers: str) -> list[Query]:
-    """What the report asks whatever the prices say (the hours follow, once the prices tell where to
-    cut the range: ``hours``).  Aggregations sit outside the subqueries where they can: per series, a
-    subquery costs a step's samples; an aggregation inside one is redone at every one of its steps."""
+    """What the report asks whatever the prices say (the hours and the timeline follow, once the prices
+    tell where to cut the range and the targets whether any GPU was seen twice: ``hours``, ``timeline``).
+    Aggregations sit outside the subqueries where they can: per series, a subquery costs a step's
+    samples; an aggregation inside one is redone at every one of its steps."""
     t = _Tiles(w, matchers)
     price, state = "gpu_price_per_hour", "gpu_state_seconds_total"
     # Held in a step: a held state's counter changed between two of the step's samples. Not increase() > 0,
@@ -225,8 +261,10 @@ def queries(w: Window, matchers: str) -> list[Query]:
         # Every GPU's price at the end of each step, by a range query: a handful of points per GPU-day,
         # and one pass over the price samples tells which prices held, where they changed, and the last.
         Query("prices", "prices", f"max by ({GPU}, currency) ({step_price})", "range"),
-        # On how many steps the exporter saw each GPU (its unheld "down" series exists from its first poll).
-        Query("seen", "GPUs seen", f"max by ({GPU}) ({t.tiled('count_over_time', 'max_over_time', state, DOWN)})"),
+        # On how many steps each target saw each GPU (its unheld "down" series exists from its first poll):
+        # every label but the exporter's is kept, so that the report names the targets it counted once.
+        Query("seen", "GPUs seen, by target",
+              f"max without ({EXPORTED}) ({t.tiled('count_over_time', 'max_over_time', state, DOWN)})"),
         Query("info", "GPU models",
               f"max by ({GPU}, name, mig_mode) ({t.tiled('max_over_time', 'max_over_time', 'gpu_info')})"),
         Query("memory_total", "memory sizes",
@@ -236,8 +274,6 @@ def queries(w: Window, matchers: str) -> list[Query]:
         Query("activity", "activity while held (p95)",
               f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signals}) and on ({JOIN}) ({held}))"
               f"[{t.span}:{t.s}]))"),
-        Query("timeline", "hours over time", f"sum by (state) (increase({_sel(state, matchers)}[{t.s}])) / 3600",
-              "range"),
         # Who holds each GPU at the end of the range: the one to reclaim it from (a GPU's holders by
         # hours can tie, where pods come and go, and rank differently on two engines).
         Query("holders_now", "holders now",
@@ -245,16 +281,31 @@ def queries(w: Window, matchers: str) -> list[Query]:
     ]  # fmt: skip
 
 
-def hours(w: Window, matchers: str, first: int = 1, last: int | None = None) -> Query:
+def _each(per_series: Callable[[str], str], copies: bool, keep: str = "") -> str:
+    """Each step's increases: counted once (``once``) where some GPU was seen through two scrapers,
+    else as they are.  Counting once aggregates at every step of the subquery, which takes Prometheus
+    about as long again as reading the samples: a store with one scraper per GPU does not pay it."""
+    return once(per_series, keep) if copies else per_series("")
+
+
+def timeline(w: Window, matchers: str, copies: bool = False) -> Query:
+    """The hours of each state at each step, for the whole selection (a range query)."""
+    state = "gpu_state_seconds_total"
+    each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies)
+    return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range")
+
+
+def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, copies: bool = False) -> Query:
     """GPU-hours by GPU, holder and state over steps ``first`` to ``last`` of the window (1-based, both
-    included; all of them by default): ``increase()`` over consecutive steps, summed.  A range whose
-    prices changed is asked in pieces that each hold one price per GPU, so that hours x price is its cost."""
+    included; all of them by default): ``increase()`` over consecutive steps, summed, each GPU's once
+    where ``copies`` (some GPU seen through two scrapers).  A range whose prices changed is asked in
+    pieces that each hold one price per GPU, so that hours x price is its cost."""
     last = w.points if last is None else last
     if not 1 <= first <= last <= w.points:
         raise ValueError(f"steps {first} to {last} are not within the window's 1 to {w.points}")
     t = _Tiles(w, matchers)
     holder = f"{GPU}, {HOLDER}, state"
-    inner = f"increase({t.counter('gpu_state_seconds_total')})"
+    inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies)
     span = f"{(last - first + 1) * w.step * 1000 - 1}ms"
     whole = (first, last) == (1, w.points)
     what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
@@ -270,16 +321,21 @@ def _currency_matcher(currency: str) -> str:
     return 'currency="' + currency.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str) -> Query:
+def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies: bool = False) -> Query:
     """The cost of each step at the price of that step (the last one the step saw), for GPUs whose
     price changed or was missing in part of the range (for the others, hours x their one price is
     exact and costs no query).  Prices of one currency only: a GPU priced in two at once would match
-    two price series and fail the whole query."""
+    two price series and fail the whole query.  Each series is priced by its own target's price (never
+    another node's), then, where ``copies``, counted once (``once``)."""
     t = _Tiles(w, matchers)
     only = f'uuid=~"{"|".join(uuids)}"' if len(uuids) <= 200 and all(_UUID.match(u) for u in uuids) else ""
-    prices = t.range("gpu_price_per_hour", only, _currency_matcher(currency))
-    price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
-    priced = f"increase({t.counter('gpu_state_seconds_total', only)}) * on ({JOIN}) group_left (currency) {price}"
+
+    def priced_series(m: str) -> str:
+        prices = t.range("gpu_price_per_hour", only, m, _currency_matcher(currency))
+        price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
+        return f"increase({t.counter('gpu_state_seconds_total', only, m)}) * on ({JOIN}) group_left (currency) {price}"
+
+    priced = _each(priced_series, copies, ", currency")
     return Query(
         "cost",
         "cost of GPUs whose price changed",
@@ -289,11 +345,17 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str) -> Que
 
 def presence(matchers: str, w: Window) -> str:
     """How many GPUs the store saw in the range (their unheld "down" series), for an empty report: run
-    without the selector, it tells a selector that matched nothing from a range without data."""
+    without the selector, it tells a selector that matched nothing from a range without data.  Each GPU
+    once, however many targets saw it."""
     t = _Tiles(w, matchers)
-    return f"count({t.tiled('max_over_time', 'max_over_time', 'gpu_state_seconds_total', DOWN)})"
+    return _count_gpus(t.tiled("max_over_time", "max_over_time", "gpu_state_seconds_total", DOWN))
 
 
 def anywhere(matchers: str) -> str:
-    """Whether the store holds gpu-exporter's series now."""
-    return f"count({_sel('gpu_state_seconds_total', matchers, DOWN)})"
+    """Whether the store holds gpu-exporter's series now: how many GPUs."""
+    return _count_gpus(_sel("gpu_state_seconds_total", matchers, DOWN))
+
+
+def _count_gpus(down: str) -> str:
+    """The GPUs among "down" series: a GPU with a uuid once on its node, one without once per target."""
+    return f'count(max by (node, instance, gpu, uuid) (label_replace({down}, "instance", "", "uuid", ".+")))'

@@ -20,6 +20,7 @@ GIB = 1024**3
 COLOURS = {"busy": "#2e7d32", "allocated_idle": "#ef6c00", "idle": "#c62828", "down": "#757575"}
 LABELS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": "idle", "down": "down"}
 TOP = 10
+MERGED_LINES = 5  # groups of GPUs seen through several targets named in the headline; the JSON has all
 
 
 def printable(v: Any) -> Any:
@@ -29,7 +30,7 @@ def printable(v: Any) -> Any:
     if isinstance(v, str):
         return "".join(c if c.isprintable() else "\ufffd" for c in v)
     if isinstance(v, dict):
-        return {k: printable(x) for k, x in v.items()}
+        return {printable(k): printable(x) for k, x in v.items()}
     if isinstance(v, list):
         return [printable(x) for x in v]
     return v
@@ -78,6 +79,7 @@ def headline(doc: dict[str, Any]) -> list[str]:
         f"idle {_num(t['allocated_idle_hours'])}, idle {_num(t['idle_hours'])}, down {_num(t['down_hours'])}; "
         f"wasted {_num(wasted)}{share}"
     )
+    lines += counted_once(doc)
     if t["cost"] is not None:
         unpriced = (f" ({plural(t['unpriced_gpus'], 'GPU')} without a price, {_num(t['unpriced_hours'])} GPU-hours "
                     "not in these figures)" if t["unpriced_gpus"] else "")  # fmt: skip
@@ -88,6 +90,32 @@ def headline(doc: dict[str, Any]) -> list[str]:
         saving = t.get("advised_saving_per_month") or 0
         monthly = f"; together they save about {_cash(saving, cur)}/month" if saving else ""
         lines.append(f"{plural(len(doc['recommendations']), 'recommendation')}{monthly}")
+    return lines
+
+
+def _target(labels: dict[str, str], shown: set[str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k in shown) + "}"
+
+
+def counted_once(doc: dict[str, Any]) -> list[str]:
+    """The GPUs seen through several targets (two scrape jobs, Prometheus replicas, federation) and
+    counted once, by node and targets: each target by its job and instance, and by any other label its
+    targets differ in (a replica label)."""
+    groups: dict[tuple[str, str, int], list[str]] = {}
+    for g in doc["gpus"]:
+        targets: list[dict[str, str]] = g.get("targets") or []
+        if len(targets) < 2:
+            continue
+        shown = {"job", "instance"} | {k for t in targets for k in t if len({u.get(k) for u in targets}) > 1}
+        named = ", ".join(_target(t, shown) for t in targets)
+        groups.setdefault((g["node"], named, len(targets)), []).append(g["gpu"])
+    lines = []
+    for (node, named, n), gpus in list(groups.items())[:MERGED_LINES]:
+        which = f"GPU {gpus[0]} on {node}, seen" if len(gpus) == 1 else f"GPUs {', '.join(gpus)} on {node}, each seen"
+        lines.append(f"Counted once: {which} through {n} targets: {named}")
+    if rest := sum(len(gpus) for gpus in list(groups.values())[MERGED_LINES:]):
+        lines.append(f"Counted once: {plural(rest, 'more GPU')} seen through several targets (the JSON's targets "
+                     "name them)")  # fmt: skip
     return lines
 
 
@@ -169,6 +197,8 @@ _MD_TEXT = frozenset({"node", "gpu", "uuid", "model", "holder", "namespace", "po
 def markdown_text(v: Any, key: str = "") -> Any:
     """The report with every name and sentence made plain text to Markdown: its markup characters
     backslash-escaped, so that a tenant's name is shown as written and never as HTML or a link."""
+    if isinstance(v, dict) and key == "targets":  # a target's labels, names and values, from the store
+        return {_MD_MARKUP.sub(r"\\\1", k): _MD_MARKUP.sub(r"\\\1", str(x)) for k, x in v.items()}
     if isinstance(v, dict):
         return {k: markdown_text(x, k) for k, x in v.items()}
     if isinstance(v, list):
