@@ -238,6 +238,17 @@ def test_device_holders_follow_pod_mode() -> None:
     g = node().gpus[0]
     assert device_holders(g, pod_mode=True) == ()  # with pod attribution, only pods hold GPUs
     assert device_holders(g, pod_mode=False) == (job_holder(JOB),)
+    held = GpuReading(index=0, uuid="GPU-0", up=True, pods=(PodRef("ml", "b", "main"), PodRef("ml", "a", "main")))
+    assert device_holders(held, pod_mode=True) == (
+        Holder("pod", ("ml", "a", "main")),
+        Holder("pod", ("ml", "b", "main")),
+    )
+
+
+def test_two_users_on_one_gpu_are_both_on_its_alerts() -> None:
+    procs = (ProcessReading(1, "a", GIB, user="carol"), ProcessReading(2, "b", GIB, user="bob"),
+             ProcessReading(3, "c", GIB, user=None), ProcessReading(4, "d", GIB, user="bob"))  # fmt: skip
+    assert HolderLabels(users=True).of(reading(0, 0.0, procs)) == ("bob,carol",)  # "unknown" is no name
 
 
 def test_pod_info_keeps_its_own_labels_beside_the_other_holders() -> None:
