@@ -54,7 +54,7 @@ def test_durations(text: str, seconds: float) -> None:
             "rules:\n  GpuMemoryHigh:\n    warning: 1.5\n",
             ["rules.GpuMemoryHigh.warning", "1.5", "less than or equal to 1"],
         ),
-        ([], {}, "rules:\n  GpuMemoryHigh:\n    warning: 0.99\n", ["warning <= critical"]),
+        ([], {}, "rules:\n  GpuMemoryHigh:\n    warning: 0.99\n", ["above critical 0.98", "set critical to 0.99"]),
         (
             [],
             {},

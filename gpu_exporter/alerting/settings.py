@@ -4,14 +4,20 @@ Every rule is on by default except GpuIdle; any threshold or duration can be cha
 rule switched off with ``enabled: false``.  Unknown rules, negative durations, durations and
 thresholds out of a sane range and receiver URLs that cannot work are refused by validation, so a
 typo never silently disables an alert and no setting fails later, at send time.
+
+A threshold with a clear threshold (``warning`` and ``warning_clear``, ``threshold`` and
+``clear_threshold``, ...) is declared once as a :class:`Hysteresis` pair, and one validator treats
+every pair alike: a clear left out follows its threshold at the defaults' distance, and one set past
+its threshold, where the alert would fire and clear at once and flap, is refused.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -38,10 +44,69 @@ Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, le=MAX_
 Ratio = Annotated[float, Field(ge=0, le=1)]
 
 
+@dataclass(frozen=True)
+class Hysteresis:
+    """A threshold and the clear threshold that ends its alert.  ``high``: the alert fires above
+    ``threshold`` and clears below ``clear``, so ``clear`` must not be above ``threshold``; else the
+    other way round.  Equal is taken: no hysteresis, as a plain Prometheus rule has."""
+
+    threshold: str
+    clear: str
+    high: bool
+
+    def gap(self, rule: type[_Rule]) -> float:
+        """How far the defaults put the clear from the threshold."""
+        fields = rule.model_fields
+        return round(abs(float(fields[self.threshold].default) - float(fields[self.clear].default)), 9)
+
+    def following(self, rule: type[_Rule], threshold: float) -> float:
+        """The clear of ``threshold`` where none is set: the defaults' gap away, within 0 to 1."""
+        gap = self.gap(rule)
+        return min(1.0, max(0.0, round(threshold - gap if self.high else threshold + gap, 9)))
+
+    def refusal(self, rule: type[_Rule], threshold: float, clear: float) -> str | None:
+        """Why ``clear`` cannot go with ``threshold``, and what to set instead; None where it can."""
+        if (clear <= threshold) if self.high else (clear >= threshold):
+            return None
+        side, most, least = ("above", "less", "more") if self.high else ("below", "more", "less")
+        return (
+            f"{self.clear} {clear:g} is {side} {self.threshold} {threshold:g}, so the alert would flap (a value "
+            f"between the two both fires and clears it); set {self.clear} to {threshold:g} or {most}, "
+            f"or {self.threshold} to {clear:g} or {least} (left out, {self.clear} follows {self.threshold}, "
+            f"{self.gap(rule):g} {'below' if self.high else 'above'} it)"
+        )
+
+
 class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Each threshold and its clear threshold; and (lower, higher) keys that must stay in that order.
+    hysteresis: ClassVar[tuple[Hysteresis, ...]] = ()
+    ordered: ClassVar[tuple[tuple[str, str], ...]] = ()
     enabled: bool = True
     for_: Duration = Field(300.0, alias="for", description="how long the condition must hold before firing")
+
+    @model_validator(mode="after")
+    def _clears_where_they_can(self) -> Self:
+        """Every pair of every rule, by one rule: a clear left out follows its threshold; one set past
+        it is refused, naming both keys, their values and what to set (all problems at once)."""
+        rule = type(self)
+        problems = []
+        for h in self.hysteresis:
+            threshold = getattr(self, h.threshold)
+            if h.clear not in self.model_fields_set:
+                if h.threshold in self.model_fields_set:
+                    setattr(self, h.clear, h.following(rule, threshold))
+                continue
+            if (why := h.refusal(rule, threshold, getattr(self, h.clear))) is not None:
+                problems.append(why)
+        for lower, higher in self.ordered:
+            low, high = getattr(self, lower), getattr(self, higher)
+            if low > high:
+                problems.append(f"{lower} {low:g} is above {higher} {high:g}: set {higher} to {low:g} or more, "
+                                f"or {lower} to {high:g} or less")  # fmt: skip
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class UnderutilizedRule(_Rule):
@@ -53,12 +118,7 @@ class UnderutilizedRule(_Rule):
         "auto",
         description="activity signal: SM activity (GPM) where the GPU has it, else GPU-Util (auto); or one of them",
     )
-
-    @model_validator(mode="after")
-    def _hysteresis(self) -> UnderutilizedRule:
-        if self.clear_threshold < self.threshold:
-            raise ValueError(f"clear_threshold {self.clear_threshold} must not be below threshold {self.threshold}")
-        return self
+    hysteresis = (Hysteresis("threshold", "clear_threshold", high=False),)
 
 
 class LowSmActivityRule(_Rule):
@@ -70,14 +130,10 @@ class LowSmActivityRule(_Rule):
     sm_active_below: Ratio = 0.25
     clear_utilization_below: Ratio = 0.75
     clear_sm_active_above: Ratio = 0.30
-
-    @model_validator(mode="after")
-    def _hysteresis(self) -> LowSmActivityRule:
-        if self.clear_utilization_below > self.utilization_at_least:
-            raise ValueError("clear_utilization_below must not be above utilization_at_least")
-        if self.clear_sm_active_above < self.sm_active_below:
-            raise ValueError("clear_sm_active_above must not be below sm_active_below")
-        return self
+    hysteresis = (
+        Hysteresis("utilization_at_least", "clear_utilization_below", high=True),
+        Hysteresis("sm_active_below", "clear_sm_active_above", high=False),
+    )
 
 
 class IdleRule(_Rule):
@@ -92,20 +148,18 @@ class MemoryHighRule(_Rule):
     warning_clear: Ratio = 0.85
     critical: Ratio = 0.98
     critical_clear: Ratio = 0.95
-
-    @model_validator(mode="after")
-    def _levels(self) -> MemoryHighRule:
-        if not self.warning_clear <= self.warning <= self.critical:
-            raise ValueError("need warning_clear <= warning <= critical")
-        if self.critical_clear > self.critical:
-            raise ValueError("critical_clear must not be above critical")
-        return self
+    hysteresis = (
+        Hysteresis("warning", "warning_clear", high=True),
+        Hysteresis("critical", "critical_clear", high=True),
+    )
+    ordered = (("warning", "critical"),)
 
 
 class PcieBottleneckRule(_Rule):
     threshold: Ratio = Field(0.80, description="throughput / link capacity, either direction")
     clear_threshold: Ratio = 0.70
     utilization_below: Ratio = 0.50
+    hysteresis = (Hysteresis("threshold", "clear_threshold", high=True),)
 
 
 class PcieLinkDegradedRule(_Rule):
