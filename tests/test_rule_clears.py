@@ -1,6 +1,7 @@
 """Rules are tuned the way users try (issue 34, item 3): every threshold with a clear threshold is
-one pair, checked by one rule; a clear past its threshold is refused, saying what to set; and a
-threshold set alone takes its clear along.
+one pair, checked by one rule; a clear past its threshold is refused, saying what to set; a
+threshold set alone takes its clear along; and the README's table of rules, which names every key
+with its default, is written from the settings, so it cannot drift from them.
 
 The pairs and their directions are listed here by hand, read off ``alerting/rules.py`` (``high``:
 the alert fires above the threshold and clears below the clear), so a pair the settings forget to
@@ -9,17 +10,22 @@ declare, or declare the wrong way round, fails here.
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, RuleEngine
-from gpu_exporter.alerting.settings import RulesSettings
+from gpu_exporter.alerting.settings import RULE_DOCS, RulesSettings, rules_table
 from gpu_exporter.cli import main
 from gpu_exporter.config import ConfigError, load_settings
+from gpu_exporter.durations import parse_duration
 from gpu_exporter.once import UNKNOWN
+from tests.test_rule_properties import CASES
 from tests.test_rules import GEN5_X16, T0, gpu, snap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,3 +159,72 @@ def test_a_threshold_set_alone_no_longer_flaps() -> None:
         sent = engine.evaluate(snap(T0 + i, reading)).to_send
         states += [a.state for a in sent if a.label_dict["alertname"] == "GpuPcieBottleneck"]
     assert states == [FIRING] and RESOLVED not in states
+
+
+# -- the README's table ------------------------------------------------------------------------------------
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("generate", ROOT / "docs" / "generate.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    return gen
+
+
+def readme_rows() -> dict[str, list[str]]:
+    gen = generator()
+    text = (ROOT / "README.md").read_text()
+    block = text.split(gen.RULES_BEGIN, 1)[1].split(gen.END, 1)[0]
+    assert block == rules_table(), "the README's table of rules is stale: run .venv/bin/python docs/generate.py"
+    rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines()[2:]]
+    return {row[0].split("`")[1]: row for row in rows}
+
+
+def test_the_readme_table_is_generated_and_names_every_key_of_every_rule_with_its_default() -> None:
+    rows = readme_rows()
+    assert list(rows) == list(RulesSettings.model_fields) == list(RULE_DOCS)
+    for alert, (name, _, fires, for_, clears) in rows.items():
+        rule = getattr(DEFAULTS, alert)
+        text = f"{fires} {clears}"
+        for key in type(rule).model_fields:
+            if key in ("enabled", "for_"):
+                continue
+            value = getattr(rule, key)
+            written = re.search(rf"(\S+) \(`{key}`\)", text)
+            assert written is not None, f"{alert}.{key} is not in the README's table"
+            if isinstance(value, list):
+                assert f"{', '.join(map(str, value))} (`{key}`)" in text
+            elif isinstance(value, str):
+                assert written.group(1) == value
+            elif key == "window":
+                assert parse_duration(written.group(1)) == value
+            else:
+                assert float(written.group(1)) == value, (alert, key)
+        assert parse_duration(for_) == rule.for_
+        assert ("(off by default)" in name) == (not rule.enabled)
+    assert rows["GpuMemoryHigh"][4] == "below 0.85 (`warning_clear`) / 0.95 (`critical_clear`)"
+    assert rows["GpuUnderutilized"][3] == "30m" and "30m (`window`)" in rows["GpuUnderutilized"][2]
+    assert rows["GpuLost"][3] == "30s" and rows["GpuIdle"][3] == "1h"
+
+
+def test_the_readme_table_severities_are_the_rules_own() -> None:
+    severities: dict[str, set[str]] = {}
+    for case in CASES:
+        severities.setdefault(case.alertname, set()).add(case.severity)
+    rows = readme_rows()
+    assert {alert: set(row[1].split(" / ")) for alert, row in rows.items()} == severities
+
+
+def test_the_readme_example_of_a_warning_set_alone_is_what_the_settings_do() -> None:
+    rules = load_settings({"rules": {"GpuMemoryHigh": {"warning": 0.6}}}).rules.GpuMemoryHigh
+    assert f"(`warning: 0.6` alone clears\nbelow {rules.warning_clear:g};" in (ROOT / "README.md").read_text()
+
+
+def test_the_generator_checks_and_rewrites_the_readme_table(tmp_path: Path) -> None:
+    gen = generator()
+    assert gen.main(["--check"]) == 0  # the README and docs/metrics.md are fresh
+    stale = f"intro\n{gen.RULES_BEGIN}| `GpuLost` | critical | old words |\n{gen.END}after\n"
+    fresh = gen.generated(stale, rules_table(), gen.RULES_BEGIN, tmp_path / "README.md")
+    assert fresh != stale and fresh.startswith("intro\n") and fresh.endswith(f"{gen.END}after\n")
+    assert gen.generated(fresh, rules_table(), gen.RULES_BEGIN) == fresh
+    with pytest.raises(SystemExit, match="markers"):
+        gen.generated("no markers\n", rules_table(), gen.RULES_BEGIN, tmp_path / "README.md")

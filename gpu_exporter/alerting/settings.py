@@ -8,7 +8,8 @@ typo never silently disables an alert and no setting fails later, at send time.
 A threshold with a clear threshold (``warning`` and ``warning_clear``, ``threshold`` and
 ``clear_threshold``, ...) is declared once as a :class:`Hysteresis` pair, and one validator treats
 every pair alike: a clear left out follows its threshold at the defaults' distance, and one set past
-its threshold, where the alert would fire and clear at once and flap, is refused.
+its threshold, where the alert would fire and clear at once and flap, is refused.  The README's
+table of rules is written from these models and :data:`RULE_DOCS` (``docs/generate.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from ..durations import parse_duration
 
@@ -204,6 +206,85 @@ class RulesSettings(BaseModel):
     GpuEccUncorrectable: EccUncorrectableRule = EccUncorrectableRule()
     GpuRowRemapFailure: InstantRule = InstantRule()
     GpuRowRemapPending: InstantRule = InstantRule()
+
+
+@dataclass(frozen=True)
+class RuleDoc:
+    """One row of the README's table of rules.  ``{key}`` in ``fires`` and ``clears`` is written as the
+    key's default and the key, ``0.9 (`warning`)``: each default is written in one place, the model."""
+
+    severity: str
+    fires: str
+    clears: str
+
+
+RULE_DOCS: dict[str, RuleDoc] = {
+    "GpuUnderutilized": RuleDoc(
+        "warning",
+        "a process holds GPU memory but activity averaged over {window} is below {threshold}; {signal} takes SM "
+        "activity where the GPU has GPM, else GPU-Util (or `sm_active`, `gpu_utilization`)",
+        "average above {clear_threshold}, or no process holds memory"),
+    "GpuLowSmActivity": RuleDoc(
+        "warning",
+        "GPU-Util averaged over {window} at least {utilization_at_least} while SM activity (GPM) stays below "
+        "{sm_active_below}",
+        "GPU-Util below {clear_utilization_below} or SM activity above {clear_sm_active_above}"),
+    "GpuIdle": RuleDoc(
+        "info", "no processes and utilization averaged over {window} below {threshold}",
+        "a process appears, or utilization reaches the threshold"),
+    "GpuMemoryHigh": RuleDoc(
+        "warning / critical", "used / total memory above {warning} / {critical}",
+        "below {warning_clear} / {critical_clear}"),
+    "GpuPcieBottleneck": RuleDoc(
+        "warning",
+        "PCIe throughput in either direction at least {threshold} of `gpu_pcie_link_max_bytes_per_second` while "
+        "utilization is below {utilization_below}",
+        "below {clear_threshold}, or utilization at least `utilization_below`"),
+    "GpuPcieLinkDegraded": RuleDoc(
+        "warning",
+        "link generation or width below the card's maximum while utilization is at least {min_utilization}; idle "
+        "cards legitimately train down",
+        "link back at maximum, or utilization below `min_utilization`"),
+    "GpuLost": RuleDoc("critical", "the GPU does not answer", "it answers"),
+    "GpuXidError": RuleDoc(
+        "critical", "an XID (label `xid`) from {codes} within the last {window}", "a `window` without one"),
+    "GpuThermalThrottling": RuleDoc("warning", "hardware or software thermal slowdown active", "inactive"),
+    "GpuEccUncorrectable": RuleDoc(
+        "critical", "uncorrectable ECC errors rose within the last {window}", "a `window` without a new one"),
+    "GpuRowRemapFailure": RuleDoc("critical", "a row remap failed", "the flag clears"),
+    "GpuRowRemapPending": RuleDoc("warning", "a row remap is pending (reset the GPU)", "the flag clears"),
+}  # fmt: skip
+
+
+def _is_duration(field: FieldInfo) -> bool:
+    return any(isinstance(m, BeforeValidator) and m.func is parse_duration for m in field.metadata)
+
+
+def _written(value: Any, duration: bool) -> str:
+    """A default as it would be written in the config: ``0.9``, ``30m``, ``48, 63``, ``auto``."""
+    if duration:
+        for unit, seconds in (("d", DAY), ("h", 3600.0), ("m", 60.0)):
+            if value >= seconds and value % seconds == 0:
+                return f"{value / seconds:g}{unit}"
+        return f"{value:g}s"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def rules_table() -> str:
+    """The README's table of rules: every key of every rule, with its default."""
+    rows = ["| alert | severity | fires when (default `key`) | `for` | clears when |", "|---|---|---|---|---|"]
+    defaults = RulesSettings()
+    for alertname in RulesSettings.model_fields:
+        rule: _Rule = getattr(defaults, alertname)
+        doc = RULE_DOCS[alertname]
+        fields = type(rule).model_fields
+        shown = {name: f"{_written(getattr(rule, name), _is_duration(f))} (`{name}`)" for name, f in fields.items()}
+        off = "" if rule.enabled else " (off by default)"
+        rows.append(f"| `{alertname}`{off} | {doc.severity} | {doc.fires.format_map(shown)} | "
+                    f"{_written(rule.for_, duration=True)} | {doc.clears.format_map(shown)} |")  # fmt: skip
+    return "\n".join(rows) + "\n"
 
 
 # What http.client refuses anywhere in a URL (it raises InvalidURL at send time).
