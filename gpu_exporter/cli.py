@@ -354,10 +354,13 @@ def reload(daemon: Daemon, reread: Callable[[], Settings] | None) -> None:
     """Read the configuration again and apply it; on any error, keep running as before and say why."""
     if reread is None:
         log.warning("config_reload_failed", error="no configuration to read again")
+        daemon.reload_failed()
         return
     try:
         daemon.reload(reread())
+        return
     except (ConfigError, WebConfigError) as e:
         log.error("config_reload_failed", error=str(e), keeping="the running configuration")
     except Exception as e:  # a reload must never take the daemon down
         log.exception("config_reload_failed", error=f"{type(e).__name__}: {e}", keeping="the running configuration")
+    daemon.reload_failed()  # counted: gpu_exporter_config_reload_failures_total

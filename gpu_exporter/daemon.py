@@ -45,6 +45,7 @@ class Daemon:
         self.settings = settings
         self.registry = registry = CollectorRegistry()
         self.metrics = SelfMetrics(registry, log_lines_dropped=dropped_lines)
+        self.metrics.config_loaded_at.set(time.time())  # the configuration in force, as of now
         k8s = settings.kubernetes
         pod_labels = k8s.labels if k8s.enabled() else None
         self.watcher: PodResourcesWatcher | None = None
@@ -229,8 +230,9 @@ class Daemon:
                  poll_interval_s=self.settings.poll_interval, tls=self.web.current().tls is not None,
                  basic_auth=self.web.current().auth_required)  # fmt: skip
 
-    def reload(self, new: Settings) -> None:
-        """Apply a re-read configuration, all of it or (on WebConfigError) none of it."""
+    def reload(self, new: Settings, now: float | None = None) -> None:
+        """Apply a re-read configuration, all of it or (on WebConfigError) none of it; ``now`` (Unix time,
+        default the clock's) becomes gpu_exporter_config_last_reload_success_timestamp_seconds."""
         running = self.settings
         web = self.web.read(new.web_config_file)  # fails before anything has changed
         rules, pinned = new.rules, []
@@ -272,6 +274,14 @@ class Daemon:
             log.warning("setting_needs_restart", setting=name, reason="longer than the windows the daemon started with")
         log.info("config_reloaded", receivers=[r.name for r in receivers], web_config_file=str(new.web_config_file),
                  tls=web.config.tls is not None, basic_auth=web.config.auth_required)  # fmt: skip
+        self.metrics.config_loaded_at.set(time.time() if now is None else now)
+        self.exposition.invalidate()  # scraped at once, not after the next poll
+
+    def reload_failed(self) -> None:
+        """A reload that did not happen (the file did not load, a setting was refused): counted, the
+        running configuration and its load time kept."""
+        self.metrics.config_reload_failures.inc()
+        self.exposition.invalidate()
 
     @property
     def port(self) -> int:

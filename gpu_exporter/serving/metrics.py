@@ -294,6 +294,9 @@ class SelfMetrics:
         self.notifications: Counter = _declared("gpu_exporter_notifications_total", registry)
         self.kubelet_refreshes: Counter = _declared("gpu_exporter_kubelet_refreshes_total", registry)
         self.nvml_errors: Counter = _declared("gpu_exporter_nvml_errors_total", registry)
+        # Like Prometheus's prometheus_config_*: alert on failures since the last success.
+        self.config_reload_failures: Counter = _declared("gpu_exporter_config_reload_failures_total", registry)
+        self.config_loaded_at: Gauge = _declared("gpu_exporter_config_last_reload_success_timestamp_seconds", registry)
         self.pod_attribution_expired: Counter | None = None
 
     def watch_kubelet(self, outcomes: Iterable[str]) -> None:
