@@ -18,7 +18,7 @@ import structlog
 
 from . import __version__
 from .config import COLLECTORS, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
-from .logs import configure_logging
+from .logs import FORMATS, configure_logging
 from .logs import drain as drain_logs
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
@@ -108,7 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--simulate.gpus", dest="simulate_gpus", type=int, metavar="N", help="number of simulated GPUs (default 4)"
     )
-    p.add_argument("--log.format", dest="log_format", choices=["auto", "json", "console"])
+    p.add_argument(
+        "--log.format",
+        dest="log_format",
+        choices=FORMATS,
+        help="logfmt or json, as Prometheus's exporters; console: readable lines; "
+        "auto (default): json, console when stdout and stderr are terminals",
+    )
     p.add_argument("--log.level", dest="log_level", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--node.name",

@@ -201,7 +201,7 @@ class Settings(BaseSettings):
     )
     simulate: bool = Field(False, description="simulate GPUs instead of reading NVML")
     simulate_gpus: int = Field(4, ge=1, le=1024, description="how many GPUs --simulate makes")
-    log_format: Literal["auto", "json", "console"] = "auto"
+    log_format: Literal["auto", "logfmt", "json", "console"] = "auto"  # gpu_exporter.logs.FORMATS
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     node_name: str | None = Field(None, description="the node label on alerts (default: $NODE_NAME, else the hostname)")
     process_top_n: int = Field(20, ge=0, description="process series per GPU, the biggest first (0: all)")

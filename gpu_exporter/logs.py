@@ -1,5 +1,5 @@
-"""structlog setup: JSON lines for machines, readable lines on a terminal, written without ever
-making the daemon wait.
+"""structlog setup: logfmt or JSON lines for machines (``--log.format``, as Prometheus's exporters
+take it), readable lines on a terminal, written without ever making the daemon wait.
 
 Log lines go through a bounded queue to a thread of their own that writes them to stderr.  A
 reader that stops reading (``gpu-exporter 2>&1 | sleep 1000``, a stuck log shipper) then blocks
@@ -12,11 +12,14 @@ the reader is back.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import structlog
@@ -24,6 +27,70 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 QUEUE_LINES = 4096  # ~1 MB of typical lines: minutes of a noisy daemon, and a bound on memory
 MAX_LINE = 16 * 1024  # a longer line is cut: no single message may hold the queue
+# --log.format: logfmt and json as Prometheus's exporters name them; console for people; auto (the
+# default) is json, or console when both stdout and stderr are terminals.
+FORMATS = ("auto", "logfmt", "json", "console")
+_FIRST = {"timestamp": "time", "level": "level", "event": "msg"}  # logfmt's names, first on the line, as promslog's
+
+
+def _logfmt_text(text: str) -> str:
+    """A key or value as go-logfmt writes it: quoted when it holds a space, ``=``, ``"`` or a control
+    character (or is empty), with ``\\``, ``"``, newlines, tabs and other control characters escaped,
+    so that no value can end the line or forge a key."""
+    if text and not any(c <= " " or c in '="\\' or c == "\x7f" for c in text):
+        return text
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\r":
+            out.append("\\r")
+        elif c == "\t":
+            out.append("\\t")
+        elif c < " " or c == "\x7f":
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _logfmt_value(value: object) -> str:
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list, tuple)):
+        value = json.dumps(value, default=str, ensure_ascii=False)
+    return _logfmt_text(str(value))
+
+
+def render_logfmt(_logger: object, _name: str, event: Mapping[str, Any]) -> str:
+    """One logfmt line: ``time=... level=... msg=...`` first, then the event's other keys in order."""
+    first = [f"{name}={_logfmt_value(event[key])}" for key, name in _FIRST.items() if key in event]
+    rest = [f"{_logfmt_text(str(k))}={_logfmt_value(v)}" for k, v in event.items() if k not in _FIRST]
+    return " ".join(first + rest)
+
+
+def render_json(_logger: object, _name: str, event: Mapping[str, Any]) -> str:
+    return json.dumps(event, default=repr)
+
+
+class _RecordFormatter(logging.Formatter):
+    """Lines of the standard library's loggers (apscheduler, asyncio) in the format of the others."""
+
+    def __init__(self, render: Callable[[object, str, Mapping[str, Any]], str]) -> None:
+        super().__init__()
+        self._render = render
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = datetime.fromtimestamp(record.created, tz=UTC).isoformat().replace("+00:00", "Z")
+        event: dict[str, Any] = {"timestamp": stamp, "level": record.levelname.lower(),
+                                 "event": record.getMessage(), "logger": record.name}  # fmt: skip
+        if record.exc_info:
+            event["exception"] = self.formatException(record.exc_info)
+        return self._render(None, "", event)
 
 
 class LogPipe:
@@ -42,6 +109,8 @@ class LogPipe:
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
+        # The line that says how many were dropped, in the format of the others.
+        self.render: Callable[[Mapping[str, Any]], str] = lambda event: render_json(None, "", event)
 
     # -- the file-like side ---------------------------------------------------------------------
     def write(self, text: str) -> int:
@@ -93,8 +162,8 @@ class LogPipe:
                 self._queue.clear()
                 unsaid, self._dropped_unsaid = self._dropped_unsaid, 0
             if unsaid:
-                batch += f'{{"event": "log_lines_dropped", "level": "warning", "lines": {unsaid}, ' \
-                         f'"reason": "the reader of the log did not keep up"}}\n'  # fmt: skip
+                batch += self.render({"event": "log_lines_dropped", "level": "warning", "lines": unsaid,
+                                      "reason": "the reader of the log did not keep up"}) + "\n"  # fmt: skip
             data = batch.encode("utf-8", "replace")
             try:
                 while data:
@@ -140,13 +209,21 @@ def _stderr_fd() -> int | None:
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     global _pipe
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: one of {', '.join(FORMATS)}")
     # Logs go to stderr; readable lines only when a person is watching both streams.
-    json_lines = fmt == "json" or (fmt == "auto" and not (_isatty(sys.stdout) and _isatty(sys.stderr)))
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    if fmt == "auto":
+        fmt = "console" if _isatty(sys.stdout) and _isatty(sys.stderr) else "json"
+    renderers: dict[str, structlog.typing.Processor] = {
+        "json": structlog.processors.JSONRenderer(),
+        "logfmt": render_logfmt,
+        "console": structlog.dev.ConsoleRenderer(colors=False),
+    }
+    renderer = renderers[fmt]
     if _pipe is None:
         _pipe = LogPipe(_stderr_fd())
+    line = render_logfmt if fmt == "logfmt" else render_json
+    _pipe.render = lambda event: line(None, "", event)
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -165,7 +242,10 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         with contextlib.suppress(Exception):
             root.removeHandler(handler)
     handler = logging.StreamHandler(_pipe)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    if fmt == "console":
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(_RecordFormatter(line))
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.ERROR)

@@ -40,7 +40,7 @@ def test_durations(text: str, seconds: float) -> None:
         (["--poll.interval", "0"], {}, None, ["poll_interval", "greater than 0"]),
         (["--web.listen-address", "localhost"], {}, None, ["listen_address", "'localhost'", "HOST:PORT"]),
         (["--web.listen-address", ":99999"], {}, None, ["listen_address", "0 to 65535"]),
-        ([], {"GPU_EXPORTER_LOG_FORMAT": "xml"}, None, ["log_format", "'xml'", "'auto', 'json' or 'console'"]),
+        ([], {"GPU_EXPORTER_LOG_FORMAT": "xml"}, None, ["log_format", "'xml'", "'logfmt', 'json' or 'console'"]),
         ([], {"GPU_EXPORTER_SIMULATE_GPUS": "lots"}, None, ["simulate_gpus", "'lots'", "integer"]),
         ([], {}, "poll_intervall: 5s\n", ["unknown setting 'poll_intervall'", "poll_interval"]),
         ([], {}, "- a\n- list\n", ["must hold a mapping"]),
