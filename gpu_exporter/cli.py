@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from . import __version__
-from .config import COLLECTORS, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
+from .config import COLLECTORS, DCGM_NAMES, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
 from .logs import FORMATS, configure_logging
 from .logs import drain as drain_logs
 from .snapshot import NodeSnapshot
@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpu-exporter",
         description="Prometheus exporter and alerting daemon for NVIDIA GPUs.",
         epilog="`gpu-exporter report --help`: what the GPUs cost and wasted, from Prometheus. "
-        "Every flag can also be set as GPU_EXPORTER_<SETTING> in the environment or as <setting> in the "
-        "--config YAML file (e.g. poll_interval: 10s); flags win over the environment, which wins over the file.",
+        "A flag --a.b-c is the key a_b_c of the --config YAML file and GPU_EXPORTER_A_B_C in the environment "
+        "(--poll.interval: poll_interval: 10s, GPU_EXPORTER_POLL_INTERVAL=10s), but --web.listen-address, "
+        "--poll.static-refresh-interval and --poll.gpu-timeout are listen_address, static_refresh_interval and "
+        "gpu_timeout; flags win over the environment, which wins over the file.",
     )
     p.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     p.add_argument("--config", type=Path, help="YAML settings file (or GPU_EXPORTER_CONFIG)")
@@ -136,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="send alerts to this webhook in Alertmanager's payload format (repeatable)",
     )
+    flag, env = DCGM_NAMES["slurm", "job_mapping_dir"]
+    p.add_argument(
+        flag,
+        dest="slurm_job_mapping_dir",
+        metavar="DIR",
+        help=f"dcgm-exporter's flag (and {env}) for slurm.job_mapping_dir: Slurm jobs from the files its prolog "
+        "writes, one per GPU index",
+    )
     for name in COLLECTORS:
         p.add_argument(
             f"--collector.{name}",
@@ -160,6 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--format", choices=["table", "json"], default="table", help="output of --once")
     return p  # fmt: skip
+
+
+def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the flags given set, nested as in the config file."""
+    cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
+    if args.slurm_job_mapping_dir is not None:
+        cli["slurm"] = {"job_mapping_dir": args.slurm_job_mapping_dir}
+    collectors = {n: v for n in COLLECTORS if (v := getattr(args, f"collector_{n}")) is not None}
+    if collectors:
+        cli["collectors"] = collectors
+    receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
+    alerting = {k: [{"url": u} for u in urls] for k, urls in receivers.items() if urls}
+    if alerting:
+        cli["alerting"] = alerting
+    return cli
 
 
 def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: float | None = None) -> Backend:
@@ -195,14 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if once and e.code == 2:
             return UNKNOWN_EXIT
         raise
-    cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
-    collectors = {n: v for n in COLLECTORS if (v := getattr(args, f"collector_{n}")) is not None}
-    if collectors:
-        cli["collectors"] = collectors
-    receivers = {"alertmanagers": args.alertmanager_urls, "webhooks": args.webhook_urls}
-    alerting = {k: [{"url": u} for u in urls] for k, urls in receivers.items() if urls}
-    if alerting:
-        cli["alerting"] = alerting
+    cli = settings_from_flags(args)
     config = args.config or (Path(os.environ["GPU_EXPORTER_CONFIG"]) if os.environ.get("GPU_EXPORTER_CONFIG") else None)
     try:
         settings = load_settings(cli, config)

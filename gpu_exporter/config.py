@@ -44,6 +44,13 @@ from .yamlfile import YamlFileError, clip, read_mapping, short
 
 DEFAULT_PORT = 9445
 ENV_PREFIX = "GPU_EXPORTER_"
+# dcgm-exporter's flag and environment variable for a setting of ours, so that a unit or manifest
+# written for it keeps working: setting path -> (flag, environment variable).  The flag ranks as a
+# flag; the variable below ours (GPU_EXPORTER_SLURM__JOB_MAPPING_DIR) and above the file, and empty
+# is unset, as in dcgm-exporter.
+DCGM_NAMES: dict[tuple[str, ...], tuple[str, str]] = {
+    ("slurm", "job_mapping_dir"): ("--hpc-job-mapping-dir", "DCGM_HPC_JOB_MAPPING_DIR"),
+}
 
 
 class ConfigError(Exception):
@@ -230,6 +237,7 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
             file_data = read_mapping(config_file, "config file") or {}
         except YamlFileError as e:
             raise ConfigError(str(e)) from e
+    dcgm = _dcgm_environment()
 
     class _Sourced(Settings):
         @classmethod
@@ -242,6 +250,8 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            if dcgm:
+                sources.append(InitSettingsSource(settings_cls, init_kwargs=dcgm))
             if file_data is not None:
                 sources.append(InitSettingsSource(settings_cls, init_kwargs=file_data))
             return tuple(sources)
@@ -254,6 +264,20 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
         raise ConfigError(_describe_env(e)) from e
     _check_named_files(settings)
     return _rules_for_collectors(settings)
+
+
+def _dcgm_environment() -> dict[str, Any]:
+    """Settings from dcgm-exporter's environment variables (``DCGM_NAMES``), nested as the file's."""
+    out: dict[str, Any] = {}
+    for path, (_, env) in DCGM_NAMES.items():
+        value = os.environ.get(env, "")
+        if not value:
+            continue
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
 
 
 def _rules_for_collectors(settings: Settings) -> Settings:
@@ -328,5 +352,7 @@ def _describe(e: ValidationError, config_file: Path | None) -> str:
         value = redacted(value, "password" if secret else None)
         msg = redact_text(err["msg"].removeprefix("Value error, "))
         env = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
+        dcgm = DCGM_NAMES.get(tuple(str(p) for p in err["loc"]))
+        env = f"{env}, {dcgm[0]}, {dcgm[1]}" if dcgm else env
         lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {short(value)}: {msg}")
     return clip("; ".join(lines))
