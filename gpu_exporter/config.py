@@ -36,7 +36,7 @@ from pydantic_settings import (
 from .accounting.settings import AccountingSettings, PricingSettings
 from .alerting.settings import AlertingSettings, RulesSettings
 from .durations import parse_duration
-from .metric_defs import COLLECTOR_HELP, Collector
+from .metric_defs import COLLECTOR_HELP, OWN_LABELS, Collector
 from .redaction import is_secret_key, redact_text, redacted
 from .report.settings import ReportSettings
 from .web.address import parse_listen_address
@@ -61,11 +61,7 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
-_OWN_LABELS = {"gpu", "uuid", "name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "pid",
-               "process", "mig_uuid", "gpu_instance_id", "compute_instance_id", "mig_profile", "device_uuid",
-               "sensor", "threshold", "fan", "clock", "reason", "link", "type", "cause", "xid", "alertname",
-               "severity", "node", "user", "state", "currency", "kind", "hpc_job", "slurm_account",
-               "slurm_partition", "container_engine", "container_id", "container_name"}  # fmt: skip
+_OWN_LABELS = OWN_LABELS  # every label of the declared metrics (and the alerts' node)
 
 
 class KubernetesSettings(BaseModel):

@@ -7,9 +7,12 @@ collector switches (``config``, ``cli`` and which NVML queries the backend makes
 reference table in ``docs/metrics.md`` (written by ``docs/generate.py``; CI fails when it is stale)
 all derive from this table.
 
-Adding a per-GPU value is three steps: a field in :class:`~gpu_exporter.snapshot.GpuReading`,
-the query that fills it (``sources/nvml/reads.py``), and one :class:`MetricDef` here whose
-``value`` reads that field.
+A value NVML gives as a field value (``nvmlDeviceGetFieldValues``) is one :class:`MetricDef` with
+``fields``: which field ids, the scale to base units and, for a labelled family, the label value of
+each; the backend asks for them while the metric's collector is on, converts them and puts them in
+``GpuReading.field_values``, where the declaration's reader finds them.  Any other per-GPU value is
+three steps: a field in :class:`~gpu_exporter.snapshot.GpuReading`, the query that fills it
+(``sources/nvml/reads.py``), and one :class:`MetricDef` here whose ``value`` reads that field.
 """
 
 from __future__ import annotations
@@ -73,6 +76,19 @@ Reader = Callable[[Any], Number | Iterable[tuple[str, Number]]]
 
 
 @dataclass(frozen=True)
+class FieldValue:
+    """One NVML field value (``nvmlDeviceGetFieldValues``, scope 0) a metric is read from."""
+
+    field_id: int  # nvml.h NVML_FI_*
+    scale: float = 1.0  # the driver's value times this is the metric's base unit (ns -> s: 1e-9)
+    label: str = ""  # the value of the metric's one label for this field; "" for an unlabelled metric
+    # The first driver version whose nvml.h gives the id this meaning, as numbers ((580, 82): 580.82);
+    # older drivers, and one whose version is unknown, are not asked (the id can mean something else
+    # there, or nothing).  (): every driver the exporter supports.
+    since: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class MetricDef:
     name: str  # as exposed; counters end in _total
     type: Literal["gauge", "counter", "histogram"]
@@ -85,6 +101,15 @@ class MetricDef:
     doc: str = ""  # more for docs/metrics.md: where it comes from, which cards have it
     pods: bool = False  # it always carries the pod labels (exists only with pod attribution on)
     holder: bool = False  # one holder per series, with every label of that holder (HolderLabels.detail_names)
+    # The NVML field values it is read from: the poll asks for them while its collector is on, and
+    # its value is read from GpuReading.field_values (no ``value`` of its own).
+    fields: tuple[FieldValue, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.fields:
+            if self.value is not None or self.scope != Scope.GPU or len(self.labels) != bool(self.fields[0].label):
+                raise ValueError(f"{self.name}: a field-value metric is per GPU, with one label if its fields name one")
+            object.__setattr__(self, "value", _field_reader(self.name, self.fields))
 
     def series_labels(self, holders: HolderLabels | tuple[str, ...] = ()) -> tuple[str, ...]:
         """The labels of its series, given which holders' labels are on (a tuple: the pod labels' names)."""
@@ -104,6 +129,14 @@ class MetricDef:
     def family_name(self) -> str:
         """The name prometheus_client's families take: counters without _total."""
         return self.name.removesuffix("_total") if self.type == "counter" else self.name
+
+
+def _field_reader(name: str, fields: tuple[FieldValue, ...]) -> Reader:
+    """The reader of a field-value metric: its values in ``field_values``, absent where not read."""
+    if not fields[0].label:
+        return lambda g: g.field_values.get((name, ""))
+    labels = tuple(f.label for f in fields)
+    return lambda g: ((label, v) for label in labels if (v := g.field_values.get((name, label))) is not None)
 
 
 def _activity(field: str) -> Reader:
@@ -158,6 +191,22 @@ ACTIVITY_METRICS = (
     ("fp32_active", "fp32", f"Fraction of time the FP32 (non-tensor) pipe was active since the previous poll, {_GPM}."),
     ("fp16_active", "fp16", f"Fraction of time the FP16 (non-tensor) pipe was active since the previous poll, {_GPM}."),
 )  # fmt: skip
+
+_NS = 1e-9  # NVML's time counters are in nanoseconds
+_CLOCK_EVENT_COUNTERS_DOC = (
+    "NVML's clock event reason counters, field values 269-271 (nvml.h NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, "
+    '_HW_THERM_SLOWDOWN, _HW_POWER_BRAKE_SLOWDOWN, "in ns"; the same reasons as gpu_clock_event_active\'s).  Read from '
+    "driver 580.82 on: nvidia-ml-py 12.570's nvml.h ends at 268 (NVML_FI_MAX 269), and 13.580.82's is the first to "
+    "define them at 269-271; those of 12.575.51 and 13.580.65 numbered them 251-253, ids the headers before and "
+    "since give to power smoothing, so no older driver is asked (580.65 and R575 have no series).  The other two counters of that nvml.h block, "
+    "SW_POWER_CAP and SYNC_BOOST, are the perf-policy fields 74 and 76: gpu_violation_seconds_total's power and "
+    "sync_boost.  A reason the card does not report has no series."
+)
+
+
+def _per_label(scale: float, ids: Iterable[tuple[int, str]], since: tuple[int, ...] = ()) -> tuple[FieldValue, ...]:
+    return tuple(FieldValue(fid, scale, label, since) for fid, label in ids)
+
 
 _G: Final = "gauge"
 _C: Final = "counter"
@@ -221,8 +270,12 @@ _DEFS: tuple[MetricDef, ...] = (
               labels=("reason",), value=lambda g: g.clock_event_active.items(), collector=_CLK,
               doc="nvmlDeviceGetCurrentClocksEventReasons (R535 and newer, the renamed ThrottleReasons); the reasons are the nvml.h nvmlClocksEventReason* bits."),
     MetricDef("gpu_violation_seconds_total", _C, "seconds", "Seconds the GPU's clocks were held below their target since the driver loaded, by policy (power, thermal, sync_boost, board_limit, low_utilization, reliability).",
-              labels=("policy",), value=lambda g: g.violation_seconds_total.items(), collector=_CLK,
+              labels=("policy",), fields=_per_label(_NS, ((74, "power"), (75, "thermal"), (76, "sync_boost"), (77, "board_limit"),
+                                                          (78, "low_utilization"), (79, "reliability"))), collector=_CLK,
               doc="NVML's perf-policy counters (field values 74-79, nanoseconds; what nvmlDeviceGetViolationStatus and dcgm-exporter's DCGM_FI_DEV_POWER_VIOLATION and DCGM_FI_DEV_THERMAL_VIOLATION read; known to every driver from R535 on). A policy the card does not report has no series; rate() of one is the fraction of time it held the GPU back."),
+    MetricDef("gpu_clock_event_seconds_total", _C, "seconds", "Seconds the GPU's clocks were slowed since the driver loaded, by clock event reason (sw_thermal, hw_thermal, hw_power_brake).",
+              labels=("reason",), fields=_per_label(_NS, ((269, "sw_thermal"), (270, "hw_thermal"), (271, "hw_power_brake")), since=(580, 82)),
+              collector=_CLK, doc=_CLOCK_EVENT_COUNTERS_DOC),
     MetricDef("gpu_pcie_tx_bytes_per_second", _G, "bytes_per_second", "PCIe transmit throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
               value=lambda g: g.pcie_tx_bytes_per_second, doc=_PCIE_RATE_DOC),
     MetricDef("gpu_pcie_rx_bytes_per_second", _G, "bytes_per_second", "PCIe receive throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
@@ -337,6 +390,13 @@ _DEFS: tuple[MetricDef, ...] = (
 )  # fmt: skip
 
 METRICS: Mapping[str, MetricDef] = {d.name: d for d in _DEFS}
+# The metrics read from NVML field values (each with its FieldValues), for the backend's poll.
+FIELD_METRICS: tuple[MetricDef, ...] = tuple(d for d in _DEFS if d.fields)
+# Every label name the exporter's own series and alerts use, which a configured label name (the pod
+# labels' names) must not take; the pod labels' default names are theirs.  ``node`` is the alerts'.
+OWN_LABELS: frozenset[str] = frozenset(
+    {label for d in _DEFS for label in d.series_labels(EVERY_HOLDER)} - set(DEFAULT_POD_LABELS) | {"node"}
+)
 
 
 # The metric names each collector contributes; every other metric is always on.

@@ -265,9 +265,9 @@ class GpuReading:
     clock_hertz: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     performance_state: int | None = None
     clock_event_active: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
-    # Seconds the clocks were held below their target since the driver loaded, per policy (power,
-    # thermal, sync_boost, board_limit, low_utilization, reliability): NVML's perf-policy counters.
-    violation_seconds_total: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    # The values metrics declare as NVML field values (metric_defs.FieldValue), in base units:
+    # (metric name, label value or "") -> value; a field the GPU does not have is not there.
+    field_values: Mapping[tuple[str, str], float] = field(default_factory=lambda: MappingProxyType({}))
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
     pcie_tx_bytes_total: int | None = None

@@ -560,11 +560,13 @@ def node_with_everything(path: Path) -> Scenario:
     """A node that fills every panel: five H100s (busy, idle-but-allocated, throttled, degraded,
     lost), and an A100 in MIG mode (3g.40gb + 2g.20gb + 1g.10gb, a process on each) as GPU 5."""
     s = preset("h100-8x-training", path)
+    s.driver_version = "580.82.07"  # the first driver with the clock event reason counters (fields 269-271)
     s.gpus = s.gpus[:5]
     s.gpu(0).memory(81559 * MIB, int(81559 * MIB * 0.985), reserved=512 * MIB).fans(45, 47)  # GpuMemoryHigh
     s.gpu(1).utilization(3, 0).gpm(**h100_activity(3))  # a process holds 70 GiB: allocated but idle
     s.gpu(2).clocks_event_reasons("hw_thermal").clocks(graphics=1200, sm=1200).temperature(88, memory=93)
     s.gpu(2).violations(thermal=Counter(10**12, 6e8), power=Counter(5 * 10**11, 1e8))  # held back 60% and 10%
+    s.gpu(2).clock_event_counters(hw_thermal=Counter(10**11, 3e8), sw_thermal=Counter(0, 0))  # slowed 30%
     s.gpu(2).add_xid(79)
     s.gpu(3).utilization(40, 10).pcie(gen=3, width=8, tx_kbps=7_600_000, rx_kbps=7_000_000, replay=Counter(3, 0.5))
     s.gpu(3).ecc(corrected=Counter(5, 0.5), uncorrected=1).remapped_rows(correctable=2, pending=True)

@@ -24,6 +24,8 @@ UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 
 def full_node(scenario: Scenario, live_pid: int) -> None:
+    # R580 from 580.82 on, the first driver whose nvml.h has the clock event reason counters 269-271.
+    scenario.driver(580).driver_version, scenario.nvml_version = "580.82.07", "13.580.82.07"
     g = scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUID).pci("00000000:18:00.0").serial("1652324000123")
     g.utilization(87, 41).memory(80 * GIB, 60 * GIB, reserved=512 * MIB).codec(12, 7)
     g.temperature(66, memory=71).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
@@ -34,6 +36,7 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     g.pstate(2).clocks_event_reasons("sw_power_cap", "hw_thermal")
     g.violations(power=12_500_000_000, thermal=250_000_000, sync_boost=0, board_limit=1, low_utilization=3 * 10**18,
                  reliability=Err("NOT_SUPPORTED"))  # fmt: skip
+    g.clock_event_counters(sw_thermal=1_500_000_000, hw_thermal=250_000_000, hw_power_brake=Err("NOT_SUPPORTED"))
     # Counters past 2^32 (64 bits wide: trusted whatever the driver's sample says, sources/nvml/pcie.py).
     g.pcie(gen=4, max_gen=5, width=8, max_width=16, tx_kbps=123_456, rx_kbps=654_321, sample_ms=1, replay=17,
            tx_bytes=2**40 + 1111, rx_bytes=2**40 + 2222)  # fmt: skip
@@ -100,18 +103,21 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         # nanoseconds / 1e9; past 2^53 ns (104 days) the float keeps 15 digits
         ("gpu_violation_seconds_total", "policy"): {"power": 12.5, "thermal": 0.25, "sync_boost": 0,
                                                     "board_limit": 1e-9, "low_utilization": 3e9},
+        ("gpu_clock_event_seconds_total", "reason"): {"sw_thermal": 1.5, "hw_thermal": 0.25},
     }  # fmt: skip
     for (name, label), want_map in labelled.items():
         for key, want in want_map.items():
             assert value(s, name, **g, **{label: key}) == pytest.approx(want), (name, key)
     policies = {dict(ls)["policy"] for (n, ls) in s if n == "gpu_violation_seconds_total"}
     assert policies == {"power", "thermal", "sync_boost", "board_limit", "low_utilization"}  # reliability: unsupported
-    assert errors.counts[("nvmlDeviceGetFieldValues", "not_supported")] == 1
+    reasons_counted = {dict(ls)["reason"] for (n, ls) in s if n == "gpu_clock_event_seconds_total"}
+    assert reasons_counted == {"sw_thermal", "hw_thermal"}  # hw_power_brake: unsupported, left out, not 0
+    assert errors.counts[("nvmlDeviceGetFieldValues", "not_supported")] == 2
     reasons = {k: value(s, "gpu_clock_event_active", **g, reason=k) for k in ("sw_power_cap", "hw_thermal", "gpu_idle")}
     assert reasons == {"sw_power_cap": 1, "hw_thermal": 1, "gpu_idle": 0}
     info = [dict(ls) for (n, ls) in s if n == "gpu_info"]
     assert info == [{"gpu": "0", "uuid": UUID, "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0",
-                     "driver_version": "550.54.15", "cuda_version": "12.4", "serial": "1652324000123",
+                     "driver_version": "580.82.07", "cuda_version": "13.0", "serial": "1652324000123",
                      "mig_mode": "disabled"}]  # fmt: skip
     procs = {
         (dict(ls)["pid"], dict(ls)["process"]): v for (n, ls), v in s.items() if n == "gpu_process_memory_used_bytes"

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import re
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
-from gpu_exporter.config import COLLECTORS, CollectorSettings
+from gpu_exporter.config import COLLECTORS, CollectorSettings, KubernetesSettings
 from gpu_exporter.metric_defs import (
     COLLECTOR_HELP,
     COLLECTOR_METRICS,
+    DEFAULT_POD_LABELS,
+    EVERY_HOLDER,
+    FIELD_METRICS,
     METRICS,
     Collector,
+    FieldValue,
     MetricDef,
     Scope,
     gpu_metrics,
@@ -22,6 +27,10 @@ from gpu_exporter.metric_defs import (
 )
 from gpu_exporter.serving.metrics import RenderOptions, gpu_families
 from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot
+from gpu_exporter.sources.nvml import reads
+from gpu_exporter.sources.nvml.reads import Readers
+from tests.exporter_helpers import make_poller, samples_of, value
+from tests.fakenvml import Counter, Scenario
 
 # Units as Prometheus names them (https://prometheus.io/docs/practices/naming/#base-units).
 UNITS = {"ratio", "bytes", "celsius", "watts", "joules", "hertz", "seconds", "bytes_per_second"}
@@ -101,3 +110,77 @@ def test_unsupported_values_render_no_series() -> None:
     snap = NodeSnapshot(taken_at=0, duration_seconds=0, nvml_up=True, gpus=(reading,))
     with_series = {f.name for f in gpu_families(snap) if f.samples}
     assert with_series == {"gpu_up", "gpu_info", "gpu_processes"}  # no processes is a count of 0, not unknown
+
+
+# -- field values: one declaration is the read, the collector gate, the conversion and the slot ------------
+def readers(disabled: frozenset[str] = frozenset(), version: tuple[int, ...] = (999,)) -> Readers:
+    return Readers(clocks="clocks" not in disabled, ecc=True, processes=None, gpm=None, disabled=disabled,
+                   driver_version=version)  # fmt: skip
+
+
+def test_the_poll_asks_exactly_the_declared_field_ids_of_the_collectors_that_are_on() -> None:
+    static = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b")
+    declared = {(f.field_id, 0) for d in FIELD_METRICS for f in d.fields}
+    clocks = {(f.field_id, 0) for d in FIELD_METRICS if d.collector == Collector.CLOCKS for f in d.fields}
+    assert {(74, 0), (79, 0), (269, 0), (271, 0)} <= clocks
+    on = reads._wanted_fields(static, readers())
+    off = reads._wanted_fields(static, readers(frozenset({"clocks"})))
+    assert len(on) == len(set(on)), "a field asked twice"
+    assert set(on) & declared == declared
+    assert set(off) & declared == declared - clocks
+    assert set(on) - declared == set(off) - declared  # the rest (memory temperature, PCIe, NVLink) as before
+    # An id that means something else before the declared driver version is not asked there.
+    old = reads._wanted_fields(static, readers(version=(580, 65, 6)))
+    assert {(269, 0), (270, 0), (271, 0)}.isdisjoint(old) and (74, 0) in old
+    assert {(269, 0), (270, 0), (271, 0)}.isdisjoint(reads._wanted_fields(static, readers(version=())))
+    # Each value with its metric, label and scale: the perf-policy counters are ns, read as seconds.
+    assert (("gpu_violation_seconds_total", 75, 1e-9, "thermal")) in readers().fields
+
+
+def test_a_field_value_declaration_reads_its_slot_and_leaves_out_what_is_not_there() -> None:
+    d = MetricDef("gpu_test_seconds_total", "counter", "seconds", "Test.", labels=("why",),
+                  fields=(FieldValue(300, 1e-9, "a"), FieldValue(301, 1e-9, "b")))  # fmt: skip
+    assert d.value is not None
+    g = GpuReading(
+        index=0, uuid="GPU-x", up=True, field_values=MappingProxyType({(d.name, "b"): 2.0, ("other", "a"): 1.0})
+    )
+    assert list(d.value(g)) == [("b", 2.0)]  # type: ignore[arg-type]
+    plain = MetricDef("gpu_test_bytes", "gauge", "bytes", "Test.", fields=(FieldValue(302),))
+    assert plain.value is not None and plain.value(g) is None
+    assert (
+        plain.value(GpuReading(index=0, uuid="x", up=True, field_values=MappingProxyType({(plain.name, ""): 4.0})))
+        == 4.0
+    )
+    with pytest.raises(ValueError, match="per GPU"):
+        MetricDef("gpu_test_bytes", "gauge", "bytes", "Test.", fields=(FieldValue(302, label="x"),))  # no label named
+    with pytest.raises(ValueError, match="per GPU"):
+        MetricDef("gpu_test_bytes", "gauge", "bytes", "Test.", fields=(FieldValue(302),), value=lambda g: 1)
+
+
+def test_a_new_field_value_declaration_alone_is_read_from_the_driver_and_rendered(
+    scenario: Scenario, nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One MetricDef with ``fields`` (here the energy counter, field 83, in mJ): asked for in the poll's
+    one nvmlDeviceGetFieldValues call, scaled to joules, and on /metrics, with no other edit."""
+    import gpu_exporter.metric_defs as defs
+
+    new = MetricDef("gpu_test_energy_joules_total", "counter", "joules", "Energy, again.",
+                    fields=(FieldValue(83, 1e-3),), collector=Collector.CLOCKS)  # fmt: skip
+    monkeypatch.setattr(defs, "_DEFS", (*defs._DEFS, new))
+    monkeypatch.setattr(reads, "FIELD_METRICS", (*FIELD_METRICS, new))
+    g = scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", "GPU-e")
+    g.energy(Counter(123_456, 0)).memory(80 * 2**30, 2**30)
+    scenario.write()
+    poller, _ = make_poller()
+    assert value(samples_of(poller.poll()), "gpu_test_energy_joules_total") == pytest.approx(123.456)
+    poller.close()
+
+
+def test_a_configured_label_name_may_not_take_a_label_of_any_declaration() -> None:
+    """``namespace_label: policy`` would give violation series two policy labels and lose the namespace."""
+    own = {label for d in METRICS.values() for label in d.series_labels(EVERY_HOLDER)} - set(DEFAULT_POD_LABELS)
+    assert "policy" in own
+    for label in sorted(own):
+        with pytest.raises(ValueError, match="already used"):
+            KubernetesSettings(namespace_label=label)
+    assert KubernetesSettings(namespace_label="k8s_namespace").namespace_label == "k8s_namespace"

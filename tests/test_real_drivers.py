@@ -110,6 +110,37 @@ def test_each_driver_branch(scenario: Scenario, nvml: Any, branch: int) -> None:
     assert {k for k in errors.counts if k[1] == "function_not_found"} == set()
 
 
+@pytest.mark.parametrize(
+    ("branch", "version", "has"),
+    [(570, None, False), (580, None, False), (580, "580.82.07", True), (590, "590.44.01", True)],
+    ids=["570", "580.65", "580.82", "590"],
+)
+def test_the_clock_event_counters_from_the_driver_whose_nvml_h_has_them(
+    scenario: Scenario, nvml: Any, branch: int, version: str | None, has: bool
+) -> None:
+    """Fields 269-271 are the clock event reason counters from nvidia-ml-py 13.580.82's nvml.h on: R570
+    does not know the ids (its NVML_FI_MAX is 269) and 580.65's header numbered the counters 251-253,
+    so neither is asked (no error counted) and no series is there; 580.82 and later have them.  The
+    perf-policy counters (74-79) are the same on every driver."""
+    scenario.driver(min(branch, 580))
+    if version is not None:
+        scenario.driver_version, scenario.nvml_version = version, "13." + version
+    g = h100_sxm(scenario.add_gpu(), "branch", 0, util=50, mem_used=GIB, power_mw=500_000)
+    g.violations(power=10**9, thermal=2 * 10**9, sync_boost=0, board_limit=0, low_utilization=0, reliability=0)
+    g.clock_event_counters(sw_thermal=3 * 10**9, hw_thermal=0, hw_power_brake=Counter(10**9, 5e8))
+    scenario.write()
+    poller, errors = make_poller()
+    s = samples_of(poller.poll())
+    counters = {dict(ls)["reason"]: v for (n, ls), v in s.items() if n == "gpu_clock_event_seconds_total"}
+    assert counters.keys() == ({"sw_thermal", "hw_thermal", "hw_power_brake"} if has else set())
+    if has:
+        assert counters["sw_thermal"] == 3.0 and counters["hw_thermal"] == 0
+        assert counters["hw_power_brake"] == pytest.approx(1.0, abs=0.5)
+    assert value(s, "gpu_violation_seconds_total", policy="thermal") == 2.0
+    assert {k for k in errors.counts if k[0] == "nvmlDeviceGetFieldValues"} == set()
+    poller.close()
+
+
 def test_a_fan_above_100_percent_is_kept(scenario: Scenario, nvml: Any) -> None:
     """nvml.h: the fan speed "may exceed 100% in certain cases"."""
     g = scenario.add_gpu().identity("NVIDIA GeForce RTX 4090", "GPU-0000000a-0000-0000-0000-000000000000")

@@ -116,6 +116,8 @@ enum {
     K_EVENT_REASONS,
     K_VIOLATION0, /* [NVML_FI_DEV_PERF_POLICY_POWER ... _RELIABILITY - 74], nanoseconds */
     K_VIOLATION_LAST = K_VIOLATION0 + 5,
+    K_CLOCK_EVENT0, /* [NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN ... _HW_POWER_BRAKE_SLOWDOWN - 269], ns */
+    K_CLOCK_EVENT_LAST = K_CLOCK_EVENT0 + 2,
     /* PCIe */
     K_PCIE_TX_KBPS,
     K_PCIE_RX_KBPS,
@@ -199,6 +201,9 @@ static const char *const clock_names[NVML_CLOCK_COUNT] = {"graphics", "sm", "mem
 static const char *const violation_names[] = {"power", "thermal", "sync_boost", "board_limit", "low_utilization",
                                               "reliability"};
 
+/* The clock event reason counters 269-271 (nvml.h "Field values for Clock Throttle Reason Counters"), in id order. */
+static const char *const clock_event_names[] = {"sw_thermal", "hw_thermal", "hw_power_brake"};
+
 static void init_keys(void)
 {
     def_key(K_DRIVER_VERSION, KT_STR, SCOPE_SYS, "driver_version");
@@ -245,6 +250,8 @@ static void init_keys(void)
     def_key(K_EVENT_REASONS, KT_NUM, SCOPE_GPU, "clocks_event_reasons");
     for (int i = 0; i <= K_VIOLATION_LAST - K_VIOLATION0; i++)
         def_key(K_VIOLATION0 + i, KT_NUM, SCOPE_GPU, "violation.%s_ns", violation_names[i]);
+    for (int i = 0; i <= K_CLOCK_EVENT_LAST - K_CLOCK_EVENT0; i++)
+        def_key(K_CLOCK_EVENT0 + i, KT_NUM, SCOPE_GPU, "clock_event.%s_ns", clock_event_names[i]);
     def_key(K_PCIE_TX_KBPS, KT_NUM, SCOPE_GPU, "pcie.tx_kbps");
     def_key(K_PCIE_RX_KBPS, KT_NUM, SCOPE_GPU, "pcie.rx_kbps");
     def_key(K_PCIE_SAMPLE_MS, KT_NUM, SCOPE_GPU, "pcie.sample_ms");
@@ -405,7 +412,8 @@ struct dev {
  * NVML_NVLINK_MAX_LINKS of the nvidia-ml-py release made from that branch's nvml.h: 12.535.77 (197,
  * 18), 12.550.89 (228, 18), 12.570.172 (269, 18; the first with NVML_VALUE_TYPE_UNSIGNED_SHORT) and
  * 13.580.82 (274, 18).  A branch between two takes the older one's; one after 580 takes this
- * header's; one before 535 takes 535's.
+ * header's; one before 535 takes 535's.  fi_max is also which field ids exist: the clock event
+ * reason counters (269-271) on 580 and later, not on 570 and older.
  */
 struct profile {
     unsigned int branch;
@@ -1974,6 +1982,13 @@ static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now
     case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION:
     case NVML_FI_DEV_PERF_POLICY_RELIABILITY:
         k = K_VIOLATION0 + (int)(fv->fieldId - NVML_FI_DEV_PERF_POLICY_POWER);
+        break;
+    /* The clock event reason counters ("in ns"), ids 269-271 from nvidia-ml-py 13.580.82's nvml.h on: R570's
+     * NVML_FI_MAX (269) is below them, so that profile answers them as unknown ids. */
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN:
+        k = K_CLOCK_EVENT0 + (int)(fv->fieldId - NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN);
         break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
         k = K_PCIE_REPLAY;

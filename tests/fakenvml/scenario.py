@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, Self
 
 from .values import (
+    CLOCK_EVENT_COUNTERS,
     CLOCK_EVENT_REASONS,
     DRIVER_PROFILES,
     EVENT_XID_CRITICAL,
@@ -165,6 +166,15 @@ class Gpu(Device):
             if k not in VIOLATION_POLICIES:
                 raise ValueError(f"unknown violation policy {k!r}; known: {VIOLATION_POLICIES}")
             self.set(f"violation.{k}_ns", v)
+        return self
+
+    def clock_event_counters(self, **nanoseconds: int | Counter | Err) -> Gpu:
+        """NVML's clock event reason counters (field values 269-271, R580 and newer): nanoseconds the
+        clocks were slowed, per reason (sw_thermal, hw_thermal, hw_power_brake)."""
+        for k, v in nanoseconds.items():
+            if k not in CLOCK_EVENT_COUNTERS:
+                raise ValueError(f"unknown clock event counter {k!r}; known: {CLOCK_EVENT_COUNTERS}")
+            self.set(f"clock_event.{k}_ns", v)
         return self
 
     def pcie(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Self
 
+from gpu_exporter.metric_defs import METRICS
+
 NVML_ERRORS = frozenset(
     {
         "UNINITIALIZED",
@@ -54,7 +56,10 @@ EVENT_XID_CRITICAL = 0x8
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
 CLOCKS = ("graphics", "sm", "memory", "video")
 # GPM metrics a scenario can set, in percent, by their key names in the file (gpm.<name>).
-VIOLATION_POLICIES = ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability")
+# The perf-policy counters (fields 74-79) and the clock event reason counters (269-271) by the label
+# values their metrics declare (fakenvml.c's violation_names and clock_event_names, in id order).
+VIOLATION_POLICIES = tuple(f.label for f in METRICS["gpu_violation_seconds_total"].fields)
+CLOCK_EVENT_COUNTERS = tuple(f.label for f in METRICS["gpu_clock_event_seconds_total"].fields)
 GPM_METRICS = ("graphics_util", "sm_util", "sm_occupancy", "integer_util", "any_tensor_util", "dfma_tensor_util",
                "hmma_tensor_util", "dmma_tensor_util", "imma_tensor_util", "dram_bw_util", "fp64_util", "fp32_util",
                "fp16_util")  # fmt: skip

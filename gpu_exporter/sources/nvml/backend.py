@@ -32,6 +32,12 @@ def _cuda_version(v: int | None) -> str | None:
     return None if v is None else f"{v // 1000}.{v % 1000 // 10}"
 
 
+def _version(driver_version: str | None) -> tuple[int, ...]:
+    """The driver's version as numbers ("580.82.07" -> (580, 82, 7)); () where it is not one."""
+    parts = (driver_version or "").split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+
+
 class NvmlBackend:
     """Reads GPUs through the real NVML library (libnvidia-ml.so.1) via nvidia-ml-py."""
 
@@ -55,6 +61,7 @@ class NvmlBackend:
             ecc=Collector.ECC not in disabled,
             processes=ProcessReader(profiling_interval, monotonic) if Collector.PROCESSES not in disabled else None,
             gpm=self._gpm if Collector.PROFILING not in disabled else None,
+            disabled=frozenset(disabled),
         )
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
@@ -71,6 +78,8 @@ class NvmlBackend:
         self._open = True
         driver = try_call(pynvml.nvmlSystemGetDriverVersion)
         cuda = try_call(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+        # Some declared field ids mean what they say only from some driver version on (reads.py).
+        self._readers = replace(self._readers, driver_version=_version(driver))
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as e:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
 import pynvml
 
+from ...metric_defs import FIELD_METRICS
 from ...snapshot import GpuReading, GpuStatic, NvLinkReading
 from .device import Device
 from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_PCIE_TX, read_fields
@@ -32,10 +34,6 @@ CLOCK_EVENT_REASONS = {
     "hw_power_brake": 0x80,
     "display_clock_setting": 0x100,
 }
-# NVML's perf-policy counters (nvml.h NVML_FI_DEV_PERF_POLICY_*, in ns): the field values that
-# nvmlDeviceGetViolationStatus (deprecated in 13.0) reads, for every driver since R4xx.
-VIOLATION_FIELDS = {74: "power", 75: "thermal", 76: "sync_boost", 77: "board_limit", 78: "low_utilization",
-                    79: "reliability"}  # fmt: skip
 # nvml.h: a fan's speed "may exceed 100% in certain cases"; 255 (0xFF) is no reading.
 FAN_MAX_PERCENT = 200
 
@@ -48,6 +46,22 @@ class Readers:
     ecc: bool
     processes: ProcessReader | None
     gpm: GpmReader | None
+    # The collectors switched off, and the driver's version as numbers (() where unknown), for the
+    # declared field values (metric_defs.FieldValue) a poll asks for.
+    disabled: frozenset[str] = frozenset()
+    driver_version: tuple[int, ...] = ()
+
+    @cached_property
+    def fields(self) -> tuple[tuple[str, int, float, str], ...]:
+        """(metric, field id, scale, label value) of each field value a metric declares, where its
+        collector is on and the driver's nvml.h has the id (metric_defs.FieldValue.since)."""
+        return tuple(
+            (d.name, f.field_id, f.scale, f.label)
+            for d in FIELD_METRICS
+            if d.collector is None or d.collector not in self.disabled
+            for f in d.fields
+            if self.driver_version >= f.since
+        )
 
 
 def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[int, int]) -> GpuReading:
@@ -59,7 +73,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
     total, used, free, reserved = _memory(dev)
     temperature = c("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU)
-    fields = read_fields(dev, _wanted_fields(static, readers.clocks))
+    fields = read_fields(dev, _wanted_fields(static, readers))
     temps = {"gpu": float(temperature)} if temperature is not None else {}
     if (mt := fields.get((FI_MEMORY_TEMP, 0))) is not None:
         temps["memory"] = float(mt)
@@ -130,8 +144,12 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         energy_consumed_joules_total=energy / 1000 if energy is not None else None,
         clock_hertz=MappingProxyType(clocks),
         performance_state=int(pstate) if pstate is not None and pstate != N.NVML_PSTATE_UNKNOWN else None,
-        violation_seconds_total=MappingProxyType(
-            {policy: ns / 1e9 for fid, policy in VIOLATION_FIELDS.items() if (ns := fields.get((fid, 0))) is not None}
+        field_values=MappingProxyType(
+            {
+                (name, label): v * scale
+                for name, fid, scale, label in readers.fields
+                if (v := fields.get((fid, 0))) is not None
+            }
         ),
         clock_event_active=MappingProxyType(
             {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
@@ -154,11 +172,10 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     )
 
 
-def _wanted_fields(static: GpuStatic, clocks: bool) -> list[tuple[int, int]]:
+def _wanted_fields(static: GpuStatic, readers: Readers) -> list[tuple[int, int]]:
     """The field values a poll reads: (field id, scope id), scope being the NVLink link."""
     wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
-    if clocks:
-        wanted += [(fid, 0) for fid in VIOLATION_FIELDS]
+    wanted += [(fid, 0) for fid in dict.fromkeys(fid for _, fid, _, _ in readers.fields)]
     for link in range(static.nvlink_count):
         wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
     return wanted
