@@ -35,8 +35,18 @@ def parse_logfmt(line: str) -> dict[str, str]:
 
 @pytest.fixture
 def captured(capfd: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture[str]]:
+    """stderr, with structlog and the root logger put back as they were for the other tests (a
+    level configured here would filter the debug lines they capture)."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    render = logs._pipe.render if logs._pipe is not None else None
     yield capfd
-    configure_logging("auto")  # as main() leaves it for the other tests
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    if logs._pipe is not None and render is not None:
+        logs._pipe.render = render
 
 
 def lines(capfd: pytest.CaptureFixture[str]) -> list[str]:
