@@ -11,9 +11,6 @@ give the wrong pod.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +25,7 @@ from tests.fake_kubelet import FakeClaim, dra_pod, fake_kubelet, pod
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import h100_sxm
 from tests.prometheus_helpers import prometheus
+from tests.test_report_holders_live import report  # the report on node-a's last minute, as JSON
 from tests.timing import LATE_S, NEVER_S
 
 pytestmark = pytest.mark.integration  # the daemon, and a real Prometheus
@@ -149,15 +147,6 @@ def minute_of_pods(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib: Path
             started = time.time()
             wait_for(lambda: time.time() - started >= 68, timeout=120, interval=1, what="a minute of history")
             yield prom
-
-
-def report(prom: Any, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", prom.url, "--since",
-                          "1m", "--format", "json", "--selector", '{node="node-a"}', *args],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    doc: dict[str, Any] = json.loads(out.stdout)
-    return doc
 
 
 def test_an_idle_gpu_held_through_dra_or_gke_is_reclaimed_from_its_pod(minute_of_pods: Any) -> None:
