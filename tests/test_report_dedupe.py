@@ -188,6 +188,15 @@ def test_a_gpu_with_a_uuid_and_no_node_label_is_named_by_the_first_target_that_s
     seen_by(r, gpu, {"job": "a", "instance": "b.example:9445"}, {"job": "a", "instance": "a.example:9445"})
     (g,) = build(W, r, CATALOGUE)["gpus"]
     assert (g["node"], g["gpu_hours"]) == ("a.example:9445", 100.0)
+    # An older exporter (no "down" series, so no targets): named by the address its other series carry.
+    r = empty()
+    r["hours"].append(({**gpu, "instance": "c.example:9445", "state": "idle"}, 100.0))
+    # Another GPU, no node label nor address nor index anywhere, its model alone known (no hours): no node,
+    # no index, no note.
+    r["info"].append(({"uuid": "GPU-1", "name": H100}, 1.0))
+    other, g = build(W, r, CATALOGUE)["gpus"]  # by node: "" first
+    assert (g["node"], g["targets"]) == ("c.example:9445", [])
+    assert (other["node"], other["gpu"], other["gpu_hours"], other["notes"]) == ("", "", 0.0, [])
 
 
 def test_each_targets_figures_give_the_highest_whatever_their_order() -> None:
@@ -207,6 +216,23 @@ def test_each_targets_figures_give_the_highest_whatever_their_order() -> None:
                 r[k].reverse()
         (g,) = build(W, r, CATALOGUE)["gpus"]
         assert (g["memory_peak_bytes"], g["memory_total_bytes"], g["activity_p95"]) == (12 * 2**30, 80 * 2**30, 0.4)
+
+
+def test_the_price_and_the_steps_seen_of_a_gpu_are_the_highest_of_its_targets() -> None:
+    """Each target's copy of a GPU's price at a step, and of the steps it saw the GPU: the highest,
+    whichever comes last.  A target that saw the GPU on fewer steps than another says nothing of the
+    steps it missed: 500 priced steps of the 720 the other target saw make the GPU priced step by step."""
+    from gpu_exporter.report.cost import plan
+
+    gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-0"}
+    r = empty()
+    r["prices"] = [({**gpu, **JOB_B, "currency": "USD"}, steps(4.0)), ({**gpu, **JOB_A, "currency": "USD"}, steps(3.0))]
+    r["seen"] = [({**gpu, **JOB_A}, float(W.points)), ({**gpu, **JOB_B}, float(W.points))]
+    assert plan(W, r, "USD").steady == {("n1", "GPU-0", ""): 4.0}
+    r["prices"] = [({**gpu, **JOB_A, "currency": "USD"}, steps([3.0] * 500 + [None] * (W.points - 500)))]
+    r["seen"] = [({**gpu, **JOB_A}, float(W.points)), ({**gpu, **JOB_B}, 400.0)]
+    p = plan(W, r, "USD")
+    assert (p.exact, p.steady) == ({("n1", "GPU-0", ""): "GPU-0"}, {})
 
 
 # -- the queries: each step's increase once, however many copies ---------------------------------------------

@@ -166,10 +166,9 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, _ in results["seen"]:
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].targets.add(tuple(sorted((k, x) for k, x in labels.items() if k not in IDENTITY)))
-            gpus[key].instances.add(labels.get("instance", ""))
     for g in gpus.values():
         # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
-        g.node = g.node or min(g.instances - {""}, default="")
+        g.node = g.node or min(g.instances, default="")
 
     # What the fleet pays now for each card of the catalogue: the highest where several prices.
     fleet: dict[str, float] = {}
@@ -207,7 +206,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
             "holder": top, "targets": [dict(t) for t in sorted(g.targets)],
-            "notes": [*_over_the_range(total.get(key, 0.0), w), *sizer.notes(usage)],
+            "notes": [*_over_the_range(total[key], w), *sizer.notes(usage)],
         })  # fmt: skip
         advice = sizer.advise(usage)
         if advice is not None:

@@ -212,7 +212,7 @@ class _Tiles:
         return f"{outer}({inner}({self.range(metric, *extra)})[{self.span}:{self.s}])"
 
 
-def once(per_series: Callable[[str], str], keep: str = "") -> str:
+def once(per_series: Callable[[str], str], keep: str) -> str:
     """``per_series`` (an expression per series, given a matcher to add to its selectors) with each
     GPU's counter counted once at this step, under the exporter's labels and ``node`` (and ``keep``):
 
