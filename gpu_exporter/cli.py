@@ -189,9 +189,11 @@ def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: float | None = None) -> Backend:
     if settings.simulate:
+        from .alerting.engine import node_name
         from .sources.simulated import SimulatedBackend
 
-        return SimulatedBackend(settings.simulate_gpus)
+        # The node's name as the daemon uses it (--node.name first): two simulated nodes, two sets of UUIDs.
+        return SimulatedBackend(settings.simulate_gpus, node=node_name(settings.node_name))
     from .sources.nvml import NvmlBackend
 
     return NvmlBackend(errors, profiling_interval=profiling_interval or settings.profiling_interval,
