@@ -32,3 +32,14 @@ HOLDERS = [
 def test_the_report_reads_back_the_holder_the_exporter_wrote(holder: Holder) -> None:
     read = holder_of(holder.labels())  # the labels gpu_state_seconds_total carries for this holder
     assert (read.kind, read.name) == (holder.kind, holder.name)
+
+
+def test_the_reports_list_of_holder_labels_is_the_exporters() -> None:
+    """The report tells copies of one series apart by every holder label the exporter writes; its own
+    list (it may not import the snapshot) must be exactly the declared one, or two holders would merge."""
+    from gpu_exporter.report.queries import EVERY_HOLDER_LABEL
+    from gpu_exporter.snapshot import HOLDER_LABELS
+
+    declared = {label for labels in HOLDER_LABELS.values() for label in labels}
+    assert sorted(EVERY_HOLDER_LABEL) == sorted(declared)
+    assert len(EVERY_HOLDER_LABEL) == len(set(EVERY_HOLDER_LABEL))

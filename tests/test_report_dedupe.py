@@ -260,7 +260,7 @@ def test_every_label_a_holder_can_have_tells_copies_apart() -> None:
     """Two series of one GPU and state that agree on every label of a holder are copies of one counter:
     the list is the exporter's own (snapshot.HOLDER_LABELS, every kind), so a pod's containers or two
     Slurm jobs of one user are never taken for copies and merged."""
-    from gpu_exporter.report.holders import EVERY
+    from gpu_exporter.report.queries import EVERY_HOLDER_LABEL as EVERY
     from gpu_exporter.report.queries import EXPORTED
     from gpu_exporter.snapshot import HOLDER_LABELS
 

@@ -13,11 +13,6 @@ from typing import NamedTuple
 # pod's container, a job's account and partition and a container's engine describe a holder the
 # other labels already tell apart.
 LABELS = ("namespace", "pod", "hpc_job", "container_id", "container_name", "user")
-# Every label of a holder that the exporter writes on a series (snapshot.HOLDER_LABELS, all kinds): what
-# tells one exporter's series of a GPU and state apart.  Two series that differ in nothing of these, the
-# GPU and the state are copies of one counter, seen through two scrapers (queries.once).
-EVERY = ("namespace", "pod", "container", "hpc_job", "user", "slurm_account", "slurm_partition", "container_engine",
-         "container_id", "container_name")  # fmt: skip
 
 
 class Holder(NamedTuple):
