@@ -209,6 +209,7 @@ TARGETS: dict[str, Target] = {
                 "tests/test_report_queries.py",
                 "tests/test_report_config.py",
                 "tests/test_report_holder_kinds.py",
+                "tests/test_report_dedupe.py",
             )
         ),
         daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),
