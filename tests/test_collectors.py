@@ -4,7 +4,6 @@ config key and GPU_EXPORTER_COLLECTORS__<NAME>.  A collector switched off has no
 
 from __future__ import annotations
 
-import ctypes
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from gpu_exporter.metric_defs import COLLECTOR_METRICS, METRICS
 from tests.exporter_helpers import parse_exposition, run_daemon, wait_for
 from tests.fakenvml import Scenario, subprocess_env
 from tests.fakenvml.presets import GIB, h100_sxm
+from tests.fakenvml.runtime import call_count as calls
 
 pytestmark = pytest.mark.integration
 
@@ -46,13 +46,6 @@ def one_h100(scenario: Scenario) -> Scenario:
         g.add_process(20_000 + p, GIB * (1 + p), name="python3", sm=50, mem=20)
     scenario.write()
     return scenario
-
-
-def calls(prefix: str) -> int:
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
-    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
-    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
-    return int(lib.fakeNvmlCallCount(prefix.encode()))
 
 
 def scrape_once(settings: Settings, polls: int = 2) -> tuple[dict[str, int], str]:

@@ -5,7 +5,6 @@ Read once per instance; a lookup that fails leaves both None and the rest of the
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import pytest
@@ -13,15 +12,9 @@ import pytest
 from tests.exporter_helpers import make_poller
 from tests.fakenvml import Err, Scenario
 from tests.fakenvml.presets import GIB, MIB, mig_uuid, preset
+from tests.fakenvml.runtime import call_count as calls
 
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-def calls(prefix: str) -> int:
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
-    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
-    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
-    return int(lib.fakeNvmlCallCount(prefix.encode()))
 
 
 def gi_info(N: Any, h: Any, gi: int) -> tuple[int, int, int, int]:

@@ -3,20 +3,13 @@
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import pytest
 
 from tests.exporter_helpers import make_poller
 from tests.fakenvml import Err, Scenario
-
-
-def calls(prefix: str) -> int:
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
-    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
-    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
-    return int(lib.fakeNvmlCallCount(prefix.encode()))
+from tests.fakenvml.runtime import call_count as calls
 
 
 def test_the_fake_answers_every_linux_gpu_its_own_node(scenario: Scenario, nvml: Any) -> None:

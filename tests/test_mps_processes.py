@@ -13,6 +13,7 @@ import pytest
 from tests.exporter_helpers import make_poller, samples_of, value
 from tests.fakenvml import Err, Scenario, build_library, run_python
 from tests.fakenvml.presets import GIB, MIB, h100_sxm, mig_uuid
+from tests.fakenvml.runtime import call_count as calls
 
 SERVER, CLIENT_A, CLIENT_B, XORG = 999_990_001, 999_990_002, 999_990_003, 999_990_004
 
@@ -29,13 +30,6 @@ def mps_node(scenario: Scenario) -> Any:
 
 def process_errors(errors: Any) -> dict[tuple[str, str], int]:
     return {k: n for k, n in errors.counts.items() if "RunningProcesses" in k[0]}
-
-
-def calls(prefix: str) -> int:
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
-    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
-    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
-    return int(lib.fakeNvmlCallCount(prefix.encode()))
 
 
 # -- the fake driver, through nvidia-ml-py --------------------------------------------------------------

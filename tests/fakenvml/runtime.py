@@ -93,3 +93,11 @@ def install_library(directory: Path, library: Path | None = None) -> Path:
     tmp.write_bytes(src.read_bytes())
     tmp.replace(dst)
     return dst
+
+
+def call_count(prefix: str) -> int:
+    """How many calls the fake loaded in this process answered of functions named ``prefix``…"""
+    lib = ctypes.CDLL(SONAME)
+    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
+    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
+    return int(lib.fakeNvmlCallCount(prefix.encode()))
