@@ -120,7 +120,7 @@ BASELINE = textwrap.dedent("""
     # prometheus_client's default path: the same collector, rendered on every scrape.
     import json, os, sys, time
     from prometheus_client import CollectorRegistry, start_http_server
-    from gpu_exporter.config import load_settings
+    from gpu_exporter.settings.config import load_settings
     from gpu_exporter.daemon import Daemon
     from gpu_exporter.sources.nvml import NvmlBackend
     d = Daemon(load_settings(), NvmlBackend)

@@ -31,7 +31,7 @@ from tests.fakenvml.presets import GIB, gpu_uuid, h100_sxm, mig_uuid
 
 HARNESS = r"""
 import cProfile, json, os, pstats, statistics, sys, time, io
-from gpu_exporter.config import load_settings
+from gpu_exporter.settings.config import load_settings
 from gpu_exporter.daemon import Daemon
 from gpu_exporter.logs import configure_logging
 from gpu_exporter.sources.nvml import NvmlBackend

@@ -24,7 +24,7 @@ from tests.fakenvml.presets import GIB, gpu_uuid, h100_sxm, mig_uuid
 # Runs in the project's interpreter, against the fake: the daemon's own poller and publish path.
 HARNESS = """
 import json, statistics, sys, time
-from gpu_exporter.config import load_settings
+from gpu_exporter.settings.config import load_settings
 from gpu_exporter.daemon import Daemon
 from gpu_exporter.logs import configure_logging
 from gpu_exporter.sources.nvml import NvmlBackend

@@ -17,9 +17,17 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from . import __version__
-from .config import COLLECTORS, DCGM_NAMES, DEFAULT_PORT, CollectorSettings, ConfigError, Settings, load_settings
 from .logs import FORMATS, configure_logging
 from .logs import drain as drain_logs
+from .settings.config import (
+    COLLECTORS,
+    DCGM_NAMES,
+    DEFAULT_PORT,
+    CollectorSettings,
+    ConfigError,
+    Settings,
+    load_settings,
+)
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.gpm import MIN_INTERVAL_S

@@ -16,7 +16,6 @@ from .accounting.ledger import Accountant
 from .accounting.pricing import PriceBook
 from .alerting.delivery import OUTCOMES, AlertmanagerReceiver, Notifier, Receiver, WebhookReceiver
 from .alerting.engine import RuleEngine, node_name
-from .config import Settings
 from .kubernetes.attribution import Attributor
 from .logs import dropped_lines
 from .once import holder_attributor
@@ -25,6 +24,7 @@ from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
 from .serving.metrics import AlertsCollector, RenderOptions, SelfMetrics, SnapshotCollector
 from .serving.pages import pages
+from .settings.config import Settings
 from .snapshot import GpuReading, NodeSnapshot
 from .sources.backend import Backend
 from .sources.poller import Poller

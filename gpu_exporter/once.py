@@ -31,7 +31,7 @@ from .sources.procfs import user_name
 from .untrusted import for_terminal
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from .settings.config import Settings
 
 log = structlog.get_logger(__name__)
 

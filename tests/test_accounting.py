@@ -19,7 +19,7 @@ from gpu_exporter.accounting.pricing import PriceBook
 from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, NOBODY, classify, holders
 from gpu_exporter.alerting.settings import RulesSettings
-from gpu_exporter.config import ConfigError, load_settings
+from gpu_exporter.settings.config import ConfigError, load_settings
 from gpu_exporter.snapshot import (
     Activity,
     GpuReading,

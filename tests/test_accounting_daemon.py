@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from gpu_exporter.accounting.ledger import Accountant
-from gpu_exporter.config import load_settings
 from gpu_exporter.daemon import Daemon
 from gpu_exporter.serving.accounting_metrics import accounting_families
 from gpu_exporter.serving.metrics import RenderOptions
+from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, PodRef, ProcessReading
 from gpu_exporter.sources.nvml import NvmlBackend
 from tests.cost_helpers import H100_PRICE, L4_PRICE, PRICING, three_gpu_node

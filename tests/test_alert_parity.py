@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_exporter.alerting.engine import RuleEngine
-from gpu_exporter.config import load_settings
+from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, ProcessReading, pcie_link_bytes_per_second
 from tests.exporter_helpers import http_get, run_daemon, value, wait_for
 from tests.fakenvml import Scenario

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gpu_exporter.alerting.settings import RulesSettings
-from gpu_exporter.durations import parse_duration
+from gpu_exporter.settings.durations import parse_duration
 from tests.exporter_helpers import http_get, run_daemon, wait_for
 from tests.fakenvml import Counter, Scenario
 from tests.fakenvml.presets import h100_activity, h100_sxm

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from gpu_exporter.cli import make_backend
-from gpu_exporter.config import COLLECTORS, RULES_NEEDING, ConfigError, Settings, load_settings
 from gpu_exporter.daemon import Daemon
 from gpu_exporter.metric_defs import COLLECTOR_METRICS, METRICS
+from gpu_exporter.settings.config import COLLECTORS, RULES_NEEDING, ConfigError, Settings, load_settings
 from tests.exporter_helpers import parse_exposition, run_daemon, wait_for
 from tests.fakenvml import Scenario, subprocess_env
 from tests.fakenvml.presets import GIB, h100_sxm

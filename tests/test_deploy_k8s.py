@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gpu_exporter.alerting.settings import RulesSettings
-from gpu_exporter.config import KubernetesSettings, load_settings
+from gpu_exporter.settings.config import KubernetesSettings, load_settings
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.cli import main
-from gpu_exporter.config import ConfigError, load_settings
 from gpu_exporter.once import UNKNOWN
+from gpu_exporter.settings.config import ConfigError, load_settings
 
 
 def test_defaults() -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.config import load_settings
 from gpu_exporter.daemon import Daemon
+from gpu_exporter.settings.config import load_settings
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.simulated import SimulatedBackend
 from tests.fakenvml import Scenario

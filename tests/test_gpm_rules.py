@@ -61,7 +61,7 @@ def test_the_signal_setting_picks_the_signal(signal: str, util: float, sm: float
 
 
 def test_an_unknown_signal_is_refused_naming_the_choices() -> None:
-    from gpu_exporter.config import ConfigError, load_settings
+    from gpu_exporter.settings.config import ConfigError, load_settings
 
     with pytest.raises(ConfigError, match="sm_active"):
         load_settings({"rules": {"GpuUnderutilized": {"signal": "tensor"}}})

@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 from alerts.render_prometheusrule import groups as rule_groups
-from gpu_exporter.config import load_settings
+from gpu_exporter.settings.config import load_settings
 from tests.test_deploy_k8s import (
     CPU_NODE,
     GFD_NODE,

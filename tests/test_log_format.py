@@ -19,8 +19,8 @@ import structlog
 
 from gpu_exporter import logs
 from gpu_exporter.cli import build_parser
-from gpu_exporter.config import load_settings
 from gpu_exporter.logs import LogPipe, configure_logging, render_logfmt
+from gpu_exporter.settings.config import load_settings
 from tests.timing import NEVER_S
 
 # A logfmt line as go-logfmt reads it: key=value pairs, a value bare or quoted with \-escapes.

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.config import COLLECTORS, CollectorSettings, KubernetesSettings
 from gpu_exporter.metric_defs import (
     COLLECTOR_HELP,
     COLLECTOR_METRICS,
@@ -26,6 +25,7 @@ from gpu_exporter.metric_defs import (
     series_names,
 )
 from gpu_exporter.serving.metrics import RenderOptions, gpu_families
+from gpu_exporter.settings.config import COLLECTORS, CollectorSettings, KubernetesSettings
 from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot
 from gpu_exporter.sources.nvml import reads
 from gpu_exporter.sources.nvml.reads import Readers

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.cli import reload
-from gpu_exporter.config import ConfigError, Settings, load_settings
 from gpu_exporter.daemon import Daemon
 from gpu_exporter.metric_defs import METRICS
+from gpu_exporter.settings.config import ConfigError, Settings, load_settings
 from gpu_exporter.sources.simulated import SimulatedBackend
 
 FAILURES = "gpu_exporter_config_reload_failures_total"

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from gpu_exporter.accounting.settings import PricingSettings
-from gpu_exporter.config import ConfigError, load_settings
 from gpu_exporter.report.catalogue import load_catalogue
 from gpu_exporter.report.command import UsageError, _options, build_parser, main
 from gpu_exporter.report.prices import PRICING, PriceList
 from gpu_exporter.report.settings import ReportConfigError
 from gpu_exporter.report.settings import load as load_report
+from gpu_exporter.settings.config import ConfigError, load_settings
 
 URL = ("--prometheus.url", "http://127.0.0.1:9")
 

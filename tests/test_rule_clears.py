@@ -22,9 +22,9 @@ import yaml
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, RuleEngine
 from gpu_exporter.alerting.settings import RULE_DOCS, RulesSettings, rules_table
 from gpu_exporter.cli import main
-from gpu_exporter.config import ConfigError, load_settings
-from gpu_exporter.durations import parse_duration
 from gpu_exporter.once import UNKNOWN
+from gpu_exporter.settings.config import ConfigError, load_settings
+from gpu_exporter.settings.durations import parse_duration
 from tests.test_rule_properties import CASES
 from tests.test_rules import GEN5_X16, T0, gpu, snap
 

@@ -22,7 +22,7 @@ from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleE
 from gpu_exporter.alerting.rules import averaged
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.alerting.window import IncreaseTracker, SampleWindow
-from gpu_exporter.config import load_settings
+from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import Activity, GpuReading, GpuStatic, NodeSnapshot, PodRef, ProcessReading
 from tests.memory_helpers import allocations
 

@@ -20,9 +20,9 @@ import yaml
 
 from gpu_exporter.alerting.delivery import AlertmanagerReceiver, WebhookReceiver
 from gpu_exporter.alerting.engine import FIRING, Alert, sendable
-from gpu_exporter.config import ConfigError, load_settings
 from gpu_exporter.daemon import Daemon
-from gpu_exporter.redaction import redact_text, redacted
+from gpu_exporter.settings.config import ConfigError, load_settings
+from gpu_exporter.settings.redaction import redact_text, redacted
 from gpu_exporter.sources.simulated import SimulatedBackend
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import parse_exposition

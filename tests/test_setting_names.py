@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from gpu_exporter.cli import build_parser, main, settings_from_flags
-from gpu_exporter.config import ENV_PREFIX, load_settings
 from gpu_exporter.once import UNKNOWN
+from gpu_exporter.settings.config import ENV_PREFIX, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_SETTINGS = {"--help", "--version", "--config", "--once", "--format"}  # what to do, not how

@@ -35,7 +35,7 @@ def test_the_simulators_node_is_node_name_else_the_hostname(monkeypatch: pytest.
 def test_node_name_reaches_the_simulator() -> None:
     """``--node.name`` (node_name) names the simulated node, as it names the daemon's alerts."""
     from gpu_exporter.cli import make_backend
-    from gpu_exporter.config import load_settings
+    from gpu_exporter.settings.config import load_settings
 
     def uuids(node: str) -> list[str]:
         backend = make_backend(load_settings({"simulate": True, "node_name": node}), lambda f, e: None)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter.config import ConfigError, load_settings
 from gpu_exporter.holders import slurm
 from gpu_exporter.holders.slurm import JobClaim, JobMappingDir, check_directory, read_claim
+from gpu_exporter.settings.config import ConfigError, load_settings
 
 
 class Clock:

@@ -35,7 +35,7 @@ def test_a_bad_address_is_refused_by_name(address: str) -> None:
 def test_reading_the_settings_does_not_import_the_web_server() -> None:
     # asyncio and ssl come with structlog and the settings' own CA files; the server's modules must not.
     code = (
-        "import sys, json; from gpu_exporter.config import load_settings; "
+        "import sys, json; from gpu_exporter.settings.config import load_settings; "
         "load_settings({'listen_address': '127.0.0.1:9999'}); "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('gpu_exporter.web'))))"
     )

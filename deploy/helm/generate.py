@@ -4,7 +4,7 @@
   same files alerts/render_prometheusrule.py renders for kustomize) and alerts/dcgm-compat.rules.yml;
 - files/dashboards/: deploy/grafana/dashboards/*.json (the Grafana sidecar's ConfigMaps);
 - Chart.yaml's version and appVersion: pyproject.toml's version;
-- values.schema.json's definitions of `config`: the exporter's own settings (gpu_exporter/config.py),
+- values.schema.json's definitions of `config`: the exporter's own settings (gpu_exporter/settings/config.py),
   so that a setting the daemon would refuse (an unknown key, a negative duration, a bad choice) fails
   `helm install` first, naming it. Durations take the daemon's spellings (5s, 500ms, 1h or seconds);
   the settings the chart sets itself are left out, and so are inline secrets (bearer_token,
@@ -34,14 +34,14 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 
 from alerts.render_prometheusrule import RULE_FILES  # noqa: E402
-from gpu_exporter.config import Settings  # noqa: E402
-from gpu_exporter.durations import parse_duration  # noqa: E402
+from gpu_exporter.settings.config import Settings  # noqa: E402
+from gpu_exporter.settings.durations import parse_duration  # noqa: E402
 
 CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
 COMPAT_RULES = ROOT / "alerts" / "dcgm-compat.rules.yml"
 SCHEMA = CHART / "values.schema.json"
-# The daemon's duration strings (gpu_exporter/durations.py); a leading "-" does not match.
+# The daemon's duration strings (gpu_exporter/settings/durations.py); a leading "-" does not match.
 DURATION = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d|w)?\s*$"
 # Settings the chart sets itself (listen_address from `port`, web_config_file from `webConfig`,
 # node_name from the node each pod runs on), or that the daemon does not read.

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from ..durations import parse_duration
+from ..settings.durations import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Price = Annotated[float, Field(ge=0, allow_inf_nan=False)]

@@ -33,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from ..redaction import redact_text
+from ..settings.redaction import redact_text
 from .engine import FIRING, RESOLVED, Alert, Labels
 from .routing import Route, rfc3339
 from .settings import ReceiverSettings, WebhookSettings

@@ -35,7 +35,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from ..durations import parse_duration
+from ..settings.durations import parse_duration
 
 DAY = 86_400.0
 # Far beyond any sensible rule window or delivery interval, and far inside what a timestamp can

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..durations import parse_duration
+from ..settings.durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
 from .cost import pick_currency, plan, seen_twice

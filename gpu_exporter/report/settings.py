@@ -12,8 +12,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..accounting.settings import PricingSettings
-from ..durations import parse_duration
-from ..yamlfile import YamlFileError, clip, read_mapping, short
+from ..settings.durations import parse_duration
+from ..settings.yamlfile import YamlFileError, clip, read_mapping, short
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 

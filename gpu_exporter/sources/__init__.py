@@ -4,7 +4,7 @@ The backend interface (``backend``), the NVML backend (``nvml``, the only packag
 pynvml), the simulated backend (``simulated``) and the poller that reads every GPU in parallel and
 publishes one immutable :class:`~gpu_exporter.snapshot.NodeSnapshot` per poll.
 
-May import: ``snapshot`` and the standard helpers at the top (``durations``, ``logs``).
+May import: ``snapshot`` and the standard helpers (``settings.durations``, ``logs``).
 Never: ``serving``, ``alerting``, ``kubernetes`` or the wiring (``cli``, ``daemon``, ``config``,
 ``once``).  Sources know nothing of how their snapshots are shown or judged.
 """

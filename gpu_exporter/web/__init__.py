@@ -14,7 +14,7 @@ It knows HTTP, TLS and basic auth, and nothing of what it serves: the wiring han
   (basic auth: bcrypt, remembered answers, the bounded queue of checks) and ``rate_limit``;
   ``pacing``: what a client can make the server log, at most once an interval, with a count.
 
-May import: the parsing helpers at the top (``yamlfile``, ``durations``) and the package version.
+May import: the parsing helpers in ``settings`` (``yamlfile``, ``durations``) and the package version.
 Never: ``snapshot``, ``sources``, ``serving``, ``alerting``, ``kubernetes``, ``accounting``,
 ``report`` or the wiring.  What is shown is decided elsewhere; this part only serves it, and a
 part that shows something never reaches the server but through the wiring.

@@ -35,7 +35,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from ..yamlfile import YamlFileError, clip, read_mapping
+from ..settings.yamlfile import YamlFileError, clip, read_mapping
 from .rate_limit import RateLimit, parse_go_duration
 from .tls_context import ServerTls, TlsConfigError, TlsServerConfig, build
 

@@ -33,13 +33,13 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from .accounting.settings import AccountingSettings, PricingSettings
-from .alerting.settings import AlertingSettings, RulesSettings
+from ..accounting.settings import AccountingSettings, PricingSettings
+from ..alerting.settings import AlertingSettings, RulesSettings
+from ..metric_defs import COLLECTOR_HELP, OWN_LABELS, Collector
+from ..report.settings import ReportSettings
+from ..web.address import parse_listen_address
 from .durations import parse_duration
-from .metric_defs import COLLECTOR_HELP, OWN_LABELS, Collector
 from .redaction import is_secret_key, redact_text, redacted
-from .report.settings import ReportSettings
-from .web.address import parse_listen_address
 from .yamlfile import YamlFileError, clip, read_mapping, short
 
 DEFAULT_PORT = 9445
@@ -342,7 +342,7 @@ def _describe(e: ValidationError, config_file: Path | None) -> str:
             known = ", ".join(_known_keys(tuple(err["loc"])))
             lines.append(f"unknown setting {key!r}{where}; known here: {known}")
             continue
-        # A secret is never quoted, nor a URL's password, path or query (see gpu_exporter.redaction).
+        # A secret is never quoted, nor a URL's password, path or query (see gpu_exporter.settings.redaction).
         value = err.get("input")
         secret = any(is_secret_key(part) for part in err["loc"])
         value = redacted(value, "password" if secret else None)
