@@ -14,6 +14,8 @@ from gpu_exporter.sources.simulated import (
     LOST_PERIOD_SECONDS,
     LOST_WINDOW_SECONDS,
     PROFILES,
+    XID_BEFORE_LOSS,
+    XID_LEAD_SECONDS,
     SimulatedBackend,
 )
 
@@ -72,7 +74,8 @@ def test_open_describes_the_system() -> None:
     info = backend.open()
     assert info.gpu_count == 3
     assert info.driver_version and "simulated" in info.driver_version
-    assert info.cuda_version == "12.4"
+    # A driver that has every declared field value: the clock event reason counters are 580.82 and newer.
+    assert info.driver_version.startswith("580.82.") and info.cuda_version == "13.0"
     backend.close()
 
 
@@ -104,7 +107,7 @@ def test_out_of_range_index_is_an_error() -> None:
 def test_profiles_cycle_by_index() -> None:
     backend = SimulatedBackend(13, clock=FakeClock())
     assert [backend.profile(i) for i in range(13)] == [PROFILES[i % len(PROFILES)] for i in range(13)]
-    assert PROFILES == ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle")
+    assert PROFILES == ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle", "mig")
 
 
 def test_static_facts_match_the_models() -> None:
@@ -116,8 +119,9 @@ def test_static_facts_match_the_models() -> None:
     l40s = statics["pcie-bound"]
     assert (l40s.name, l40s.pcie_max_generation, l40s.pcie_max_width, l40s.nvlink_count) == ("NVIDIA L40S", 4, 16, 0)
     assert statics["idle"].fan_count >= 1
-    for s in statics.values():
-        assert s.mig_mode == "disabled"
+    assert statics["mig"].name == h100.name and statics["mig"].mig_mode == "enabled"
+    for profile, s in statics.items():
+        assert s.mig_mode == ("enabled" if profile == "mig" else "disabled")
         assert s.serial
         assert set(s.clock_max_hertz) == {"graphics", "sm", "memory", "video"}
         assert all(100e6 < hz < 20e9 for hz in s.clock_max_hertz.values())
@@ -128,24 +132,31 @@ def test_every_field_the_simulator_promises_is_filled(day: Day) -> None:
     for profile, readings in day.items():
         r = readings[0]
         assert r.up and r.static is not None and r.uuid == r.static.uuid and r.index == r.static.index, profile
+        mig = profile == "mig"
+        # What NVML does not answer for a GPU in MIG mode: GPU-Util, the codecs, remapped rows.
+        not_in_mig = ("utilization_ratio", "memory_copy_utilization_ratio", "encoder_utilization_ratio",
+                      "decoder_utilization_ratio", "row_remap_pending", "row_remap_failure")  # fmt: skip
         for name in GpuReading.__slots__:
             if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio", "activity"):
-                assert getattr(r, name) is not None, (profile, name)
-        # GPM is Hopper and newer: the simulated H100s have it, the L40S and RTX 6000 Ada do not.
-        assert (r.activity is not None) == r.static.gpm_supported == ("H100" in r.static.name), profile
+                assert (getattr(r, name) is None) == (mig and name in not_in_mig), (profile, name)
+        # GPM is Hopper and newer: the simulated H100s have it, the L40S and RTX 6000 Ada do not; the
+        # MIG-mode H100's is per GPU instance.
+        assert r.static.gpm_supported == ("H100" in r.static.name), profile
+        assert (r.activity is not None) == (r.static.gpm_supported and not mig), profile
         if r.activity is not None:
             assert None not in (getattr(r.activity, f) for f in r.activity.__slots__), profile
             assert r.activity.sm is not None and r.utilization_ratio is not None
             assert r.activity.sm <= r.utilization_ratio, "SM activity never exceeds GPU-Util"
-        for p in r.processes:
-            assert p.sm_utilization_ratio is not None and p.memory_utilization_ratio is not None
+        for p in r.processes:  # nvmlDeviceGetProcessUtilization does not answer in MIG mode
+            assert (p.sm_utilization_ratio is None) == (p.memory_utilization_ratio is None) == mig, profile
         assert set(r.temperature_celsius) == {"gpu", "memory"}
         assert set(r.clock_hertz) == {"graphics", "sm", "memory", "video"}
         assert set(r.clock_event_active) == REASONS
         assert dict(r.ecc_errors_total).keys() == {"corrected", "uncorrected"}
-        assert dict(r.remapped_rows_total) == {"correctable": 0, "uncorrectable": 0}
+        assert dict(r.remapped_rows_total) == ({} if mig else {"correctable": 0, "uncorrectable": 0})
         assert not r.row_remap_pending and not r.row_remap_failure
-        assert dict(r.xid_errors_total) == {}
+        assert dict(r.xid_errors_total) == {}, "the first poll comes before any XID"
+        assert bool(r.migs) == mig, profile
         assert len(r.nvlinks) == r.static.nvlink_count
         assert set(r.fan_speed_ratio) == {str(f) for f in range(r.static.fan_count)}
 
@@ -158,7 +169,12 @@ def test_values_stay_within_physical_ranges_all_day(day: Day) -> None:
             ctx = (profile, r)
             ratios = [r.utilization_ratio, r.memory_copy_utilization_ratio, r.encoder_utilization_ratio]
             ratios += [r.decoder_utilization_ratio, *r.fan_speed_ratio.values()]
-            assert all(x is not None and 0 <= x <= 1 for x in ratios), ctx
+            ratios += [getattr(m.activity, f) for m in r.migs if m.activity for f in m.activity.__slots__]
+            assert all(x is not None and 0 <= x <= 1 for x in ratios) or profile == "mig", ctx
+            assert all(0 <= x <= 1 for x in ratios if x is not None), ctx
+            for m in r.migs:
+                assert m.memory_total_bytes and m.memory_used_bytes is not None and m.memory_free_bytes is not None
+                assert 0 < m.memory_used_bytes <= m.memory_total_bytes == m.memory_used_bytes + m.memory_free_bytes, ctx
             assert r.memory_total_bytes and r.memory_used_bytes is not None and r.memory_reserved_bytes is not None
             assert 0 < r.memory_used_bytes <= r.memory_total_bytes, ctx
             assert r.memory_free_bytes == r.memory_total_bytes - r.memory_used_bytes - r.memory_reserved_bytes, ctx
@@ -199,6 +215,9 @@ def test_counters_never_decrease(day: Day) -> None:
                 assert after.ecc_errors_total[key] >= before.ecc_errors_total[key], ctx
             assert before.pcie_replay_errors_total is not None and after.pcie_replay_errors_total is not None
             assert after.pcie_replay_errors_total >= before.pcie_replay_errors_total, ctx
+            assert before.field_values.keys() == after.field_values.keys(), ctx
+            assert all(after.field_values[k] >= v for k, v in before.field_values.items()), ctx
+            assert all(after.xid_errors_total.get(x, 0) >= n for x, n in before.xid_errors_total.items()), ctx
 
 
 def test_energy_follows_power(day: Day) -> None:
@@ -370,3 +389,55 @@ def test_concurrent_reads_keep_counters_monotonic() -> None:
         # The free-running ticker can carry the "lost" GPU through its whole run inside the lost window.
         assert values or backend.profile(index) == "lost", index
         assert all(v > 0 for v in values) and values == sorted(values), index
+
+
+def test_time_held_back_follows_the_clock_event_reasons(day: Day) -> None:
+    """The perf-policy and clock event reason counters grow by the time their reason was active: the
+    training GPU's power policy while it sits at its power cap, the idle one's low-utilization policy
+    all the time, and no thermal time on cards that run cool."""
+    power, low, thermal = (
+        ("gpu_violation_seconds_total", "power"),
+        ("gpu_violation_seconds_total", "low_utilization"),
+        ("gpu_clock_event_seconds_total", "sw_thermal"),
+    )
+
+    def grew(readings: list[GpuReading], key: tuple[str, str]) -> float:
+        return readings[-1].field_values[key] - readings[0].field_values[key]
+
+    training = day["training"]
+    capped = sum(STEP for r in training[1:] if r.clock_event_active["sw_power_cap"])
+    assert 0 < grew(training, power) == pytest.approx(capped)
+    assert grew(day["idle"], low) == pytest.approx(DAY - STEP)
+    assert grew(training, low) == 0
+    assert all(grew(readings, thermal) == 0 for readings in day.values())
+
+
+def test_the_lost_gpu_reports_an_xid_before_each_loss() -> None:
+    clock = FakeClock()
+    backend = SimulatedBackend(len(PROFILES), clock=clock)
+    lost = PROFILES.index("lost")
+    start, _ = LOST_WINDOW_SECONDS
+    static = backend.read_static(lost)
+    seen = []
+    for at in (start - XID_LEAD_SECONDS - 1, start - 1, LOST_PERIOD_SECONDS + start - 1, 2 * LOST_PERIOD_SECONDS):
+        clock.now = 12345.0 + at
+        seen.append(dict(backend.read_gpu(static).xid_errors_total))
+    assert seen == [{}, {XID_BEFORE_LOSS: 1}, {XID_BEFORE_LOSS: 2}, {XID_BEFORE_LOSS: 2}]
+    assert all(not r.xid_errors_total for r in read_all(backend) if r is not None and r.index != lost)
+
+
+def test_the_mig_gpu_is_split_into_instances_that_add_up(day: Day) -> None:
+    """An H100 in MIG mode: three GPU instances, each with its own memory and GPM activity; the parent's
+    memory used and processes are its instances'."""
+    for r in day["mig"]:
+        assert [m.profile for m in r.migs] == ["3g.40gb", "2g.20gb", "1g.10gb"]
+        assert len({m.uuid for m in r.migs}) == 3 and all(m.uuid.startswith("MIG-") for m in r.migs)
+        assert len({m.gpu_instance_id for m in r.migs}) == 3
+        assert r.memory_used_bytes == sum(m.memory_used_bytes or 0 for m in r.migs)
+        assert r.memory_total_bytes is not None
+        assert sum(m.memory_total_bytes or 0 for m in r.migs) <= r.memory_total_bytes
+        assert r.processes == tuple(p for m in r.migs for p in m.processes)
+        busy, _, empty = r.migs
+        assert busy.activity is not None and busy.activity.sm is not None and busy.activity.sm > 0.5
+        assert empty.processes == () and empty.activity is not None and empty.activity.sm == 0
+    assert len({r.migs[0].memory_used_bytes for r in day["mig"]}) > 10, "the instances' memory moves"

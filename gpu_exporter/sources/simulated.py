@@ -6,7 +6,13 @@ something on every panel and trips the usual alerts now and then.
 
 Gauges are pure functions of the seed and the time elapsed on ``clock`` since the backend was made:
 a few sinusoids with seeded phases, so they drift smoothly and repeat exactly for the same inputs.
-Counters (energy, PCIe and NVLink bytes) integrate those rates between polls, so they only grow.
+Counters (energy, PCIe and NVLink bytes, the time each perf policy or clock event reason held the
+clocks back) integrate those rates between polls, so they only grow.
+
+Every metric ``metric_defs`` declares shows on a node with one GPU of each profile (tests/
+test_simulated_declarations.py holds it to that): the field-value metrics are made from their
+declarations (``FIELD_METRICS``), the "mig" GPU is an H100 in MIG mode with three GPU instances, the
+"lost" GPU reports an XID before each time it falls off the bus, and the RTX 6000 Ada has a fan.
 
 Each GPU's UUID is derived from the node's name (``$NODE_NAME``, else the hostname, as the daemon
 names its node), the seed and the index: the same on every restart of one node's simulator, and
@@ -27,10 +33,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..snapshot import Activity, GpuReading, GpuStatic, NvLinkReading, ProcessReading, pcie_link_bytes_per_second
+from ..metric_defs import FIELD_METRICS
+from ..snapshot import (
+    Activity,
+    GpuReading,
+    GpuStatic,
+    MigReading,
+    NvLinkReading,
+    ProcessReading,
+    pcie_link_bytes_per_second,
+)
 from .backend import GpuLost, SystemInfo
 
-PROFILES = ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle")
+PROFILES = ("training", "idle-allocated", "memory-creep", "pcie-bound", "lost", "idle", "mig")
 """Workload of GPU ``i`` is ``PROFILES[i % len(PROFILES)]``."""
 
 LOST_PERIOD_SECONDS = 600.0
@@ -40,13 +55,30 @@ LOST_WINDOW_SECONDS = (300.0, 360.0)
 MEMORY_CREEP_PERIOD_SECONDS = 1200.0
 """A "memory-creep" GPU leaks from ~50% to ~97% of its memory over this long, then restarts."""
 
-DRIVER_VERSION = "550.54.15 (simulated)"
-CUDA_VERSION = "12.4"
+# A driver recent enough for every field value the metrics declare (the clock event reason counters
+# are 580.82 and newer, metric_defs.FieldValue.since).
+DRIVER_VERSION = "580.82.07 (simulated)"
+CUDA_VERSION = "13.0"
+_DRIVER = (580, 82, 7)
+
+XID_BEFORE_LOSS = 119
+"""A "lost" GPU reports this XID (GSP RPC timeout, the usual H100 prelude) shortly before each loss."""
+XID_LEAD_SECONDS = 10.0
 
 _MIB = 1024**2
 _NVLINK_BYTES_PER_SECOND = 25e9  # one H100 NVLink4 link, one direction: 900 GB/s over 18 links, both ways
 _AMBIENT_CELSIUS = 28.0
 _CLOCK_EVENT_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+# The time counters NVML keeps as field values (the metrics declared with ``fields``, in seconds) run
+# while a clock event reason is active: a clock event reason counter while its own reason is (the
+# labels are the reasons' names), a perf-policy counter while the reason of its policy is.  A label
+# with no active reason here (sync_boost, board_limit, reliability) is a counter the card keeps at
+# its value, as a real one does for a policy that never engages.
+POLICY_REASONS: Mapping[str, str] = MappingProxyType(
+    {"power": "sw_power_cap", "thermal": "sw_thermal", "low_utilization": "gpu_idle"}
+)
+# Seconds per second of uptime each reason held the clocks back before the simulator started.
+_HELD_BEFORE = MappingProxyType({"gpu_idle": 0.3, "sw_power_cap": 0.01})
 _THRESHOLDS = MappingProxyType({"shutdown": 92.0, "slowdown": 89.0, "gpu_max": 87.0, "mem_max": 95.0})
 # Bus numbers of the eight GPUs of an HGX H100 board; more GPUs move on to further PCI domains.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -116,6 +148,30 @@ _RTX6000 = _Model(
     fan_count=1,
 )
 _MODEL_OF_PROFILE = {"pcie-bound": _L40S, "idle": _RTX6000}
+
+
+@dataclass(frozen=True, slots=True)
+class _MigSlice:
+    """One GPU instance (with one compute instance) of the "mig" GPU, and the workload it runs."""
+
+    profile: str
+    gpu_instance_id: int
+    profile_id: int  # nvidia-smi mig -lgip on an H100 80GB
+    placement_start: int  # first of the eight memory slices it occupies
+    compute_share: float  # of the GPU's seven compute slices
+    memory_total_bytes: int
+    process: str | None
+    utilization: tuple[float, float]  # the workload's range, of the instance
+    memory_used: tuple[float, float]  # of the instance's memory
+    tensor_share: float = 0.0
+
+
+# A shared inference box: a fine-tuning job, a model server, and a slice nobody uses at the moment.
+_H100_MIGS = (
+    _MigSlice("3g.40gb", 2, 9, 4, 3 / 7, 40320 * _MIB, "python3", (0.85, 0.97), (0.80, 0.88), tensor_share=0.65),
+    _MigSlice("2g.20gb", 3, 14, 0, 2 / 7, 20096 * _MIB, "tritonserver", (0.30, 0.60), (0.55, 0.60), tensor_share=0.4),
+    _MigSlice("1g.10gb", 9, 19, 2, 1 / 7, 9856 * _MIB, None, (0.0, 0.0), (0.0, 0.0)),
+)
 
 
 def _clamp(value: float, low: float = 0.0, high: float = 1.0) -> float:
@@ -244,7 +300,7 @@ class _SimulatedGpu:
             name=model.name,
             pci_bus_id=f"{domain:08X}:{_HGX_BUSES[slot]:02X}:00.0",
             serial=f"1652{rng.randrange(10**9):09d}",
-            mig_mode="disabled",
+            mig_mode="enabled" if self.profile == "mig" else "disabled",
             clock_max_hertz=MappingProxyType({k: v * 1e6 for k, v in model.clock_max_mhz.items()}),
             pcie_max_generation=model.pcie_generation,
             pcie_max_width=model.pcie_width,
@@ -259,6 +315,14 @@ class _SimulatedGpu:
         self._link_shares = [(rng.uniform(0.9, 1.1), rng.uniform(0.9, 1.1)) for _ in range(model.nvlink_count)]
         self._replay_errors = rng.choice((0, 0, 0, 1, 3))
         self._ecc_corrected = rng.choice((0, 0, 1, 2))
+        # What was added later draws from its own generators, so the readings above stay as they were.
+        mig_rng = random.Random(f"gpu-exporter-simulated/{seed}/{index}/mig")
+        self.migs = _H100_MIGS if self.profile == "mig" else ()
+        self._mig_uuids = [
+            f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{seed}/{index}/{m.gpu_instance_id}')}" for m in self.migs
+        ]
+        self._mig_wiggles = [{name: _Wiggle(mig_rng) for name in ("util", "mem")} for _ in self.migs]
+        self._mig_pids = [mig_rng.randrange(2000, 400_000) for _ in self.migs]
 
         # Counters start as if the driver had been loaded days ago, as they would on a real node.
         uptime = rng.uniform(2, 30) * 86400
@@ -270,20 +334,63 @@ class _SimulatedGpu:
         self._pcie_rx = uptime * link * rng.uniform(0.02, 0.10)
         self._nvlink_tx = [uptime * _NVLINK_BYTES_PER_SECOND * 0.1 * tx for tx, _ in self._link_shares]
         self._nvlink_rx = [uptime * _NVLINK_BYTES_PER_SECOND * 0.1 * rx for _, rx in self._link_shares]
+        self._held_back = {(name, label): uptime * _HELD_BEFORE.get(why, 0.0) for name, label, why in TIME_COUNTERS}
 
     def lost_at(self, t: float) -> bool:
         start, end = LOST_WINDOW_SECONDS
         return self.profile == "lost" and start <= t % LOST_PERIOD_SECONDS < end
 
+    def _read_migs(self, t: float) -> tuple[MigReading, ...]:
+        """The MIG devices at ``t``: each instance's memory, process and GPM activity."""
+        out = []
+        for i, (m, w) in enumerate(zip(self.migs, self._mig_wiggles, strict=True)):
+            util = w["util"].between(t, *m.utilization)
+            total = m.memory_total_bytes
+            used = int(w["mem"].between(t, *m.memory_used) * total) // _MIB * _MIB if m.process else 4 * _MIB
+            processes: tuple[ProcessReading, ...] = ()
+            if m.process is not None:
+                # nvmlDeviceGetProcessUtilization does not answer in MIG mode: no per-process utilization.
+                processes = (ProcessReading(self._mig_pids[i], m.process, used, "compute",
+                                            user=_USERS[(self.static.index + i) % len(_USERS)]),)  # fmt: skip
+            sm = util * 0.8
+            activity = Activity(graphics=util, sm=sm, sm_occupancy=sm * 0.38, tensor=sm * m.tensor_share,
+                                dram=util * 0.45, fp64=0.0, fp32=sm * 0.08, fp16=sm * 0.04)  # fmt: skip
+            out.append(MigReading(index=i, uuid=self._mig_uuids[i], profile=m.profile,
+                                  gpu_instance_id=m.gpu_instance_id, compute_instance_id=0,
+                                  gpu_instance_profile_id=m.profile_id, placement_start=m.placement_start,
+                                  memory_total_bytes=total, memory_used_bytes=used, memory_free_bytes=total - used,
+                                  processes=processes, activity=activity))  # fmt: skip
+        return tuple(out)
+
+    def _parent_load(self, t: float, migs: tuple[MigReading, ...]) -> _Load:
+        """What the instances ask of the whole GPU, weighted by their share of its compute slices."""
+        w = self._wiggles
+        busy = sum(m.compute_share * ((r.activity.graphics or 0.0) if r.activity else 0.0)
+                   for m, r in zip(self.migs, migs, strict=True))  # fmt: skip
+        return _Load(
+            utilization=busy,
+            memory_copy=busy * 0.5,
+            memory_used=0.0,  # the instances' own, summed by the caller
+            power=_clamp(0.08 + 0.9 * busy + 0.02 * w["power"](t)),
+            pcie_rx=w["rx"].between(t, 0.03, 0.08),
+            pcie_tx=w["tx"].between(t, 0.02, 0.05),
+            nvlink=0.0,  # a MIG-mode GPU's NVLinks carry no peer traffic
+            process=next((m.process for m in self.migs if m.process), None),
+            sm_share=0.8,
+        )
+
     def read(self, static: GpuStatic, t: float) -> GpuReading:
         model, w = self.model, self._wiggles
-        load = _load(self.profile, w, t, self._creep_offset)
+        migs = self._read_migs(t)
+        load = self._parent_load(t, migs) if migs else _load(self.profile, w, t, self._creep_offset)
         busy = load.utilization >= 0.05
         has_process = load.process is not None
 
         total, reserved = model.memory_total_bytes, model.memory_reserved_bytes
         # An empty card still shows a few MiB used: the driver's own bookkeeping.
         used = min(int(load.memory_used * total) // _MIB * _MIB, total - reserved) if has_process else 4 * _MIB
+        if migs:
+            used = sum(m.memory_used_bytes or 0 for m in migs)
 
         power_fraction = _clamp(load.power)
         power = model.power_idle_watts + (model.power_limit_watts - model.power_idle_watts) * power_fraction
@@ -323,6 +430,9 @@ class _SimulatedGpu:
             for link, (link_tx, link_rx) in enumerate(link_rates):
                 self._nvlink_tx[link] += link_tx * dt
                 self._nvlink_rx[link] += link_rx * dt
+            for name, label, reason in TIME_COUNTERS:
+                self._held_back[name, label] += dt if events.get(reason) else 0.0
+            field_values = MappingProxyType(dict(self._held_back))
             energy, pcie_tx_total, pcie_rx_total = self._energy_joules, int(self._pcie_tx), int(self._pcie_rx)
             nvlinks = tuple(
                 NvLinkReading(link, True, int(self._nvlink_tx[link]), int(self._nvlink_rx[link]))
@@ -334,15 +444,24 @@ class _SimulatedGpu:
         corrected = self._ecc_corrected + (int(elapsed // 14400) if hot else 0)
         replays = self._replay_errors + (int(elapsed // 10800) if self.profile == "pcie-bound" else 0)
 
+        xids = {}
+        if self.profile == "lost":
+            first = LOST_WINDOW_SECONDS[0] - XID_LEAD_SECONDS
+            if elapsed >= first:
+                xids[XID_BEFORE_LOSS] = int((elapsed - first) // LOST_PERIOD_SECONDS) + 1
+
         processes: tuple[ProcessReading, ...] = ()
-        if load.process is not None:
+        if migs:
+            # In MIG mode the parent lists the processes of every instance.
+            processes = tuple(p for m in migs for p in m.processes)
+        elif load.process is not None:
             # The driver samples per process in whole percent.
             processes = (ProcessReading(self._pid + 7 * load.restarts, load.process, used, "compute",
                                         sm_utilization_ratio=round(_clamp(load.utilization), 2),
                                         memory_utilization_ratio=round(_clamp(load.memory_copy), 2),
                                         user=_USERS[static.index % len(_USERS)]),)  # fmt: skip
         activity = None
-        if model.gpm:
+        if model.gpm and not migs:  # in MIG mode the driver may refuse the whole GPU's GPM; the simulated one does
             sm = _clamp(load.utilization * load.sm_share)
             activity = Activity(graphics=_clamp(load.utilization), sm=sm, sm_occupancy=sm * 0.38,
                                 tensor=sm * load.tensor_share, dram=_clamp(load.memory_copy * 0.9), fp64=0.0,
@@ -353,10 +472,11 @@ class _SimulatedGpu:
             uuid=self.static.uuid,
             up=True,
             static=static,
-            utilization_ratio=_clamp(load.utilization),
-            memory_copy_utilization_ratio=_clamp(load.memory_copy),
-            encoder_utilization_ratio=0.0,
-            decoder_utilization_ratio=_clamp(load.decoder),
+            # nvmlDeviceGetUtilizationRates and the codec queries answer NOT_SUPPORTED in MIG mode.
+            utilization_ratio=None if migs else _clamp(load.utilization),
+            memory_copy_utilization_ratio=None if migs else _clamp(load.memory_copy),
+            encoder_utilization_ratio=None if migs else 0.0,
+            decoder_utilization_ratio=None if migs else _clamp(load.decoder),
             memory_total_bytes=total,
             memory_used_bytes=used,
             memory_free_bytes=total - used - reserved,
@@ -371,6 +491,7 @@ class _SimulatedGpu:
             clock_hertz=MappingProxyType({name: round(mhz) * 1e6 for name, mhz in clocks.items()}),
             performance_state=pstate,
             clock_event_active=MappingProxyType(events),
+            field_values=field_values,
             pcie_tx_bytes_per_second=tx_rate,
             pcie_rx_bytes_per_second=rx_rate,
             pcie_tx_bytes_total=pcie_tx_total,
@@ -380,13 +501,30 @@ class _SimulatedGpu:
             pcie_replay_errors_total=replays,
             nvlinks=nvlinks,
             ecc_errors_total=MappingProxyType({"corrected": corrected, "uncorrected": 0}),
-            remapped_rows_total=MappingProxyType({"correctable": 0, "uncorrectable": 0}),
-            row_remap_pending=False,
-            row_remap_failure=False,
-            xid_errors_total=MappingProxyType({}),
+            # nvml.h: remapped rows are not given in MIG mode with active instances.
+            remapped_rows_total=MappingProxyType({} if migs else {"correctable": 0, "uncorrectable": 0}),
+            row_remap_pending=None if migs else False,
+            row_remap_failure=None if migs else False,
+            xid_errors_total=MappingProxyType(xids),
             processes=processes,
+            migs=migs,
             activity=activity,
         )
+
+
+def _time_counters() -> tuple[tuple[str, str, str], ...]:
+    """(metric, label, clock event reason) of every declared field value that counts seconds, where
+    the simulated driver has its field id; the reason is what runs it (see ``POLICY_REASONS``)."""
+    return tuple(
+        (d.name, f.label, POLICY_REASONS.get(f.label, f.label))
+        for d in FIELD_METRICS
+        if d.type == "counter" and d.unit == "seconds"
+        for f in d.fields
+        if f.since <= _DRIVER
+    )
+
+
+TIME_COUNTERS = _time_counters()
 
 
 def node_name() -> str:
