@@ -57,7 +57,9 @@ THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "aco
 CLOCKS = ("graphics", "sm", "memory", "video")
 # GPM metrics a scenario can set, in percent, by their key names in the file (gpm.<name>).
 # The perf-policy counters (fields 74-79) and the clock event reason counters (269-271) by the label
-# values their metrics declare (fakenvml.c's violation_names and clock_event_names, in id order).
+# values their metrics declare.  Which field id serves each is the fake's own nvml.h model
+# (fakenvml.c's violation_names and clock_event_names, in id order); test_fakenvml_field_names.py
+# holds that model and the declarations' ids to one another.
 VIOLATION_POLICIES = tuple(f.label for f in METRICS["gpu_violation_seconds_total"].fields)
 CLOCK_EVENT_COUNTERS = tuple(f.label for f in METRICS["gpu_clock_event_seconds_total"].fields)
 GPM_METRICS = ("graphics_util", "sm_util", "sm_occupancy", "integer_util", "any_tensor_util", "dfma_tensor_util",
