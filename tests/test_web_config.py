@@ -20,6 +20,7 @@ import yaml
 
 from gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 from gpu_exporter.web.rate_limit import RateLimit
+from tests import assert_mentions
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
@@ -98,7 +99,8 @@ def test_a_node_exporter_web_config_with_every_key_loads(certs: Path) -> None:
     assert set(config.users) == {"prometheus"} and config.rate_limit == RateLimit(0.1, 20)
     assert config.files == (certs / "web.yml", certs / "server.crt", certs / "server.key", certs / "client_ca.pem")
     # http2 is the one key accepted and not applied, and it says so.
-    assert len(config.warnings) == 1 and "http_server_config.http2: HTTP/2 is not served" in config.warnings[0]
+    assert len(config.warnings) == 1
+    assert_mentions(config.warnings[0], "http_server_config.http2", "HTTP/2 is not served")
 
 
 def test_a_shared_web_config_starts_the_daemon_and_its_warnings_are_logged_once(
@@ -327,10 +329,11 @@ def test_inline_client_ca(tmp_path: Path, ca: trustme.CA) -> None:
 def test_client_ca_file_wins_over_client_ca_as_in_exporter_toolkit(certs: Path, ca: trustme.CA) -> None:
     config = load(certs, TLS + "client_auth_type: VerifyClientCertIfGiven, client_ca_file: client_ca.pem, "
                                "client_ca: 'not a certificate'}")  # fmt: skip
-    assert config.tls is not None and "both client_ca and client_ca_file are given" in config.warnings[0]
+    assert config.tls is not None and config.tls.context.cert_store_stats()["x509_ca"] == 1
+    assert_mentions(config.warnings[0], "client_ca and client_ca_file", "client_ca_file is used", "exporter-toolkit")
 
 
-# -- each refusal's whole sentence (it is what the operator reads) ----------------------------------------------
+# -- each refusal names the key, the value and the fix (it is what the operator reads) --------------------------
 def cost(c: int) -> str:
     return HASH[:4] + f"{c:02d}" + HASH[6:]
 
@@ -342,8 +345,8 @@ def cost(c: int) -> str:
 )  # fmt: skip
 def test_a_bcrypt_cost_outside_4_to_16_is_refused_saying_why(tmp_path: Path, c: int, why: str) -> None:
     message = refused(tmp_path, f"basic_auth_users: {{prom: '{cost(c)}'}}")
-    assert message.endswith(f": basic_auth_users.prom: bcrypt cost {c} is outside 4..16: {why}; "
-                            "use 10 to 12 (htpasswd -nbB -C 10 user password)")  # fmt: skip
+    assert_mentions(message, "basic_auth_users.prom", f"bcrypt cost {c}", "4..16", why, "use 10 to 12",
+                    "htpasswd -nbB -C 10 user password")  # fmt: skip
 
 
 @pytest.mark.parametrize("c", [4, 10, 16])
@@ -353,8 +356,8 @@ def test_bcrypt_costs_from_4_to_16_load(tmp_path: Path, c: int) -> None:
 
 def test_what_is_not_a_bcrypt_hash_is_refused_in_one_sentence(tmp_path: Path) -> None:
     message = refused(tmp_path, "basic_auth_users: {john: doe}")
-    assert message.endswith(": basic_auth_users.john: must be a bcrypt hash ($2b$, cost, 53 characters of salt "
-                            "and hash; 60 in all)")  # fmt: skip
+    assert message.count("basic_auth_users") == 1, message  # one sentence, on the one user
+    assert_mentions(message, "basic_auth_users.john", "bcrypt hash", "$2b$", "53 characters", "60 in all")
 
 
 @pytest.mark.parametrize(
@@ -370,7 +373,7 @@ def test_a_header_value_that_would_break_the_answer_is_refused(tmp_path: Path, v
     path.write_text(yaml.safe_dump({"http_server_config": {"headers": {"X-XSS-Protection": value}}}))
     with pytest.raises(WebConfigError) as e:
         load_web_config(path)
-    assert str(e.value) == f"web config file {path}: http_server_config.headers.X-XSS-Protection: {problem}"
+    assert_mentions(str(e.value), str(path), "http_server_config.headers.X-XSS-Protection", problem)
 
 
 @pytest.mark.parametrize("value", ["1; mode=block", "a\tb", "caf\u00e9", "\x80\xff", " "])
@@ -385,11 +388,10 @@ def test_every_problem_is_named_in_one_message(tmp_path: Path) -> None:
     path.write_text("basic_auth_users: {john: doe}\nrate_limit: {burst: x}\nextra: 1\n")
     with pytest.raises(WebConfigError) as e:
         load_web_config(path)
-    assert str(e.value) == (
-        f"web config file {path}: basic_auth_users.john: must be a bcrypt hash ($2b$, cost, 53 characters of salt "
-        "and hash; 60 in all); rate_limit.burst: Input should be a valid integer, unable to parse string as an "
-        "integer; extra: unknown key"
-    )
+    message = str(e.value)
+    assert_mentions(message, str(path), "basic_auth_users.john", "bcrypt hash", "rate_limit.burst", "valid integer",
+                    "extra", "unknown key")  # fmt: skip
+    assert message.count(str(path)) == 1, message  # one message, not one per problem
 
 
 def test_a_web_config_that_is_not_utf8_is_named(tmp_path: Path) -> None:
@@ -397,7 +399,7 @@ def test_a_web_config_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"http_server_config: {headers: {X-XSS-Protection: caf\xe9}}\n")
     with pytest.raises(WebConfigError) as e:
         load_web_config(path)
-    assert str(e.value) == f"web config file {path} is not UTF-8 text: byte 0xe9 on line 1 (save it as UTF-8)"
+    assert_mentions(str(e.value), str(path), "not UTF-8", "0xe9", "line 1", "save it as UTF-8")
 
 
 def test_without_tls_and_rate_limit_there_are_none(tmp_path: Path) -> None:
@@ -411,16 +413,15 @@ def test_a_burst_of_one_is_a_limit(tmp_path: Path) -> None:
     assert load(tmp_path, "rate_limit: {interval: 2s, burst: 1}").rate_limit == RateLimit(2.0, 1)
 
 
-def test_the_http2_warning_in_full(tmp_path: Path) -> None:
+def test_the_http2_warning_says_what_is_served_instead(tmp_path: Path) -> None:
     config = load(tmp_path, "http_server_config: {http2: true}")
-    assert config.warnings == (
-        f"web config file {tmp_path / 'web.yml'}: http_server_config.http2: HTTP/2 is not served here; clients use "
-        "HTTP/1.1 (TLS offers only http/1.1 by ALPN), which every Prometheus speaks",
-    )
+    assert len(config.warnings) == 1, config.warnings
+    assert_mentions(config.warnings[0], str(tmp_path / "web.yml"), "http_server_config.http2", "HTTP/2 is not served",
+                    "HTTP/1.1", "ALPN", "every Prometheus")  # fmt: skip
     assert load(tmp_path, "http_server_config: {http2: false}").warnings == ()
 
 
-# -- tls_server_config, sentence by sentence ----------------------------------------------------------------------
+# -- tls_server_config, warning by warning -------------------------------------------------------------------------
 def only_warning(config: WebConfig) -> str:
     assert len(config.warnings) == 1, config.warnings
     return config.warnings[0].split(": ", 1)[1]
@@ -443,13 +444,11 @@ def test_tls_1_3_suites_with_a_tls_1_3_minimum_need_no_warning(certs: Path) -> N
 
 def test_the_tls_1_3_only_sentences(certs: Path) -> None:
     config = load(certs, TLS + "cipher_suites: [TLS_AES_128_GCM_SHA256]}")
-    assert only_warning(config) == (
-        "tls_server_config.cipher_suites lists only TLS 1.3 suites, which cannot be chosen: TLS 1.2 has no cipher "
-        "left, so only TLS 1.3 is served, as in Go"
-    )
+    assert_mentions(only_warning(config), "tls_server_config.cipher_suites", "only TLS 1.3 suites",
+                    "TLS 1.2 has no cipher", "only TLS 1.3 is served", "as in Go")  # fmt: skip
     message = refused(certs, TLS + "cipher_suites: [TLS_AES_128_GCM_SHA256], max_version: TLS12}")
-    assert message.endswith(": tls_server_config.cipher_suites lists only TLS 1.3 suites, which leave TLS 1.2 no "
-                            "cipher, and max_version is TLS12: no handshake could succeed")  # fmt: skip
+    assert_mentions(message, "tls_server_config.cipher_suites", "only TLS 1.3 suites", "max_version is TLS12",
+                    "no handshake could succeed")  # fmt: skip
 
 
 def test_suites_this_openssl_lacks(certs: Path) -> None:
@@ -457,62 +456,60 @@ def test_suites_this_openssl_lacks(certs: Path) -> None:
         "TLS_RSA_WITH_3DES_EDE_CBC_SHA, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA"
     )
     config = load(certs, TLS + f"cipher_suites: [{suites}]}}")
-    assert only_warning(config) == (
-        "tls_server_config.cipher_suites: TLS_RSA_WITH_3DES_EDE_CBC_SHA, TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA not "
-        f"available in {ssl.OPENSSL_VERSION}; the others are used"
-    )
+    warning = only_warning(config)
+    assert_mentions(warning, "tls_server_config.cipher_suites", "TLS_RSA_WITH_3DES_EDE_CBC_SHA",
+                    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA", "not available", ssl.OPENSSL_VERSION,
+                    "the others are used")  # fmt: skip
+    assert "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256" not in warning  # the one available is not named
     message = refused(
         certs, TLS + "cipher_suites: [TLS_RSA_WITH_3DES_EDE_CBC_SHA, TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA]}"
     )
-    assert message.endswith(": tls_server_config.cipher_suites: none of TLS_RSA_WITH_3DES_EDE_CBC_SHA, "
-                            f"TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA is available in {ssl.OPENSSL_VERSION}")  # fmt: skip
+    assert_mentions(message, "tls_server_config.cipher_suites", "none of", "TLS_RSA_WITH_3DES_EDE_CBC_SHA",
+                    "TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA", ssl.OPENSSL_VERSION)  # fmt: skip
 
 
 def test_the_curves_sentence(certs: Path) -> None:
     config = load(certs, TLS + "curve_preferences: [X25519, CurveP256]}")
-    assert only_warning(config) == (
-        "tls_server_config.curve_preferences lists 2 curves; Python's ssl can restrict the key exchange to one curve "
-        "only, so OpenSSL's default curves are kept (they include every curve listed, in OpenSSL's order): list one "
-        "curve to restrict it"
-    )
+    assert_mentions(only_warning(config), "tls_server_config.curve_preferences", "2 curves", "one curve only",
+                    "OpenSSL's default curves are kept", "every curve listed", "list one curve")  # fmt: skip
 
 
 def test_unknown_names_are_listed_with_the_known_ones(certs: Path) -> None:
     message = refused(certs, TLS + "curve_preferences: [X25519, P-256, Curve25519]}")
-    assert message.endswith(": tls_server_config.curve_preferences: unknown curve 'P-256', 'Curve25519'; known: "
-                            "CurveP256, CurveP384, CurveP521, X25519")  # fmt: skip
+    unknown, known = message.split("known: ")  # the fix: the names that are known, after those that are not
+    assert_mentions(unknown, "tls_server_config.curve_preferences", "unknown curve", "'P-256'", "'Curve25519'")
+    assert "X25519" not in unknown  # the one that is known is not called unknown
+    assert known.split(", ") == ["CurveP256", "CurveP384", "CurveP521", "X25519"]
 
 
 def test_the_key_and_the_certificate_are_named_by_file_or_as_inline(tmp_path: Path, ca: trustme.CA) -> None:
     crt, key = tls_files(tmp_path, ca)
     other_key = trustme.CA().issue_cert("x").private_key_pem.bytes().decode()
     message = refused(tmp_path, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key": other_key}}))
-    assert f": cannot load TLS certificate {crt} with the inline key (key): " in message
+    assert_mentions(message, "cannot load", f"certificate {crt}", "the inline key (key)")
     message = refused(tmp_path, yaml.safe_dump({"tls_server_config": {"cert": "junk", "key_file": str(key)}}))
-    assert f": cannot load the inline TLS certificate (cert) with key {key}: " in message
+    assert_mentions(message, "cannot load", "the inline TLS certificate (cert)", f"key {key}")
     message = refused(tmp_path, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": "nokey"}}))
-    assert message.endswith(
-        f": cannot load TLS certificate {crt} with key {tmp_path / 'nokey'}: No such file or directory"
-    )
+    assert_mentions(message, "cannot load", f"certificate {crt}", f"key {tmp_path / 'nokey'}", "No such file")
 
 
 def test_both_key_and_key_file_use_the_file(tmp_path: Path, ca: trustme.CA) -> None:
     crt, key = tls_files(tmp_path, ca)
     config = load(tmp_path, yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key),
                                                                    "key": "ignored"}}))  # fmt: skip
-    assert config.tls is not None and only_warning(config) == (
-        "tls_server_config: both key and key_file are given; key_file is used, as exporter-toolkit does"
-    )
+    assert config.tls is not None
+    warning = only_warning(config)
+    assert_mentions(warning, "tls_server_config", "key and key_file", "key_file is used", "exporter-toolkit")
 
 
 def test_client_ca_sentences(certs: Path) -> None:
     message = refused(certs, TLS + "client_auth_type: VerifyClientCertIfGiven, client_ca_file: nofile}")
-    assert message.endswith(f": cannot load client CA file {certs / 'nofile'}: No such file or directory")
+    assert_mentions(message, "cannot load", f"client CA file {certs / 'nofile'}", "No such file")
     for ca_text, reason in (("not a certificate", "no start line"), ("caf\u00e9", "ASCII")):
         message = refused(certs, yaml.safe_dump({"tls_server_config": {
             "cert_file": "server.crt", "key_file": "server.key", "client_auth_type": "VerifyClientCertIfGiven",
             "client_ca": ca_text}}, allow_unicode=True))  # fmt: skip
-        assert ": cannot load the inline client CA (client_ca): " in message and reason in message, message
+        assert_mentions(message, "cannot load", "the inline client CA (client_ca)", reason)
 
 
 def test_an_absolute_path_is_read_as_it_is(tmp_path: Path, ca: trustme.CA) -> None:
