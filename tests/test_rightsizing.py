@@ -22,6 +22,7 @@ from gpu_exporter.report.catalogue import Catalogue, CatalogueError, load_catalo
 from gpu_exporter.report.command import main
 from gpu_exporter.report.prices import CATALOGUE, PRICING, STORE, Price, PriceList
 from gpu_exporter.report.rightsizing import CARD, MIG, OWN_PRICE, RECLAIM, RELEASE, SLOWER, Sizer, Usage
+from tests import assert_mentions
 
 GIB = 1024**3
 H100 = "NVIDIA H100 80GB HBM3"
@@ -91,9 +92,9 @@ def test_a_cheaper_slower_card_is_its_own_opt_in_answer_with_cost_and_time_side_
     assert a is not None and (a.kind, a.suggested, a.saving_per_month) == (SLOWER, "RTX 6000 Ada", None)
     slowdown = 0.82 * 989.4 / 364.2
     assert a.slowdown == pytest.approx(slowdown) and a.suggested_price_per_hour == 0.90
-    assert "no cheaper card is as fast. An RTX 6000 Ada would hold it but is slower: the work of 100 h would take " \
-           "about 2.2x as long (223 h), at $0.90/h (the store's gpu_price_per_hour) instead of $2.50/h: $200 instead " \
-           "of $250 for the same work (price x time)" in a.reason, a.reason  # fmt: skip
+    assert_mentions(a.reason, "no cheaper card is as fast", "RTX 6000 Ada", "slower", "100 h", "2.2x as long",
+                    "223 h", "$0.90/h", "the store's gpu_price_per_hour", "$2.50/h", "$200", "$250")  # fmt: skip
+    assert "/month" not in a.reason
     # Slower and dearer for the work than the card it is on: not even that.
     assert sizer({"L40S": 2.40}, allow_slower=True).advise(job) is None
 
@@ -117,7 +118,7 @@ def test_memory_bound_work_needs_the_bandwidth_it_used() -> None:
     job = usage(H100, 20, 0.15, price=2.50, dram_p95=0.40)
     a = sizer(EVERYTHING).advise(job)
     assert a is not None and a.suggested == "H100 80GB MIG 3g.40gb"
-    assert "15% SM activity and 40% DRAM bandwidth (p95 while held)" in a.reason
+    assert_mentions(a.reason, "15% SM activity", "40% DRAM bandwidth", "p95")
     b = sizer(EVERYTHING).advise(replace(job, dram_p95=0.20))
     assert b is not None and (b.suggested, b.suggested_price_per_hour) == ("RTX 6000 Ada", 0.90)
 
@@ -252,8 +253,8 @@ def test_a_gpu_idle_for_all_the_time_the_exporter_saw_it_is_released() -> None:
     a = sizer().advise(u)
     assert a is not None and (a.kind, a.suggested) == (RELEASE, "release")
     assert a.saving_per_month == pytest.approx(0.80 * 730)
-    assert a.reason == ("GPU 3 on gpu-7 (NVIDIA L4) sat idle, held by nobody, for 159 h of the 159 h the exporter saw "
-                        "it (100%), which cost $127; releasing it would save about $584/month")  # fmt: skip
+    assert_mentions(a.reason, "GPU 3 on gpu-7", L4, "idle", "held by nobody", "159 h", "the exporter saw it", "100%",
+                    "$127", "releasing it", "$584/month")  # fmt: skip
 
 
 @pytest.mark.parametrize(("idle", "busy", "released"), [(90, 10, True), (89.9, 10.1, False), (45, 5, True)])
@@ -273,9 +274,8 @@ def test_a_gpu_held_but_idle_is_reclaimed_from_its_holder_with_its_cost() -> Non
     a = sizer(EVERYTHING).advise(u)
     assert a is not None and (a.kind, a.suggested) == (RECLAIM, "reclaim from pod ml/tune-c")
     assert a.saving_per_month == pytest.approx(3.00 * 730)
-    assert a.reason == ("GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 168 h of the 168 h it was "
-                        "held (100%), which cost $504; reclaiming it from pod ml/tune-c would save about "
-                        "$2,190/month")  # fmt: skip
+    assert_mentions(a.reason, "GPU 3 on gpu-7", H100, "held but left idle", "168 h", "100%", "$504",
+                    "reclaiming it from pod ml/tune-c", "$2,190/month")  # fmt: skip
 
 
 @pytest.mark.parametrize(("alloc", "busy", "kind"), [(50, 50, RECLAIM), (49.9, 50.1, None), (100, 0, RECLAIM)])
@@ -315,8 +315,8 @@ def test_a_monthly_saving_needs_a_day_of_history() -> None:
     job = usage(H100, 10, 0.05, price=2.50, busy=5 / 60)
     a = sizer({"H100 80GB": 2.50}).advise(job)
     assert a is not None and a.saving_per_month is None and a.suggested == "H100 80GB MIG 1g.20gb"
-    assert a.reason.endswith("moving it would pay off, but the exporter saw it for only 5 min: a monthly figure "
-                             "needs 24 h of history"), a.reason  # fmt: skip
+    assert_mentions(a.reason, "would pay off", "only 5 min", "24 h of history")
+    assert "/month" not in a.reason
     b = sizer({"H100 80GB": 2.50}).advise(replace(job, busy_hours=24))
     assert b is not None and b.saving_per_month == pytest.approx(2.50 * 6 / 7 * 730)
     short = sizer({"H100 80GB": 2.50}, min_history_hours=1 / 60).advise(job)
@@ -330,8 +330,8 @@ def test_a_gpu_without_a_price_gets_advice_without_a_figure() -> None:
     with no money; no card is suggested (nothing to compare its price with)."""
     a = sizer(EVERYTHING).advise(usage(L4, 0, None, price=None, busy=0, idle=100))
     assert a is not None and a.kind == RELEASE and a.saving_per_month is None
-    assert "which cost" not in a.reason and a.reason.endswith("releasing it would save what it costs (it has no price "
-                                                        "here, so no figure)")  # fmt: skip
+    assert_mentions(a.reason, "releasing it", "no price")
+    assert "which cost" not in a.reason and "$" not in a.reason
     assert sizer(EVERYTHING).advise(usage(H100, 10, 0.05, price=None)) is None
 
 
@@ -390,11 +390,10 @@ def test_the_reason_carries_the_numbers() -> None:
     """6.5 GiB x 1.2 = 7.8 GiB in the A100 80GB's 1g.10gb (9.5 GiB, 44.6 TFLOPS >= 4% of 312): 46% headroom,
     1.80 / 7 = 0.26 USD/h against 1.80; (1.80 - 0.257) x 730 = 1,126 a month."""
     a = sizer({"A100 80GB": 1.80}).advise(usage(A100_80, 6.5, 0.04, price=1.80))
-    assert a is not None and a.reason == (
-        "pod ml/tune-c used at most 6.5 GiB and 4% SM activity (p95 while held) on NVIDIA A100-SXM4-80GB (GPU 3 on "
-        "gpu-7) over 100 h; an A100 80GB MIG 1g.10gb holds that with 46% headroom and is at least as fast, at $0.26/h "
-        "(this GPU's price) instead of $1.80/h; moving it would save about $1,126/month"
-    )
+    assert a is not None
+    assert_mentions(a.reason, "pod ml/tune-c", "6.5 GiB", "4% SM activity", "p95", A100_80, "GPU 3 on gpu-7", "100 h",
+                    "A100 80GB MIG 1g.10gb", "46% headroom", "at least as fast", "$0.26/h", "this GPU's price",
+                    "$1.80/h", "$1,126/month")  # fmt: skip
 
 
 def test_a_gpu_without_a_model_a_memory_peak_or_an_activity_gets_no_card() -> None:
@@ -479,31 +478,29 @@ def test_release_and_reclaim_suggest_a_price_of_nothing_and_say_whose_gpu_it_is(
     release = sizer().advise(usage(None, 0, None, price=0.80, busy=0, idle=100))
     assert release is not None and (release.suggested_price_per_hour, release.slowdown, release.price_source) == \
         (0.0, 1.0, None)  # fmt: skip
-    assert release.reason.startswith("GPU 3 on gpu-7 (model unknown) sat idle, held by nobody, for 100 h of the 100 h")
+    assert_mentions(release.reason, "GPU 3 on gpu-7", "model unknown", "held by nobody", "100 h")
     reclaim = sizer().advise(replace(usage(H100, 1, 0.0, price=3.00, busy=0, alloc=100), idle_holder=""))
     assert reclaim is not None and reclaim.suggested_price_per_hour == 0.0
     assert reclaim.suggested == "reclaim from an unattributed process"
-    assert reclaim.reason.endswith("; reclaiming it from an unattributed process would save about $2,190/month")
+    assert_mentions(reclaim.reason, "reclaiming it from an unattributed process", "$2,190/month")
 
 
 def test_a_reclaim_without_a_day_of_history_or_a_price_says_which() -> None:
     short = sizer().advise(usage(H100, 1, 0.0, price=3.00, busy=0, alloc=2))
     assert short is not None and short.saving_per_month is None
-    assert short.reason == (
-        "GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 2.0 h of the 2.0 h it was held (100%), "
-        "which cost $6.00; reclaiming it from pod ml/tune-c would pay off, but the exporter saw it for only 2.0 h: a "
-        "monthly figure needs 24 h of history"
-    )
+    assert_mentions(short.reason, "GPU 3 on gpu-7", H100, "held but left idle", "2.0 h", "100%", "$6.00",
+                    "reclaiming it from pod ml/tune-c", "only 2.0 h", "24 h of history")  # fmt: skip
+    assert "/month" not in short.reason
     free = sizer().advise(usage(H100, 1, 0.0, price=None, busy=0, alloc=100))
-    assert free is not None and free.reason == (
-        "GPU 3 on gpu-7 (NVIDIA H100 80GB HBM3) was held but left idle for 100 h of the 100 h it was held (100%); "
-        "reclaiming it from pod ml/tune-c would save what it costs (it has no price here, so no figure)"
-    )
+    assert free is not None
+    assert_mentions(free.reason, "GPU 3 on gpu-7", H100, "held but left idle", "100 h", "100%",
+                    "reclaiming it from pod ml/tune-c", "no price")  # fmt: skip
+    assert "$" not in free.reason
     unpriced = sizer().advise(usage(L4, 0, None, price=None, busy=0, idle=100))
-    assert unpriced is not None and unpriced.reason == (
-        "GPU 3 on gpu-7 (NVIDIA L4) sat idle, held by nobody, for 100 h of the 100 h the exporter saw it (100%); "
-        "releasing it would save what it costs (it has no price here, so no figure)"
-    )
+    assert unpriced is not None
+    assert_mentions(unpriced.reason, "GPU 3 on gpu-7", L4, "held by nobody", "100 h", "100%", "releasing it",
+                    "no price")  # fmt: skip
+    assert "$" not in unpriced.reason
 
 
 def test_a_gpu_priced_at_nothing_has_nothing_to_save() -> None:
@@ -524,9 +521,8 @@ def test_the_monthly_thresholds_weigh_release_and_reclaim_too() -> None:
 
 def test_an_unattributed_jobs_sizing_says_so_with_its_figures() -> None:
     a = sizer({"H100 80GB": 2.80}).advise(replace(usage(H100, 3, 0.07, price=2.80, dram_p95=0.07), holder=""))
-    assert a is not None and a.reason.startswith(
-        "an unattributed process used at most 3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)"
-    )
+    assert a is not None and a.reason.startswith("an unattributed process")
+    assert_mentions(a.reason, "3.0 GiB", "7% SM activity", "7% DRAM bandwidth", "p95")
 
 
 def test_a_card_exactly_as_fast_as_the_job_needs_is_as_fast(tmp_path: Path) -> None:
@@ -562,8 +558,9 @@ def test_a_slower_card_is_chosen_by_the_cost_of_the_work_to_the_cent(tmp_path: P
     a = sizer(catalogue=cat, allow_slower=True).advise(job)
     assert a is not None and (a.kind, a.suggested, a.slowdown, a.price_source) == (SLOWER, "Half", 2.0, CATALOGUE)
     # The work is the busy hours (80), not the held ones (100).
-    assert "the work of 80 h would take about 2.0x as long (160 h), at $0.60/h (your catalogue) instead of $3.00/h: " \
-           "$96.00 instead of $240 for the same work" in a.reason, a.reason  # fmt: skip
+    assert_mentions(a.reason, "80 h", "2.0x as long", "160 h", "$0.60/h", "your catalogue", "$3.00/h", "$96.00",
+                    "$240")  # fmt: skip
+    assert "$300" not in a.reason and "$120" not in a.reason  # not what the held hours cost
 
 
 def test_a_slower_card_that_costs_the_work_as_much_is_no_advice(tmp_path: Path) -> None:
@@ -583,7 +580,8 @@ def test_a_dearer_card_as_fast_does_not_hide_a_cheaper_slower_one(tmp_path: Path
 
 def test_the_advice_shows_activity_and_bandwidth_as_measured() -> None:
     a = sizer({"H100 80GB": 2.80}).advise(usage(H100, 3, 0.07, price=2.80, dram_p95=0.07))
-    assert a is not None and "3.0 GiB and 7% SM activity and 7% DRAM bandwidth (p95 while held)" in a.reason
+    assert a is not None
+    assert_mentions(a.reason, "3.0 GiB", "7% SM activity", "7% DRAM bandwidth", "p95")
 
 
 def test_the_longest_pricing_key_names_a_card_whatever_its_case(tmp_path: Path) -> None:
@@ -622,4 +620,5 @@ def test_the_share_and_the_monthly_floor_weigh_release_and_reclaim() -> None:
 
 def test_the_advice_shows_seventy_percent_as_seventy(tmp_path: Path) -> None:
     a = sizer(catalogue=two_cards(tmp_path, 1.0)).advise(usage("Big", 10, 0.7, price=3.0, total_gib=40, dram_p95=0.7))
-    assert a is not None and "70% SM activity and 70% DRAM bandwidth (p95 while held)" in a.reason
+    assert a is not None
+    assert_mentions(a.reason, "70% SM activity", "70% DRAM bandwidth")
