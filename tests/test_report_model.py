@@ -18,6 +18,7 @@ from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.report.catalogue import load_catalogue
 from gpu_exporter.report.model import Options, build
 from gpu_exporter.report.queries import Window, window_for
+from tests import assert_mentions
 
 GIB = 1024**3
 END = 1_796_000_400.0  # a whole hour
@@ -279,7 +280,7 @@ def test_the_report_is_in_the_currency_of_its_prices_and_without_one_when_nothin
     busy["prices"] = []
     doc = build(W, busy, CATALOGUE)
     assert (doc["currency"], doc["status"]) == (None, "no_prices")  # no price: no money at all
-    assert "no prices: the store has no gpu_price_per_hour" in doc["status_reason"]
+    assert_mentions(doc["status_reason"], "no prices", "gpu_price_per_hour")
     # Issue 25: a light job on an unpriced H100 was advised at the catalogue's example prices.
     doc = build(W, light_h100s((None,)), CATALOGUE)
     assert doc["currency"] is None and doc["totals"]["cost"] is None and doc["recommendations"] == []
@@ -297,8 +298,7 @@ def test_a_fleet_priced_in_another_currency_is_advised_in_it() -> None:
     assert "€1,752/month" in rec["reason"]
     doc = build(W, r, CATALOGUE, Options(currency="USD"))
     assert (doc["status"], doc["currency"], doc["totals"]["cost"]) == ("no_currency", None, None)
-    assert doc["status_reason"] == "no prices in USD: the GPUs are priced in EUR; leave out --currency or pick one " \
-                                   "of those"  # fmt: skip
+    assert_mentions(doc["status_reason"], "no prices in USD", "EUR", "leave out --currency")
 
 
 def test_where_prices_changed_the_hours_are_asked_in_pieces_of_one_price_each() -> None:
@@ -579,10 +579,8 @@ def test_users_signals_and_who_holds_it_now_reach_every_field() -> None:
     # though bob left it idle longer (55 h).
     recs = {r["gpu"]: r for r in doc["recommendations"]}
     assert (recs["0"]["kind"], recs["0"]["suggested"]) == ("reclaim", "reclaim from user alice")
-    assert recs["0"]["reason"] == (
-        "GPU 0 on n1 (NVIDIA H100 80GB HBM3) was held but left idle for 105 h of the 120 h it was held (88%), which "
-        "cost $315; reclaiming it from user alice would save about $1,916/month"
-    )
+    assert_mentions(recs["0"]["reason"], "GPU 0 on n1", H100, "held but left idle", "105 h", "120 h", "88%", "$315",
+                    "reclaiming it from user alice", "$1,916/month")  # fmt: skip
     # Nobody holds GPU 3 now: its holder held it longest (xavier, 65 h); erin left it idle longest (36 h).
     assert gpus["3"]["holder"] == "user xavier" and recs["3"]["suggested"] == "reclaim from user erin"
     assert gpus["6"]["holder"] == "user amy"  # as long as zoe: by name
@@ -711,10 +709,9 @@ def test_a_gpu_not_seen_in_a_piece_has_no_price_there() -> None:
 def test_a_card_is_suggested_in_words_naming_the_holder_and_signal_and_a_whole_card_peak_gets_a_note() -> None:
     r = light_h100s((3.0,))
     (rec,) = build(W, r, CATALOGUE)["recommendations"]
-    assert rec["reason"].startswith(
-        "pod ml/job-0 used at most 6.0 GiB and 4% SM activity (p95 while held) on NVIDIA "
-        "H100 80GB HBM3 (GPU 0 on n1) over 100 h; an H100 80GB MIG 1g.10gb holds that"
-    )
+    assert rec["reason"].startswith("pod ml/job-0")  # the holder, first
+    assert_mentions(rec["reason"], "6.0 GiB", "4% SM activity", "p95", H100, "GPU 0 on n1", "100 h",
+                    "H100 80GB MIG 1g.10gb")  # fmt: skip
     whole = empty()
     add_gpu(whole, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 100.0},
             price=3.0, peak=79 * GIB, activity=0.05)  # fmt: skip
