@@ -37,6 +37,7 @@ from gpu_exporter.report.queries import (
     timeline,
     window_for,
 )
+from tests import assert_mentions
 
 END = 1_796_000_400.0  # a whole hour
 DAY = 86400.0
@@ -464,7 +465,7 @@ def test_a_range_is_refused_only_below_half_the_steps_it_wants(span: int, refuse
 def test_an_empty_or_fractional_range_is_refused_in_words() -> None:
     with pytest.raises(RangeError) as e:
         window_for(END, END)
-    assert str(e.value) == "the range is empty: the start must be before the end"
+    assert_mentions(str(e.value), "empty", "the start must be before the end")
     with pytest.raises(RangeError) as e:
         window_for(END - 0.5, END)
-    assert str(e.value) == "the range's start and end must be whole seconds"
+    assert_mentions(str(e.value), "start and end", "whole seconds")
