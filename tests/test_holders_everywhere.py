@@ -39,6 +39,7 @@ from gpu_exporter.snapshot import (
     job_holder,
     user_holder,
 )
+from tests import assert_mentions
 from tests.test_rules import GIB, STATIC, fast_rules
 
 pytestmark = pytest.mark.integration
@@ -220,8 +221,11 @@ def test_once_names_the_holders_in_its_table_and_json() -> None:
     assert rows["0"].rstrip().endswith("job 4242 of alice")
     assert rows["3"].rstrip().endswith("job 4250")
     assert rows["2"].rstrip().endswith("user bob")
-    assert "held by      job 4242 of alice (account ml, partition gpu)" in table
-    assert "held by      container trainer (engine docker, id aaaaaaaaaaaa)" in table
+    held = [line for line in table.splitlines() if line.strip().startswith("held by ")]
+    (job,) = [line for line in held if "job 4242" in line]
+    assert_mentions(job, "of alice", "account ml", "partition gpu")
+    (container,) = [line for line in held if "container trainer" in line]
+    assert_mentions(container, "engine docker", "id aaaaaaaaaaaa")
     assert "\x1b" not in table and "\\x1b]0;pwned\\x07" in table  # the hostile name, inert
     doc = json.loads(as_json(snap, found, ALL_ON, cost, node="n1"))
     g0 = doc["gpus"][0]
