@@ -362,18 +362,20 @@ def test_what_is_not_a_bcrypt_hash_is_refused_in_one_sentence(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("value", "problem"),
-    [("a\x00b", "contains the control character '\\x00', which would end the header and start another"),
-     ("\x1f", "contains the control character '\\x1f', which would end the header and start another"),
-     ("a\x7f", "contains the control character '\\x7f', which would end the header and start another"),
-     ("a\rb", "contains the control character '\\r', which would end the header and start another"),
-     ("\u2603x", "'\u2603' is outside Latin-1, which HTTP headers are written in")],
+    [("a\x00b", ("control character '\\x00'", "end the header")),
+     ("\x1f", ("control character '\\x1f'", "end the header")),
+     ("a\x7f", ("control character '\\x7f'", "end the header")),
+     ("a\rb", ("control character '\\r'", "end the header")),
+     ("\u2603x", ("'\u2603'", "outside Latin-1"))],
 )  # fmt: skip
-def test_a_header_value_that_would_break_the_answer_is_refused(tmp_path: Path, value: str, problem: str) -> None:
+def test_a_header_value_that_would_break_the_answer_is_refused(
+    tmp_path: Path, value: str, problem: tuple[str, ...]
+) -> None:
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump({"http_server_config": {"headers": {"X-XSS-Protection": value}}}))
     with pytest.raises(WebConfigError) as e:
         load_web_config(path)
-    assert_mentions(str(e.value), str(path), "http_server_config.headers.X-XSS-Protection", problem)
+    assert_mentions(str(e.value), str(path), "http_server_config.headers.X-XSS-Protection", *problem)
 
 
 @pytest.mark.parametrize("value", ["1; mode=block", "a\tb", "caf\u00e9", "\x80\xff", " "])
