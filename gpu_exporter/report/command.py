@@ -21,6 +21,9 @@ from ..settings.durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
 from .cost import pick_currency, plan, seen_twice
+from .csv_export import as_csv
+from .focus import VERSION as FOCUS_VERSION
+from .focus import as_focus
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .queries import (
     PROBES,
@@ -43,7 +46,7 @@ from .render import as_html, as_markdown, as_table
 from .settings import ReportConfigError, ReportSettings
 from .settings import load as load_report_settings
 
-FORMATS = ("table", "json", "markdown", "html")
+FORMATS = ("table", "json", "markdown", "html", "csv", "focus")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--end", metavar="TIME", help="end of the range, not included (default: now; a later end is cut to now)"
     )
     p.add_argument("--selector", metavar="'{LABEL=\"VALUE\"}'", help="only series matching these label matchers")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        help="output format (default table); csv and focus (a FOCUS " + FOCUS_VERSION + " dataset, in CSV) "
+        "have a row per GPU, holder, price period and state, for FinOps tools",
+    )
     p.add_argument("--output", type=Path, metavar="FILE", help="write here instead of standard output")
     p.add_argument("--currency", metavar="CODE", help="the currency to report where GPUs are priced in several")
     p.add_argument("--catalogue", type=Path, metavar="FILE", help="cards right-sizing may suggest (default: shipped)")
@@ -327,6 +336,9 @@ def write(text: str, output: Path | None) -> None:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
 
 
+# The formats FinOps tools read: charges per GPU, holder and price period, which the JSON does not hold, so
+# they are worked out from the query results too.
+EXPORTS: dict[str, Callable[[Window, dict[str, Any], dict[str, Any]], str]] = {"csv": as_csv, "focus": as_focus}
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "json": lambda doc: json.dumps(doc, indent=2),
     "table": as_table,
@@ -436,7 +448,8 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
     if doc["status"] != OK:
         say.say(doc["status_reason"])
     try:
-        write(RENDERERS[args.format](doc), args.output)
+        text = EXPORTS[args.format](w, results, doc) if args.format in EXPORTS else RENDERERS[args.format](doc)
+        write(text, args.output)
     except UsageError as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2

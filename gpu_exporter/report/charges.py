@@ -1,0 +1,226 @@
+"""The report's cost as charges, for the formats that FinOps tools read (``csv_export``, ``focus``): one
+per GPU, holder, price period and state, whose costs add up to the report's total exactly.
+
+The report's JSON holds each GPU's and each holder's figures over the whole range, not a GPU's time
+per holder in each price period, so the charges are worked out again from the query results, by the
+cost model's own functions (``cost.plan``, its pieces, ``cost.cost_rows``' rules):
+
+- a *price period* is a run of the plan's pieces in which the GPU had one price: the whole range for a
+  GPU whose price never changed, the pieces between its changes for one whose did (the range is cut
+  where any GPU's price changed; the pieces of a GPU that kept its price are joined again);
+- a GPU priced step by step (a price missing at some step, or a range cut into too many pieces) has
+  one period, the range, at its average price (its cost / its hours: ``basis`` says which);
+- the holder is the series' holder in the held states (busy, allocated but idle) and nobody in the
+  others, as the report counts them; a GPU's hours are scaled down to the range as the report's are.
+
+Money is exact to the report's precision (``model.MONEY_DIGITS``): every charge's cost is rounded to
+it, and the roundings are apportioned (largest remainder, first over the GPUs, then over each GPU's
+charges) so that the charges add up to the report's ``totals.cost`` to the last digit, and each GPU's
+to its ``cost`` within one unit of that digit.  An unknown cost is ``None``, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from ..accounting.states import ALLOCATED_IDLE, BUSY, STATES
+from .client import Labels
+from .cost import GpuKey, Plan, gpu_key, hours_rows, plan
+from .holders import NOBODY, Holder, holder_of
+from .model import HOURS_DIGITS, MONEY_DIGITS, iso
+from .queries import Window
+
+PERIOD, AVERAGE = "period", "average"  # a charge's price: the one in effect throughout, or cost / hours
+_UNIT = Decimal(1).scaleb(-MONEY_DIGITS)  # the smallest amount the report shows: 0.0001
+
+
+@dataclass(frozen=True)
+class Charge:
+    node: str
+    gpu: str
+    uuid: str
+    model: str | None
+    holder: Holder  # NOBODY for the time nobody held the GPU
+    state: str
+    start: int  # the price period [start, end), unix seconds
+    end: int
+    hours: float
+    price_per_hour: float | None  # None: the GPU has no price in the period
+    basis: str | None  # PERIOD or AVERAGE; None without a price
+    cost: Decimal | None  # in ``currency``, to MONEY_DIGITS; None without a price
+    currency: str | None
+
+    @property
+    def period_start(self) -> str:
+        return iso(self.start)
+
+    @property
+    def period_end(self) -> str:
+        return iso(self.end)
+
+
+@dataclass
+class _Row:
+    key: GpuKey
+    holder: Holder
+    state: str
+    first: int  # the plan's pieces, by index, both included
+    last: int
+    hours: float = 0.0
+    raw_cost: float | None = None
+    price: float | None = None
+    basis: str | None = None
+
+
+def _holder(labels: Labels, state: str) -> Holder:
+    return holder_of(labels) if state in (BUSY, ALLOCATED_IDLE) else NOBODY
+
+
+def _runs(prices: Sequence[float | None]) -> list[tuple[int, int, float | None]]:
+    """Consecutive pieces of one price, as (first, last, price)."""
+    runs: list[tuple[int, int, float | None]] = []
+    for i, price in enumerate(prices):
+        if runs and runs[-1][2] == price:
+            runs[-1] = (runs[-1][0], i, price)
+        else:
+            runs.append((i, i, price))
+    return runs
+
+
+def _periods(key: GpuKey, p: Plan) -> list[tuple[int, int, float | None, str | None]]:
+    """A GPU's price periods: (first piece, last piece, price, basis)."""
+    whole = len(p.pieces) - 1
+    if key in p.by_piece:
+        return [(a, b, price, PERIOD if price is not None else None) for a, b, price in _runs(p.by_piece[key])]
+    if key in p.steady:
+        return [(0, whole, p.steady[key], PERIOD)]
+    if key in p.exact:
+        return [(0, whole, None, AVERAGE)]
+    return [(0, whole, None, None)]
+
+
+def apportion(target: int, raws: Sequence[float]) -> list[int]:
+    """Whole units for ``raws`` that add up to ``target``: each its floor, and the units left over (or
+    short, where float noise put the floors above the target) to those nearest the next unit up (down)."""
+    if not raws:
+        return []
+    units = [math.floor(r) for r in raws]
+    left = target - sum(units)
+    order = sorted(range(len(raws)), key=lambda i: (-(raws[i] - units[i]), i))
+    if left < 0:
+        order = order[::-1]
+    for n in range(abs(left)):
+        units[order[n % len(order)]] += 1 if left > 0 else -1
+    return units
+
+
+def _instances(results: dict[str, Any], pieces: Iterable[list[tuple[Labels, float]]]) -> dict[GpuKey, set[str]]:
+    """Where each GPU was scraped, for one without a node label, from every answer the report reads it in."""
+    seen: dict[GpuKey, set[str]] = defaultdict(set)
+    answers = [*pieces, results.get("cost", []), *(results.get(k, []) for k in ("info", "memory_total",
+                                                                             "memory_peak", "activity"))]  # fmt: skip
+    for answer in answers:
+        for labels, _ in answer:
+            if instance := labels.get("instance"):
+                seen[gpu_key(labels)].add(instance)
+    return seen
+
+
+def charges(w: Window, results: dict[str, Any], doc: dict[str, Any]) -> list[Charge]:
+    """The report's cost, one charge per GPU, holder, price period and state; ``doc`` is the report
+    ``model.build`` made of these ``results``."""
+    currency: str | None = doc["currency"]
+    p = plan(w, results, currency)
+    pieces = [results["hours"]] if len(p.pieces) == 1 else [results[f"hours:{a}:{b}"] for a, b in p.pieces]
+    total: dict[GpuKey, float] = defaultdict(float)
+    for labels, v in hours_rows(results, p):
+        if labels.get("state", "") in STATES:
+            total[gpu_key(labels)] += v
+    scale = {key: w.hours / t for key, t in total.items() if t > w.hours}
+
+    periods: dict[GpuKey, list[tuple[int, int, float | None, str | None]]] = {}
+    rows: dict[tuple[GpuKey, Holder, str, int], _Row] = {}
+    for i, piece in enumerate(pieces):
+        for labels, v in piece:
+            state = labels.get("state", "")
+            if state not in STATES:
+                continue
+            key = gpu_key(labels)
+            if key not in periods:
+                periods[key] = _periods(key, p)
+            first, last, price, basis = next(x for x in periods[key] if x[0] <= i <= x[1])
+            holder = _holder(labels, state)
+            row = rows.setdefault((key, holder, state, first), _Row(key, holder, state, first, last, price=price,
+                                                                    basis=basis))  # fmt: skip
+            v *= scale.get(key, 1.0)
+            row.hours += v
+            if price is not None:
+                row.raw_cost = (row.raw_cost or 0.0) + v * price
+    # Priced step by step: the cost query's figure over the range (a GPU's one period, so piece 0).
+    for labels, v in results.get("cost", []):
+        key, state = gpu_key(labels), labels.get("state", "")
+        if key not in p.exact or labels.get("currency") != currency or state not in STATES:
+            continue
+        holder = _holder(labels, state)
+        row = rows.setdefault((key, holder, state, 0), _Row(key, holder, state, 0, len(p.pieces) - 1, basis=AVERAGE))
+        row.raw_cost = (row.raw_cost or 0.0) + v * scale.get(key, 1.0)
+    for row in rows.values():
+        if row.basis == AVERAGE and row.raw_cost is not None and row.hours > 0:
+            row.price = round(row.raw_cost / row.hours, HOURS_DIGITS)
+
+    # Float noise is no charge: a row of no hours and no cost at the report's precision is left out.
+    kept = [r for r in rows.values() if round(r.hours, HOURS_DIGITS) > 0 or abs(r.raw_cost or 0.0) >= float(_UNIT) / 2]
+    costs = _cents(kept, doc["totals"]["cost"])
+    return _named(w, results, p, pieces, kept, costs, doc, currency)
+
+
+def _cents(rows: list[_Row], total: float | None) -> dict[int, Decimal]:
+    """Each priced row's cost in units of the report's precision, adding up to ``total``: apportioned
+    over the GPUs, then over each GPU's rows."""
+    if total is None:
+        return {}
+    priced = [i for i, r in enumerate(rows) if r.raw_cost is not None]
+    by_gpu: dict[GpuKey, list[int]] = defaultdict(list)
+    for i in priced:
+        by_gpu[rows[i].key].append(i)
+    keys = list(by_gpu)
+    per_unit = 10**MONEY_DIGITS
+    gpu_units = apportion(round(total * per_unit), [sum(rows[i].raw_cost or 0.0 for i in by_gpu[k]) * per_unit
+                                                    for k in keys])  # fmt: skip
+    out: dict[int, Decimal] = {}
+    for k, units in zip(keys, gpu_units, strict=True):
+        idx = by_gpu[k]
+        for i, u in zip(idx, apportion(units, [(rows[i].raw_cost or 0.0) * per_unit for i in idx]), strict=True):
+            out[i] = u * _UNIT
+    return out
+
+
+def _named(w: Window, results: dict[str, Any], p: Plan, pieces: list[list[tuple[Labels, float]]], rows: list[_Row],
+           costs: dict[int, Decimal], doc: dict[str, Any], currency: str | None) -> list[Charge]:  # fmt: skip
+    """The charges, each GPU named as the report names it (its node: the node label, else the first
+    target that saw it), in the report's order of GPUs, then by period, holder and state."""
+    instances = _instances(results, pieces)
+    labels_of: dict[GpuKey, Labels] = {}
+    for piece in [*pieces, results.get("cost", [])]:
+        for labels, _ in piece:
+            labels_of.setdefault(gpu_key(labels), labels)
+    models = {(g["node"], g["gpu"], g["uuid"]): g["model"] for g in doc["gpus"]}
+    order = {(g["node"], g["gpu"], g["uuid"]): n for n, g in enumerate(doc["gpus"])}
+    out: list[tuple[tuple[Any, ...], Charge]] = []
+    for i, r in enumerate(rows):
+        node = r.key[0] or min(instances.get(r.key, set()), default="")
+        gpu, uuid = labels_of[r.key].get("gpu", "") if r.key in labels_of else r.key[2], r.key[1]
+        start = w.start + (p.pieces[r.first][0] - 1) * w.step
+        end = w.start + p.pieces[r.last][1] * w.step
+        cost = costs.get(i)
+        c = Charge(node, gpu, uuid, models.get((node, gpu, uuid)), r.holder, r.state, start, end,
+                   round(r.hours, HOURS_DIGITS) + 0.0, r.price if cost is not None else None,
+                   r.basis if cost is not None else None, cost, currency if cost is not None else None)  # fmt: skip
+        rank = order.get((node, gpu, uuid), len(order))
+        out.append(((rank, node, gpu, uuid, start, r.holder.name, STATES.index(r.state)), c))
+    return [c for _, c in sorted(out, key=lambda x: x[0])]

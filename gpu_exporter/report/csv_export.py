@@ -1,0 +1,67 @@
+"""``report --format csv``: the report's cost as a spreadsheet reads it, one row per GPU, holder, price
+period and state (``charges``), whose costs add up to the report's total to the last digit.
+
+Names come from labels that tenants choose (pods, jobs, containers, users): a cell that a spreadsheet
+would read as a formula (one starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return) is
+neutralised as OWASP's "CSV Injection" page advises, by a leading ``'``; quotes, commas and line
+breaks are quoted by the csv module.  An unknown figure is an empty cell, never 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from .charges import Charge, charges
+from .queries import Window
+
+COLUMNS = ("node", "gpu", "uuid", "model", "holder_kind", "holder", "namespace", "pod", "hpc_job", "container",
+           "user", "state", "period_start", "period_end", "hours", "price_per_hour", "price_basis", "cost",
+           "currency")  # fmt: skip
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe(text: str) -> str:
+    """Text a spreadsheet shows as text: a leading ``'`` before what it would read as a formula."""
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
+def number(v: float | None, digits: int = 6) -> str:
+    """A figure as plain decimal digits (no exponent, no sign for a positive value), at least one and at
+    most ``digits`` after the point (a parser that guesses types reads 10 as an integer, 10.0 as a
+    decimal); an unknown one is empty."""
+    if v is None:
+        return ""
+    text = f"{v + 0.0:.{digits}f}".rstrip("0")
+    text = text + "0" if text.endswith(".") else text
+    return "0.0" if text == "-0.0" else text
+
+
+def _row(c: Charge) -> list[str]:
+    h = c.holder
+    text = [c.node, c.gpu, c.uuid, c.model or "", h.kind, h.name, h.namespace, h.pod, h.hpc_job, h.container, h.user]
+    return [
+        *(safe(x) for x in text),
+        c.state,
+        c.period_start,
+        c.period_end,
+        number(c.hours),
+        number(c.price_per_hour),
+        c.basis or "",
+        "" if c.cost is None else str(c.cost),
+        c.currency or "",
+    ]
+
+
+def write(rows: Iterable[Charge]) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\r\n")  # RFC 4180's line ending
+    w.writerow(COLUMNS)
+    w.writerows(_row(c) for c in rows)
+    return out.getvalue()
+
+
+def as_csv(w: Window, results: dict[str, Any], doc: dict[str, Any]) -> str:
+    return write(charges(w, results, doc))
