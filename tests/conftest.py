@@ -52,6 +52,12 @@ def nvml(fake_nvml_lib: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatc
         return real_open(self)
 
     monkeypatch.setattr(NvmlBackend, "open", open_and_remember)
+    # The XID thread notices a stop only between two waits on the driver, and close() waits for it:
+    # at the daemon's 500 ms that is up to half a second per test.  The fake answers a shorter wait
+    # alike (an event due ends it at once, either way), so tests wait 20 ms.
+    from gpu_exporter.sources.nvml import xid
+
+    monkeypatch.setattr(xid, "WAIT_MS", 20)
     yield pynvml
     for backend in opened:
         backend.close()
