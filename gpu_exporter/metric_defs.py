@@ -104,6 +104,9 @@ class MetricDef:
     # The NVML field values it is read from: the poll asks for them while its collector is on, and
     # its value is read from GpuReading.field_values (no ``value`` of its own).
     fields: tuple[FieldValue, ...] = ()
+    # Rendered for a GPU that does not answer too (from what its down reading keeps): a lost GPU's
+    # XIDs are the reason it is lost, and must show beside its gpu_up 0.
+    while_down: bool = False
 
     def __post_init__(self) -> None:
         if self.fields:
@@ -316,7 +319,8 @@ _DEFS: tuple[MetricDef, ...] = (
               doc="As gpu_remapped_rows_total: Ampere and newer (A100, H100, L40S), not a T4, not in MIG mode with active instances."),
     MetricDef("gpu_xid_errors_total", _C, "", "XID error events seen since the exporter started, by XID code.",
               labels=("xid",), value=lambda g: ((str(x), n) for x, n in sorted(g.xid_errors_total.items())),
-              doc="Counted per GPU UUID, so a count stays with its GPU when an NVML restart gives the GPUs other indices.  When a GPU falls off the bus (the event wait answers GPU_IS_LOST) the other GPUs go on being watched."),
+              while_down=True,
+              doc="Counted per GPU UUID, so a count stays with its GPU when an NVML restart gives the GPUs other indices.  When a GPU falls off the bus (the event wait answers GPU_IS_LOST) the other GPUs go on being watched, and the lost GPU keeps its series (its XID 79 among them) beside gpu_up 0."),
     MetricDef("gpu_processes", _G, "", "Processes using the GPU, all of them (also those beyond the per-GPU series cap).",
               value=lambda g: len(g.processes), collector=_PROC,
               doc="Compute and graphics processes of the whole GPU; in MIG mode the parent lists the processes of every instance (each MIG device lists its own in gpu_mig_process_memory_used_bytes)."),

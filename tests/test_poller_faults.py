@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class CountingBackend:
 
     def read_gpu(self, static: GpuStatic) -> GpuReading:
         return self.inner.read_gpu(static)
+
+    def xid_counts(self, uuid: str) -> Mapping[int, int]:
+        return self.inner.xid_counts(uuid)
 
 
 def two_gpus(scenario: Scenario) -> Scenario:

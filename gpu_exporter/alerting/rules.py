@@ -43,6 +43,9 @@ class GpuHistory:
     xids: dict[int, IncreaseTracker] = field(default_factory=dict)
 
     def observe(self, g: GpuReading, now: float) -> None:
+        # A lost GPU's XIDs (79: fell off the bus) are why it is lost: counted while it is down.
+        for code, count in g.xid_errors_total.items():
+            self.xids.setdefault(code, IncreaseTracker(from_zero=True)).observe(now, count)
         if not g.up:
             return
         if g.utilization_ratio is not None:
@@ -55,8 +58,6 @@ class GpuHistory:
             self.sm_active.trim(now)
         if (n := g.ecc_errors_total.get("uncorrected")) is not None:
             self.ecc_uncorrected.observe(now, n)
-        for code, count in g.xid_errors_total.items():
-            self.xids.setdefault(code, IncreaseTracker(from_zero=True)).observe(now, count)
 
 
 def _gpu(g: GpuReading) -> str:

@@ -93,7 +93,7 @@ def _one(ref: Any) -> tuple[Any, ...]:
 
 def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Metric]:
     """The per-GPU metric families of one snapshot, but those of collectors switched off.  A lost
-    GPU only gets ``gpu_up 0``."""
+    GPU gets ``gpu_up 0`` and the series declared ``while_down`` (its XIDs)."""
     opts = opts or RenderOptions()
     if not opts.disabled:
         yield from _gpu_families(snapshot, opts)
@@ -137,7 +137,7 @@ def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metri
     yield info
     for d in gpu_metrics(Scope.GPU):
         fam = f.family(d)
-        for g in live:
+        for g in gpus if d.while_down else live:
             _add(fam, d, f.base(g), g)
         yield fam
     procs = [(d, f.family(d)) for d in gpu_metrics(Scope.PROCESS)]

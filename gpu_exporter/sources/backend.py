@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -52,4 +52,9 @@ class Backend(Protocol):
 
     def read_gpu(self, static: GpuStatic) -> GpuReading:
         """Everything that changes, for one poll.  Raises GpuLost."""
+        ...
+
+    def xid_counts(self, uuid: str) -> Mapping[int, int]:
+        """XID code -> events seen on the GPU ``uuid`` so far.  Asked for a GPU that does not answer:
+        the driver's XID events (79, fell off the bus) go on arriving when its queries fail."""
         ...

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from dataclasses import replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -212,7 +213,11 @@ class Poller:
             return self._down(index, f"{type(e).__name__}: {e}")
 
     def _down(self, index: int, why: str) -> GpuReading:
-        return GpuReading(index=index, uuid=self._uuids.get(index, ""), up=False, error=why)
+        """A GPU that does not answer keeps its last identity and its XID counts: its XID 79 arrives
+        as it falls off the bus, and must be on /metrics beside gpu_up 0, not after a reboot."""
+        uuid = self._uuids.get(index, "")
+        xids = self._backend.xid_counts(uuid) if uuid else {}
+        return GpuReading(index=index, uuid=uuid, up=False, error=why, xid_errors_total=MappingProxyType(dict(xids)))
 
     def _open(self, now: float) -> bool:
         if now < self._retry_at:

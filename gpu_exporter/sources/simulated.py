@@ -336,6 +336,13 @@ class _SimulatedGpu:
         self._nvlink_rx = [uptime * _NVLINK_BYTES_PER_SECOND * 0.1 * rx for _, rx in self._link_shares]
         self._held_back = {(name, label): uptime * _HELD_BEFORE.get(why, 0.0) for name, label, why in TIME_COUNTERS}
 
+    def xids(self, t: float) -> dict[int, int]:
+        """XID code -> events by ``t``: the "lost" GPU's XID comes shortly before each fall."""
+        first = LOST_WINDOW_SECONDS[0] - XID_LEAD_SECONDS
+        if self.profile != "lost" or t < first:
+            return {}
+        return {XID_BEFORE_LOSS: int((t - first) // LOST_PERIOD_SECONDS) + 1}
+
     def lost_at(self, t: float) -> bool:
         start, end = LOST_WINDOW_SECONDS
         return self.profile == "lost" and start <= t % LOST_PERIOD_SECONDS < end
@@ -444,11 +451,7 @@ class _SimulatedGpu:
         corrected = self._ecc_corrected + (int(elapsed // 14400) if hot else 0)
         replays = self._replay_errors + (int(elapsed // 10800) if self.profile == "pcie-bound" else 0)
 
-        xids = {}
-        if self.profile == "lost":
-            first = LOST_WINDOW_SECONDS[0] - XID_LEAD_SECONDS
-            if elapsed >= first:
-                xids[XID_BEFORE_LOSS] = int((elapsed - first) // LOST_PERIOD_SECONDS) + 1
+        xids = self.xids(elapsed)
 
         processes: tuple[ProcessReading, ...] = ()
         if migs:
@@ -575,6 +578,11 @@ class SimulatedBackend:
         t = self._elapsed()
         self._raise_if_lost(gpu, t)
         return gpu.read(static, t)
+
+    def xid_counts(self, uuid: str) -> Mapping[int, int]:
+        """The XIDs of the GPU ``uuid``, also while it does not answer (the driver's events go on)."""
+        t = self._elapsed()
+        return next((MappingProxyType(g.xids(t)) for g in self._gpus if g.static.uuid == uuid), MappingProxyType({}))
 
     def _elapsed(self) -> float:
         return self._clock() - self._start

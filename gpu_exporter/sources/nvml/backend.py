@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import pynvml
@@ -96,6 +96,9 @@ class NvmlBackend:
                 raise unavailable(e) from e
             self._errors("nvmlDeviceGetCount", error_name(e.value))
             return None
+
+    def xid_counts(self, uuid: str) -> Mapping[int, int]:
+        return self._xids.counts(uuid)
 
     def close(self) -> None:
         self._xids.stop()
