@@ -7,8 +7,6 @@ driver's timestamps instead, and the sample is only the fallback.
 
 from __future__ import annotations
 
-import ctypes
-import time
 from typing import Any
 
 import pytest
@@ -16,19 +14,21 @@ import pytest
 from gpu_exporter.sources.nvml import pcie
 from tests.exporter_helpers import make_poller
 from tests.fakenvml import Counter, Err, Scenario
-from tests.timing import LATE_S
+from tests.fakenvml.runtime import advance_clock, call_count
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"
-SLOW_SAMPLE_MS = 1500  # a driver sample this slow shows in the poll's duration
+# The driver watches the link this long per direction before it answers (the blocking itself is
+# proved in test_fakenvml_api.py); which polls wait for it, the fake's call counter tells.
+SAMPLE_MS = 5
 
 
 def one_gpu(scenario: Scenario, **pcie: Any) -> None:
-    scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUID).pcie(sample_ms=SLOW_SAMPLE_MS, **pcie)
+    scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUID).pcie(sample_ms=SAMPLE_MS, **pcie)
     scenario.write()
 
 
 def poll_apart(poller: Any, gap_s: float = 0.3) -> Any:
-    time.sleep(gap_s)  # the rate needs driver time between two readings; nothing else waits on it
+    advance_clock(gap_s)  # the rate needs driver time between two readings: the fake's clock moves on
     return poller.poll()
 
 
@@ -37,10 +37,11 @@ def test_the_rate_is_the_counters_mean_and_no_poll_after_the_first_waits_for_a_s
 ) -> None:
     one_gpu(scenario, tx_kbps=2_000_000, rx_kbps=500_000)
     poller, _ = make_poller()
+    calls = throughput_calls()
     first = poller.poll()
     # The first poll has no earlier reading: it takes the driver's sample, so the value is there at once.
     assert first.gpus[0].pcie_tx_bytes_per_second == 2_000_000 * 1024
-    assert first.duration_seconds >= SLOW_SAMPLE_MS / 1000
+    assert throughput_calls() == calls + 2, "the first poll did not take the driver's sample (tx and rx)"
     for _ in range(3):
         calls = throughput_calls()
         snap = poll_apart(poller)
@@ -94,41 +95,39 @@ def test_without_counters_every_poll_takes_the_drivers_sample(scenario: Scenario
     one_gpu(scenario, tx_kbps=95_000, rx_kbps=410_000, tx_bytes=Err("NOT_SUPPORTED"), rx_bytes=Err("NOT_SUPPORTED"))
     poller, _ = make_poller()
     for _ in range(2):
+        calls = throughput_calls()
         snap = poll_apart(poller, 0)
         assert snap.gpus[0].pcie_tx_bytes_per_second == 95_000 * 1024
         assert snap.gpus[0].pcie_rx_bytes_per_second == 410_000 * 1024
-        assert snap.duration_seconds >= SLOW_SAMPLE_MS / 1000
+        assert throughput_calls() == calls + 2, "a poll went without the driver's sample"
 
 
 def test_polls_closer_than_the_shortest_span_keep_the_last_rate_and_the_older_reading(
     scenario: Scenario, nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    one_gpu(scenario, tx_kbps=1, rx_kbps=1, tx_bytes=Counter(0, 2e9), rx_bytes=Counter(0, 2e9))
+    # Past 2^32 from the start, so 64 bits wide: the counters are used whatever the sample says.
+    one_gpu(scenario, tx_kbps=1, rx_kbps=1, tx_bytes=Counter(2**33, 2e9), rx_bytes=Counter(2**33, 2e9))
     poller, _ = make_poller()
     poller.poll()  # a driver sample: 1 KB/s
     assert poll_apart(poller).gpus[0].pcie_tx_bytes_per_second == pytest.approx(2e9, rel=0.01)
-    scenario.gpu(0).pcie(tx_bytes=Counter(0, 6e9))  # counting on from where 2e9/s brought it
+    scenario.gpu(0).pcie(tx_bytes=Counter(2**33, 6e9))  # counting on from where 2e9/s brought it
     scenario.write()
-    # "Right after" is within the shortest span, here LATE_S (a busy machine may take long to poll
-    # again; the span is driver time, not the test's).
-    monkeypatch.setattr(pcie, "MIN_SPAN_S", LATE_S)
+    # "Right after" is within the shortest span, here 10 s of driver time (a busy machine may take
+    # long to poll again; the span is driver time, not the test's).
+    monkeypatch.setattr(pcie, "MIN_SPAN_S", 10.0)
     # A poll right after: too close to divide by, so the last rate stands, without a driver sample...
     calls = throughput_calls()
     quick = poller.poll()
     assert quick.gpus[0].pcie_tx_bytes_per_second == pytest.approx(2e9, rel=0.01)
     assert throughput_calls() == calls, "the quick poll took the driver's sample"
     # ...and the next rate spans from the older reading, the quick poll's interval included.
-    time.sleep(LATE_S + 0.3)
-    g = poller.poll().gpus[0]
+    g = poll_apart(poller, 10.3).gpus[0]
     assert g.pcie_tx_bytes_per_second == pytest.approx(6e9, rel=0.1)
 
 
 # -- counters that may be 32 bits wide (nvml.h: "Value can be wrapped") ---------------------------------
 def throughput_calls() -> int:
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
-    lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
-    lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
-    return int(lib.fakeNvmlCallCount(b"nvmlDeviceGetPcieThroughput"))
+    return call_count("nvmlDeviceGetPcieThroughput")
 
 
 def l40s_like(scenario: Scenario, per_second: float, start: int) -> None:

@@ -483,11 +483,38 @@ static char *rejected_text;    /* the last text that failed to parse, reported o
 static struct stat loaded_stat;
 static double epoch;           /* monotonic time of the first load of this scenario path */
 
+/* Driver time a test moved on with fakeNvmlAdvanceClock, in microseconds.  It is added to every
+ * clock the fake reads for driver time (counters, event and loss delays, GPM and utilization
+ * samples, field timestamps), never to its real sleeps (a PCIe sample, `delay_ms`), so an
+ * in-process test moves a counter on by seconds without waiting for them. */
+static long long clock_offset_us;
+
+static double clock_offset_s(void)
+{
+    return (double)__atomic_load_n(&clock_offset_us, __ATOMIC_SEQ_CST) / 1e6;
+}
+
+/* Not part of NVML: move the driver's clocks on by `seconds` (see clock_offset_us). */
+void DECLDIR fakeNvmlAdvanceClock(double seconds);
+void DECLDIR fakeNvmlAdvanceClock(double seconds)
+{
+    if (seconds > 0)
+        __atomic_add_fetch(&clock_offset_us, (long long)(seconds * 1e6), __ATOMIC_SEQ_CST);
+}
+
 static double mono_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 + clock_offset_s();
+}
+
+/* The wall clock of the driver's timestamps, in microseconds (moved on like mono_now). */
+static long long wall_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 + __atomic_load_n(&clock_offset_us, __ATOMIC_SEQ_CST);
 }
 
 static void sleep_ms(double ms)
@@ -2041,9 +2068,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCou
     nvmlReturn_t r = enter_dev(device, &d);
     if (r)
         return r;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long now_us = (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    long long now_us = wall_now_us();
     for (int i = 0; i < valuesCount; i++)
         field_value(d, &values[i], now_us);
     return leave(NVML_SUCCESS);
@@ -2681,9 +2706,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPr
         return leave(r);
     if (period_ms < 1)
         period_ms = 1;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    unsigned long long now_us = (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000;
+    unsigned long long now_us = (unsigned long long)wall_now_us();
     unsigned long long period_us = (unsigned long long)(period_ms * 1000);
     unsigned long long sample_us = now_us / period_us * period_us;
     unsigned int n = 0;

@@ -101,3 +101,13 @@ def call_count(prefix: str) -> int:
     lib.fakeNvmlCallCount.restype = ctypes.c_ulonglong
     lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
     return int(lib.fakeNvmlCallCount(prefix.encode()))
+
+
+def advance_clock(seconds: float) -> None:
+    """Move the driver's clocks on by ``seconds`` in the fake loaded in this process: its counters,
+    field timestamps, samples and scheduled events and losses, as if that much time had passed
+    (its real sleeps, a PCIe sample or ``delay_ms``, are not shortened)."""
+    lib = ctypes.CDLL(SONAME)
+    lib.fakeNvmlAdvanceClock.restype = None
+    lib.fakeNvmlAdvanceClock.argtypes = [ctypes.c_double]
+    lib.fakeNvmlAdvanceClock(seconds)
