@@ -9,10 +9,25 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.exporter_helpers import make_poller, samples_of, value, wait_for
+import pytest
+
+from gpu_exporter.sources.nvml import NvmlBackend, xid
+from gpu_exporter.sources.poller import Poller
+from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value, wait_for
 from tests.fakenvml import Scenario
+from tests.fakenvml.runtime import call_count
 
 UUIDS = [f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in range(3)]
+
+
+class Monotonic:
+    """The poller's monotonic clock, which the test moves on past a backoff instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
 
 
 def xids_by_uuid(poller: Any) -> dict[str, dict[str, float]]:
@@ -24,7 +39,10 @@ def xids_by_uuid(poller: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def test_xids_of_the_healthy_gpus_are_counted_after_one_falls_off_the_bus(scenario: Scenario, nvml: Any) -> None:
+def test_xids_of_the_healthy_gpus_are_counted_after_one_falls_off_the_bus(
+    scenario: Scenario, nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(xid, "PAUSE_S", 0.01)  # after a wait that says "lost" at once, before the rebuild
     for uuid in UUIDS:
         scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", uuid).utilization(50, 5).events_wait_lost()
     scenario.write()
@@ -35,8 +53,11 @@ def test_xids_of_the_healthy_gpus_are_counted_after_one_falls_off_the_bus(scenar
     scenario.gpu(2).add_xid(63)
     scenario.write()
     wait_for(lambda: xids_by_uuid(poller) == {UUIDS[0]: {"48": 1}, UUIDS[2]: {"63": 1}}, what="the healthy GPUs' XIDs")
-    # The set was built again without the lost GPU: its loss is said once, not at every wait.
-    time.sleep(1.5)
+    # The set was built again without the lost GPU: its loss is said once, not at every wait (ten
+    # or more of them here: the fake counts a call each time a wait looks at its GPUs, twice or more
+    # a wait).
+    waits = call_count("nvmlEventSetWait")
+    wait_for(lambda: call_count("nvmlEventSetWait") >= waits + 20, what="ten more waits")
     scenario.gpu(0).add_xid(31)
     scenario.write()
     wait_for(lambda: xids_by_uuid(poller).get(UUIDS[0]) == {"48": 1, "31": 1}, what="a later XID")
@@ -48,7 +69,9 @@ def test_xid_counts_follow_the_gpu_when_a_restart_renumbers_them(scenario: Scena
     for uuid in UUIDS:
         scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", uuid).utilization(50, 5)
     scenario.write()
-    poller, _ = make_poller()
+    clock = Monotonic()
+    errors = ErrorLog()
+    poller = Poller(NvmlBackend(errors, profiling_interval=0.1), errors=errors, monotonic=clock)
     poller.poll()
     scenario.gpu(1).add_xid(48)
     scenario.write()
@@ -61,7 +84,7 @@ def test_xid_counts_follow_the_gpu_when_a_restart_renumbers_them(scenario: Scena
     assert not poller.poll().nvml_up
     scenario.init_error = None
     scenario.write()
-    time.sleep(1.1)  # the poller's first backoff
+    clock.offset += 1.1  # the poller's first backoff
     s = samples_of(poller.poll())
     assert value(s, "gpu_up", gpu="0", uuid=UUIDS[1]) == 1
     assert value(s, "gpu_xid_errors_total", uuid=UUIDS[1], xid="48") == 1

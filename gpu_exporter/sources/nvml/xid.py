@@ -27,6 +27,7 @@ log = structlog.get_logger(__name__)
 
 WAIT_MS = 500
 REBUILD_S = 60.0  # while a GPU is left out of the event set, how often it is tried again
+PAUSE_S = 1.0  # after a wait that failed at once, before the next try
 
 
 class XidWatcher:
@@ -102,7 +103,7 @@ class XidWatcher:
                     self._ended(session, timeout=REBUILD_S if left_out else None)
                     continue
                 if self._wait(session, event_set, uuids, time.monotonic() + REBUILD_S if left_out else None):
-                    self._ended(session, timeout=1.0)  # lost again at once: a GPU answers yet is gone
+                    self._ended(session, timeout=PAUSE_S)  # lost again at once: a GPU answers yet is gone
             finally:
                 with contextlib.suppress(pynvml.NVMLError):
                     pynvml.nvmlEventSetFree(event_set)
@@ -125,7 +126,7 @@ class XidWatcher:
                 if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                     log.warning("xid_events_gpu_lost", reason="a GPU fell off the bus; watching the others")
                     return first
-                self._ended(session, timeout=1.0)
+                self._ended(session, timeout=PAUSE_S)
                 first = False
                 continue
             first = False
