@@ -5,8 +5,8 @@ The adapter subclasses a private class whose constructor has changed between CPy
 was checked by hand on 3.11, 3.12 and 3.13 (the constructor's parameters, ``max_size`` sizing the
 read buffer, ``get_buffer``/``buffer_updated``, a real handshake through ``Handshake``).  On any
 other version the first test here fails until someone checks it again and adds the version to
-``KNOWN_PYTHONS``; the daemon itself refuses to start (``check_runtime``) only where something it
-uses is gone.
+``KNOWN_PYTHONS``.  Where something the adapter uses is gone (``check_runtime``), the daemon
+serves TLS through public asyncio API instead (tests/test_web_tls_fallback.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_a_python_without_what_the_adapter_uses_is_named(monkeypatch: pytest.Mon
                    "buffer_updated()", "gpu_exporter/web/tls.py", "3.11, 3.12, 3.13"):  # fmt: skip
         assert needle in text, (needle, text)
     assert "get_buffer" not in text
-    # The whole sentence an operator reads when the daemon refuses to start on such a Python.
+    # The whole sentence an operator reads in the fallback's warning on such a Python.
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert text == (
         f"Python {here}: asyncio.sslproto.SSLProtocol lacks the constructor's 'server_side' parameter, the "

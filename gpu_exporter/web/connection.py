@@ -9,6 +9,8 @@
 - **TLS.** The first bytes of a TLS client are kept and the socket paused until the table gives
   it a handshake slot; once the handshake is done, a client certificate whose names the web config
   does not allow (``client_allowed_sans``) closes the connection before any request is read.
+  With the table's ``public_tls`` nothing is read before the handshake: the socket is paused and
+  a slot asked for at once, since ``loop.start_tls`` cannot be given bytes already read.
 - **Closing.** What is written is flushed; a client that does not take it is cut off 2 s later.
 """
 
@@ -71,6 +73,10 @@ class Connection(asyncio.BufferedProtocol):
         if self.raw is None:
             self.raw = transport
             self._table.admit(self)
+            if self.tls is not None and self._table.public_tls:
+                transport.pause_reading()  # until the handshake starts: its first bytes are the TLS layer's
+                self._table.request_handshake(self)
+                return
             if self.tls is not None:
                 return  # wait for the ClientHello before spending a handshake slot on it
         elif self.tls is not None and not self.tls.admits(transport.get_extra_info("peercert")):
@@ -84,6 +90,9 @@ class Connection(asyncio.BufferedProtocol):
     def _open(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
+        if len(self._buf) >= self._table.limit:  # read before there was a transport to pause
+            self._reading_paused = True
+            transport.pause_reading()
         self._table.set_state(self, IDLE)
         self._table.opened(self)
 
@@ -106,6 +115,10 @@ class Connection(asyncio.BufferedProtocol):
                 self.early = bytes(data)
                 self.raw.pause_reading()
                 self._table.request_handshake(self)
+            elif self.tls is not None and self._table.public_tls:
+                # A request that came with the handshake's last flight: loop.start_tls hands it on
+                # before it returns the TLS transport (one read's worth, kept for when it does).
+                self._buf += data
             return
         self._buf += data
         if len(self._buf) >= self._table.limit and not self._reading_paused:

@@ -15,6 +15,8 @@ and ``connection`` (places, idle time, TLS handshakes, buffers); here, what a re
 
 TLS, mTLS, basic auth, headers and the rate limit come from the exporter-toolkit web config
 (``watcher``), read for each new connection: new certificates apply as soon as the watcher sees them.
+On a Python whose asyncio the TLS adapter (``tls``) does not fit, TLS goes through public asyncio
+API instead, with what that loses said once at start (``tls_adapter_fallback``).
 
 The pages are the wiring's: a mapping from a path to a function that is given the request's
 headers (names lower-cased) and returns the status, body, content type and extra headers.
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +45,7 @@ from .http import BadRequest, Request, body_length, keep_alive, parse_head, resp
 from .pacing import Pacer
 from .rate_limit import TokenBucket, retry_after
 from .table import ConnectionTable
-from .tls import check_runtime
+from .tls import FALLBACK_LOSES, AdapterError, check_runtime
 from .watcher import WebConfigWatcher
 
 log = structlog.get_logger(__name__)
@@ -59,6 +62,18 @@ _BACKLOG = 1024
 # of 1,000 new sockets would each close an older one to make room, a scraper's included, before
 # the scraper's request is even read.  A few per turn of the loop leaves the rest in the kernel.
 _ACCEPT_BATCH = 64
+
+
+def _public_tls_needed() -> bool:
+    """Whether TLS must go through public asyncio API: this Python's sslproto lacks what the adapter
+    uses.  Said once, at start, with what the check found and what the fallback costs."""
+    try:
+        check_runtime()
+    except AdapterError as e:
+        log.warning("tls_adapter_fallback", python=".".join(map(str, sys.version_info[:3])), found=str(e),
+                    using="loop.start_tls", lost=FALLBACK_LOSES)  # fmt: skip
+        return True
+    return False
 
 
 class HttpServer:
@@ -86,7 +101,7 @@ class HttpServer:
         auth_queue: int = 4,
         auth_per_host: int = 1,
     ) -> None:
-        check_runtime()  # a Python whose asyncio lacks what the TLS adapter needs fails here, saying what
+        public_tls = _public_tls_needed()
         host, port = parse_listen_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
@@ -109,7 +124,7 @@ class HttpServer:
         self.connections = ConnectionTable(
             self._serve, max_connections=connection_cap(max_connections), limit=max_header_bytes,
             read_timeout=read_timeout, pressure_idle_timeout=pressure_idle_timeout, max_handshakes=max_handshakes,
-            handshake_timeout=handshake_timeout, max_stalled=max_stalled_writers,
+            handshake_timeout=handshake_timeout, max_stalled=max_stalled_writers, public_tls=public_tls,
         )  # fmt: skip
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None

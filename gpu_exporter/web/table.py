@@ -18,7 +18,10 @@ What one client can take from the others is bounded here, whatever it does:
   handshake whose client has sent nothing for ``handshake_preempt`` is cut off.  Waiting clients
   are taken newest first: under a flood, the old ones time out and a client that just came is
   served at once.  Each TLS connection reads through a 16 KiB buffer instead of asyncio's 256 KiB
-  one (0.04 instead of 0.28 MiB per idle connection; ``tls``).
+  one (0.04 instead of 0.28 MiB per idle connection; ``tls``).  With ``public_tls`` (a Python whose
+  asyncio the ``tls`` adapter does not fit) a handshake is asked for as soon as a TLS client
+  connects, through ``loop.start_tls``, and reads through asyncio's 256 KiB; slots, the deadline
+  and preemption stay, a handshake counting as quiet from its start.
 - **Stalled writers.** At most ``max_stalled`` connections may wait on clients that do not read;
   one more closes the one that has waited longest.  So a client that does not read stalls only
   itself, and all of them together hold at most ~20 MiB.
@@ -41,7 +44,7 @@ from typing import Any
 import structlog
 
 from .connection import BUSY, CLOSE_GRACE, HANDSHAKE, IDLE, READING, SILENT, TLS_QUEUED, TLS_WAIT, Connection
-from .tls import Handshake
+from .tls import Handshake, PublicHandshake
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +69,7 @@ class ConnectionTable:
         handshake_timeout: float = 5.0,
         handshake_preempt: float = 1.0,
         max_stalled: int = 64,
+        public_tls: bool = False,
     ) -> None:
         self._handler = handler
         self.max_connections = max_connections
@@ -76,6 +80,7 @@ class ConnectionTable:
         self.handshake_timeout = handshake_timeout
         self.handshake_preempt = handshake_preempt
         self.max_stalled = max_stalled
+        self.public_tls = public_tls  # TLS through public asyncio API only: see ``tls.PublicHandshake``
         self._stalled: OrderedDict[Connection, None] = OrderedDict()  # waiting longest first
         self.scratch = memoryview(bytearray(64 * 1024))  # one read at a time: the loop is one thread
         self._open: set[Connection] = set()
@@ -85,7 +90,7 @@ class ConnectionTable:
         self._silent: OrderedDict[Connection, None] = OrderedDict()
         self._active: OrderedDict[Connection, None] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._handshaking: dict[Connection, Handshake] = {}
+        self._handshaking: dict[Connection, Handshake | PublicHandshake] = {}
         self._handshake_queue: deque[Connection] = deque()
         self.counts: dict[str, int] = {}  # why connections were cut off, for the debug log
         self.accepted = 0
@@ -198,9 +203,9 @@ class ConnectionTable:
     def _start_tls(self, conn: Connection) -> None:
         raw, tls = conn.raw, conn.tls
         assert raw is not None and tls is not None
-        handshake = Handshake(conn, raw, tls.context, handshake_timeout=self.handshake_timeout,
-                              shutdown_timeout=CLOSE_GRACE,
-                              done=lambda fut: self._handshake_done(conn, fut))  # fmt: skip
+        kind = PublicHandshake if self.public_tls else Handshake
+        handshake = kind(conn, raw, tls.context, handshake_timeout=self.handshake_timeout,
+                         shutdown_timeout=CLOSE_GRACE, done=lambda fut: self._handshake_done(conn, fut))  # fmt: skip
         self._handshaking[conn] = handshake
         self.set_state(conn, HANDSHAKE)
         early, conn.early = conn.early, b""
