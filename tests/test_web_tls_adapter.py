@@ -131,3 +131,11 @@ def test_bytes_already_read_reach_the_tls_layer_whole_in_buffer_sized_pieces() -
     proto = Collect()
     tls.feed(proto, data)
     assert bytes(proto.got) == data and proto.pieces == [1000, 1000, 560]
+
+
+def test_a_constructor_whose_signature_cannot_be_read_is_named_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inspect cannot read every callable's signature: that is an AdapterError (the server falls back),
+    not a TypeError that would stop it."""
+    monkeypatch.setattr(tls, "SSLProtocol", type("Opaque", (sslproto.SSLProtocol,), {"__init__": 5}))
+    with pytest.raises(tls.AdapterError, match=r"lacks the constructor's 'loop' parameter"):
+        tls.check_runtime()
