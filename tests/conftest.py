@@ -163,8 +163,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fast",
         action="store_true",
-        help="the inner loop: only the tests not marked integration (adds 'not integration' to -m); "
-        "any of them that starts a process or a non-loopback server fails",
+        help="the inner loop: leaves out the tests marked integration or slow (adds 'not integration and "
+        "not slow' to -m) and tries a tenth of the Hypothesis examples; any test left in that starts a "
+        "process or a non-loopback server fails",
     )
 
 
@@ -187,7 +188,15 @@ def _deselects_integration(markexpr: str) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     markexpr = config.option.markexpr
     if config.getoption("fast"):
-        config.option.markexpr = f"({markexpr}) and not integration" if markexpr else "not integration"
+        left_out = "not integration and not slow"
+        config.option.markexpr = f"({markexpr}) and {left_out}" if markexpr else left_out
+        # A tenth of the Hypothesis examples (tests/hypothesis_budget.py), unless a profile is named.
+        if config.getoption("hypothesis_profile", None) is None:
+            from hypothesis import settings
+
+            from tests.hypothesis_budget import FAST
+
+            settings.load_profile(FAST)
     config.stash[_GUARD_ON] = config.getoption("fast") or _deselects_integration(markexpr)
     if config.stash[_GUARD_ON]:
         _install_guard()

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from gpu_exporter.serving.exposition import Exposition, render_text
+from tests.hypothesis_budget import examples
 
 
 class CountingCollector(Collector):
@@ -96,7 +97,7 @@ EDGES = [0.0, -0.0, 1e15, -1e15, 1e15 - 1, 1e15 + 2, 0.1, 1.7960190143812425e9]
 VALUES = st.one_of(st.floats(), st.integers(-(2**63), 2**63 - 1).map(float), st.sampled_from(EDGES))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(labels=st.lists(LABEL_VALUES, min_size=1, max_size=3), value=VALUES)
 def test_any_label_value_and_any_sample_value_reads_back_as_written(labels: list[str], value: float) -> None:
     fam = GaugeMetricFamily("gpu_x", "help", labels=[f"l{i}" for i in range(len(labels))])

@@ -33,6 +33,7 @@ from gpu_exporter.kubernetes.grpc_unix import RpcError, UnaryCall
 from gpu_exporter.kubernetes.kubelet import LIST_METHOD, PodRef, PodResourcesWatcher
 from gpu_exporter.kubernetes.podresources import decode_list_response
 from tests.fake_kubelet import FakeKubelet, fake_kubelet, pod, socket_path_in
+from tests.hypothesis_budget import examples
 from tests.socket_helpers import serve_connections
 from tests.timing import LATE_S, NEVER_S, wait_until
 
@@ -473,7 +474,7 @@ def test_a_flood_of_pings_stops_at_the_limit(tmp_path: Path) -> None:
     assert e.code == "RESOURCE_EXHAUSTED" and "has not finished the answer" in e.details
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(garbage=st.binary(min_size=1, max_size=300), prefix=st.booleans())
 def test_any_bytes_from_the_server_end_as_an_rpc_error(tmp_path: Path, garbage: bytes, prefix: bool) -> None:
     """Garbage, or a valid HTTP/2 server preface followed by garbage: an RpcError, never a crash."""

@@ -25,6 +25,7 @@ from gpu_exporter.kubernetes.podresources import (
     WireError,
     decode_list_response,
 )
+from tests.hypothesis_budget import examples
 from tests.podresources import api_pb2
 
 # Wire types: 0 varint, 1 fixed 64-bit, 2 length-delimited, 5 fixed 32-bit.
@@ -175,13 +176,13 @@ unknown_fields = st.lists(
 # -- what a user relies on -----------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(list_responses())
 def test_reads_what_protobuf_wrote(response: api_pb2.ListPodResourcesResponse) -> None:
     assert decode_list_response(response.SerializeToString()) == expected(response)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(list_responses(), unknown_fields, unknown_fields, unknown_fields, unknown_fields)
 def test_skips_fields_a_later_kubelet_adds_at_every_level(
     response: api_pb2.ListPodResourcesResponse, top: bytes, in_pod: bytes, in_container: bytes, in_devices: bytes
@@ -198,7 +199,7 @@ def test_skips_fields_a_later_kubelet_adds_at_every_level(
     )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.binary(max_size=64))
 def test_any_bytes_either_read_as_protobuf_reads_them_or_refused(data: bytes) -> None:
     theirs = protobuf_reading(data)
@@ -215,7 +216,7 @@ def test_any_bytes_either_read_as_protobuf_reads_them_or_refused(data: bytes) ->
         assert ours == theirs
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(list_responses(), st.data())
 def test_a_cut_short_answer_is_refused_never_half_read(
     response: api_pb2.ListPodResourcesResponse, data: st.DataObject

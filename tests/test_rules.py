@@ -392,6 +392,7 @@ def test_a_gpu_idle_at_zero_for_hours_averages_exactly_zero() -> None:
     assert w.mean(4 * 3600 - 1, 60) == 0.0 and w.span(4 * 3600 - 1, 60) == (60, 59.0)
 
 
+@pytest.mark.slow  # a memory soak: the whole suite runs it, --fast leaves it out
 def test_a_window_holds_memory_for_its_horizon_only() -> None:
     """A daemon polls for months: a window of a minute must not keep every sample it was ever given."""
     w = SampleWindow(horizon=60)
@@ -406,6 +407,7 @@ def test_a_window_holds_memory_for_its_horizon_only() -> None:
     assert len(w) == 61
 
 
+@pytest.mark.slow  # a memory soak: the whole suite runs it, --fast leaves it out
 def test_rule_history_memory_is_flat_under_a_soak() -> None:
     """Issue 17: the daemon's memory stays flat over a 30-minute soak.  The windowed rules keep an
     hour of samples per GPU; told the poll interval, the engine sets their room aside at once, so
@@ -431,6 +433,7 @@ def test_rule_history_memory_is_flat_under_a_soak() -> None:
     assert grown < 64 * 1024, f"{grown / 1024:.0f} KiB more after 30 minutes of polls"
 
 
+@pytest.mark.slow  # a memory soak: the whole suite runs it, --fast leaves it out
 @pytest.mark.parametrize("poll", [5.0, 2.0])
 def test_a_gpus_windows_set_aside_an_hour_of_polls_at_the_poll_interval(poll: float) -> None:
     """Told a 5 s poll, an hour of a GPU's samples is 720, and that is the room its two windows set
