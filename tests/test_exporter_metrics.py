@@ -193,17 +193,24 @@ def test_static_facts_are_not_reread_every_poll(scenario: Scenario, nvml: Any) -
 
 
 def test_gpus_are_sampled_in_parallel(scenario: Scenario, nvml: Any) -> None:
-    for i in range(8):
+    gpus, sample_s = 64, 0.1
+    for i in range(gpus):
         scenario.add_gpu().identity(f"g{i}", f"GPU-00000000-0000-0000-0000-{i:012d}").pcie(
-            tx_kbps=1, rx_kbps=1, sample_ms=1000, tx_bytes=Err("NOT_SUPPORTED"), rx_bytes=Err("NOT_SUPPORTED")
+            tx_kbps=1,
+            rx_kbps=1,
+            sample_ms=sample_s * 1000,
+            tx_bytes=Err("NOT_SUPPORTED"),
+            rx_bytes=Err("NOT_SUPPORTED"),
         )  # no byte counters: each poll takes the driver's blocking samples
     scenario.write()
     poller, _ = make_poller(gpu_timeout_s=NEVER_S)
     poller.poll()  # discovery
     snap = poller.poll()
-    # In parallel, a poll takes one GPU's two samples (2 s); one after another, 8 GPUs x 2 x 1 s = 16 s,
-    # more than the 2 s + LATE_S a busy machine may take.
-    assert snap.duration_seconds < 2 + LATE_S
+    # In parallel, a poll takes one GPU's two samples (0.2 s); one after another, 64 GPUs x 2 x 0.1 s =
+    # 12.8 s, more than the 0.2 s + LATE_S a busy machine may take.
+    assert gpus * 2 * sample_s > 2 * sample_s + LATE_S
+    assert snap.duration_seconds < 2 * sample_s + LATE_S
+    assert len(snap.gpus) == gpus
     assert all(g.pcie_rx_bytes_per_second == 1024 for g in snap.gpus)
 
 
