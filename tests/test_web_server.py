@@ -22,7 +22,6 @@ from gpu_exporter.web.auth import Passwords
 from gpu_exporter.web.config import WebConfig
 from gpu_exporter.web.fds import connection_cap
 from gpu_exporter.web.server import HttpServer
-from gpu_exporter.web.tls import AdapterError
 from gpu_exporter.web.watcher import WebConfigWatcher
 from tests.timing import NEVER_S, wait_until
 from tests.web_helpers import basic, hashed
@@ -321,15 +320,6 @@ def test_ipv6_and_every_interface() -> None:
         assert any_v4._sock.getsockname()[0] == "0.0.0.0"
     finally:
         any_v4.stop()
-
-
-def test_a_python_whose_asyncio_changed_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    def changed() -> None:
-        raise AdapterError("Python 3.99: asyncio.sslproto.SSLProtocol lacks ...")
-
-    monkeypatch.setattr("gpu_exporter.web.server.check_runtime", changed)
-    with pytest.raises(AdapterError, match=r"3\.99"):
-        HttpServer("127.0.0.1:0", PAGES)
 
 
 # -- requests that wait: password checks held by the test ---------------------------------------------
