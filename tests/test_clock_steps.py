@@ -100,7 +100,7 @@ def test_a_webhook_group_is_not_held_back_by_a_backward_step(step: str) -> None:
     alert is handed over or while its group waits out group_wait, and the notification still goes
     out after group_wait (planned on the wall clock, it would wait an hour more)."""
     offset = {"wall": 0.0}
-    settings = WebhookSettings(url="http://127.0.0.1:1/hook", group_wait=1.0, group_interval=5.0)
+    settings = WebhookSettings(url="http://127.0.0.1:1/hook", group_wait=0.1, group_interval=5.0)
     with webhook_receiver() as rec:
         settings = settings.model_copy(update={"url": rec.url})
         receiver = WebhookReceiver(settings, lambda r, o: None, generator_url=lambda: "http://x/alerts",
@@ -166,7 +166,7 @@ def test_polling_goes_on_when_the_wall_clock_steps(stepped_clock: type[_SteppedD
     and setting the clock forward again did not wake it.  The watchdog starts the overdue poll and
     logs the step once."""
     polls: list[float] = []
-    schedule = PollSchedule(lambda: polls.append(time.monotonic()), 0.2, stalled_after=30.0,
+    schedule = PollSchedule(lambda: polls.append(time.monotonic()), 0.05, stalled_after=30.0,
                             wall=lambda: time.time() + stepped_clock.offset)  # fmt: skip
     with structlog.testing.capture_logs() as logs:
         schedule.start()
