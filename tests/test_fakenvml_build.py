@@ -12,6 +12,7 @@ from tests.fakenvml import Scenario, build_library
 from tests.fakenvml.build import SONAME
 
 
+@pytest.mark.slow  # a from-scratch gcc build: the whole suite runs it, --fast leaves it out
 def test_builds_from_scratch_without_warnings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_NVML_BUILD_DIR", str(tmp_path))
     lib = build_library()  # raises BuildError on any gcc warning (-Werror) or message

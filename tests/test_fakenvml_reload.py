@@ -114,6 +114,7 @@ def _writer(scenario: Scenario, stop: threading.Event, counts: dict[str, int]) -
         time.sleep(0.001)
 
 
+@pytest.mark.slow  # hammered for 1.5 s: the whole suite runs it, --fast leaves it out
 def test_readers_hammering_while_the_file_is_rewritten(scenario: Scenario, nvml: Any, tmp_path: Path) -> None:
     N = nvml
     gpu(scenario, 10, 20)

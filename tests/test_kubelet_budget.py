@@ -43,6 +43,7 @@ def large_answer(body: bytes) -> Callable[[Reply], None]:
     return respond
 
 
+@pytest.mark.slow  # 16 MB decoded under tracemalloc: the whole suite runs it, --fast leaves it out
 def test_a_flood_of_empty_pods_is_refused_without_memory() -> None:
     tracemalloc.start()
     try:
