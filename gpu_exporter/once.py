@@ -20,7 +20,6 @@ import structlog
 from .accounting.pricing import PriceBook
 from .accounting.states import WASTE_STATES, classify
 from .alerting.engine import RuleEngine, holding_now
-from .alerting.rules import Check
 from .alerting.settings import RulesSettings
 from .holders.attribution import HolderAttributor
 from .holders.engines import EngineNames
@@ -87,26 +86,12 @@ class Finding:
         return f"{self.alertname} ({self.severity}) on GPU {self.gpu}: {self.description or self.summary}"
 
 
-def _threshold(rules: RulesSettings, g: GpuReading, c: Check) -> float | None:
-    """The limit the finding's ``value`` is compared with, where the rule has a single one."""
-    rule = getattr(rules, c.alertname)
-    if c.alertname == "GpuMemoryHigh":
-        return float(rule.critical if c.severity == "critical" else rule.warning)
-    if c.alertname == "GpuLowSmActivity":
-        return float(rule.sm_active_below)  # the value is SM activity
-    if c.alertname == "GpuPcieLinkDegraded":  # the value is the link generation
-        return None if g.static is None or g.static.pcie_max_generation is None else float(g.static.pcie_max_generation)
-    threshold = getattr(rule, "threshold", None)
-    return None if threshold is None else float(threshold)
-
-
 def findings(snapshot: NodeSnapshot, rules: RulesSettings | None = None) -> list[Finding]:
     """The alert rules whose condition holds right now, worst first."""
     rules = rules or RulesSettings()
     engine = RuleEngine(rules, node="")
     found = [
-        Finding(c.alertname, c.severity, g.index, g.uuid or None, c.summary, c.description, c.value,
-                _threshold(rules, g, c))
+        Finding(c.alertname, c.severity, g.index, g.uuid or None, c.summary, c.description, c.value, c.threshold)
         for g, c in holding_now(engine, snapshot)
     ]  # fmt: skip
     return sorted(found, key=lambda f: (-_SEVERITY_STATUS.get(f.severity, OK), f.gpu))

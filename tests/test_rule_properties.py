@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, node_name
+from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, holding_now, node_name
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.serving.alerts_page import alerts_json
 from gpu_exporter.snapshot import Activity, GpuReading, PodRef, ProcessReading
@@ -464,6 +464,28 @@ def test_gpu_idle_resolves_once_its_utilization_is_no_longer_reported_for_a_wind
     states = [sent_states(engine, 0, "GpuIdle", **IDLE_CARD)]
     states += [sent_states(engine, t, "GpuIdle", **unreported) for t in range(15, 91, 15)]
     assert states == [[FIRING], [], [], [], [RESOLVED], [], []]
+
+
+def test_each_level_rule_names_the_tuned_limit_its_value_is_compared_with() -> None:
+    """``--once`` reports each finding's threshold from the check itself, so a tuned limit shows."""
+    rules = fast_rules(GpuUnderutilized={"threshold": 0.2}, GpuLowSmActivity={"sm_active_below": 0.3, "window": "15s"},
+                       GpuIdle={"enabled": True, "threshold": 0.03, "window": "15s"},
+                       GpuMemoryHigh={"warning": 0.8, "critical": 0.97},
+                       GpuPcieBottleneck={"threshold": 0.7})  # fmt: skip
+    readings = [gpu(utilization_ratio=0.02), gpu(utilization_ratio=0.95, activity=Activity(sm=0.15)), gpu(**IDLE_CARD),
+                gpu(memory_used_bytes=int(0.99 * 80 * GIB)),
+                gpu(utilization_ratio=0.3, pcie_rx_bytes_per_second=0.9 * GEN5_X16), gpu(pcie_link_generation=4),
+                LOST]  # fmt: skip
+    found = {
+        (c.alertname, c.severity): c.threshold
+        for r in readings
+        for _, c in holding_now(RuleEngine(rules, "n"), snap(T0, r))
+    }
+    assert found == {("GpuUnderutilized", "warning"): 0.2, ("GpuLowSmActivity", "warning"): 0.3,
+                     ("GpuIdle", "info"): 0.03, ("GpuMemoryHigh", "warning"): 0.8, ("GpuMemoryHigh", "critical"): 0.97,
+                     ("GpuPcieBottleneck", "warning"): 0.7,
+                     ("GpuPcieLinkDegraded", "warning"): 5.0,  # the card's own generation, not a setting
+                     ("GpuLost", "critical"): None}  # a state, not a level  # fmt: skip
 
 
 # -- what an alert carries while it goes on ------------------------------------------------------------

@@ -29,6 +29,9 @@ class Check:
     summary: str
     description: str
     value: float | None = None
+    # What ``value`` is compared with, where the rule has one limit for it (the severity's own for
+    # GpuMemoryHigh); None where the condition is a state (lost, an XID, a remap) rather than a level.
+    threshold: float | None = None
     extra_labels: tuple[tuple[str, str], ...] = ()
     for_seconds: float = 0.0
 
@@ -113,7 +116,7 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
         summary=f"{_gpu(g)} is allocated but idle",
         description=f"{len(g.processes)} process(es) hold GPU memory but {signal} {verb} {_pct(mean)} "
                     f"{period} (threshold {_pct(r.threshold)}).",
-        value=mean, for_seconds=r.for_,
+        value=mean, threshold=r.threshold, for_seconds=r.for_,
     )  # fmt: skip
 
 
@@ -134,7 +137,7 @@ def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings
                     f"(thresholds: utilization at least {_pct(r.utilization_at_least)}, SM activity below "
                     f"{_pct(r.sm_active_below)}): kernels too small or launch-bound, for example tiny batches "
                     f"or one stream.",
-        value=sm, for_seconds=r.for_,
+        value=sm, threshold=r.sm_active_below, for_seconds=r.for_,
     )  # fmt: skip
 
 
@@ -151,7 +154,7 @@ def idle(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterat
         "GpuIdle", "info", fire=not busy, clear=busy,
         summary=f"{_gpu(g)} is unused",
         description=f"No processes and utilization {verb} {_pct(mean)} {period}.",
-        value=mean, for_seconds=r.for_,
+        value=mean, threshold=r.threshold, for_seconds=r.for_,
     )  # fmt: skip
 
 
@@ -167,7 +170,7 @@ def memory_high(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) ->
             summary=f"{_gpu(g)} memory is {_pct(ratio)} full",
             description=f"{(g.memory_used_bytes or 0) / 2**30:.1f} of {(g.memory_total_bytes or 0) / 2**30:.1f} GiB "
                         f"used ({_pct(ratio)}); threshold {_pct(level)}.",
-            value=ratio, for_seconds=r.for_,
+            value=ratio, threshold=level, for_seconds=r.for_,
         )  # fmt: skip
 
 
@@ -187,7 +190,7 @@ def pcie_bottleneck(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings
         description=f"PCIe at {_pct(load)} of the Gen{g.pcie_link_generation} x{g.pcie_link_width} link "
                     f"({max(rates) / 1e9:.2f} of {cap / 1e9:.2f} GB/s; threshold {_pct(r.threshold)}) while GPU "
                     f"utilization is {_pct(util)} (below {_pct(r.utilization_below)}).",
-        value=load, for_seconds=r.for_,
+        value=load, threshold=r.threshold, for_seconds=r.for_,
     )  # fmt: skip
 
 
@@ -207,7 +210,7 @@ def pcie_link_degraded(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSetti
         summary=f"{_gpu(g)} PCIe link runs below its capability under load",
         description=f"Link at Gen{gen} x{width}, the card supports Gen{max_gen} x{max_width}, "
                     f"with GPU utilization {_pct(util)} (load threshold {_pct(r.min_utilization)}).",
-        value=float(gen), for_seconds=r.for_,
+        value=float(gen), threshold=float(max_gen), for_seconds=r.for_,
     )  # fmt: skip
 
 
