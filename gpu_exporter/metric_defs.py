@@ -2,8 +2,8 @@
 
 A declaration gives the metric's name, type, unit, help, labels, the snapshot value it renders,
 its collector (``--[no-]collector.<name>``) and, where there is more to say than the help, a doc
-note.  ``/metrics`` (``serving.metrics``), the ``--once`` JSON (built from the same families), the
-collector switches (``config``, ``cli`` and which NVML queries the backend makes) and the
+note.  ``/metrics`` (``serving.metrics``), the ``--once`` JSON (``serving.gpu_json``, from the same
+series), the collector switches (``config``, ``cli`` and which NVML queries the backend makes) and the
 reference table in ``docs/metrics.md`` (written by ``docs/generate.py``; CI fails when it is stale)
 all derive from this table.
 

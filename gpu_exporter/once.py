@@ -3,8 +3,9 @@
 The exit status follows the monitoring-plugin convention (Nagios, Icinga, Sensu, Checkmk): 0 OK,
 1 WARNING, 2 CRITICAL, 3 UNKNOWN (the GPUs, or the configuration, cannot be read).
 
-The JSON is built from the same metric families as /metrics, so scripts and dashboards share
-one vocabulary: each per-GPU key is a metric name.
+The JSON's GPUs are built from the same series as /metrics, each metric in the one shape its
+declaration gives it (gpu_exporter.serving.gpu_json), so scripts and dashboards share one
+vocabulary: each per-GPU key is a metric name.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from .alerting.settings import RulesSettings
 from .holders.attribution import HolderAttributor
 from .holders.engines import EngineNames
 from .holders.slurm import JobMappingDir, check_directory
-from .serving.metrics import GPU_LABELS, RenderOptions, gpu_families
+from .serving.gpu_json import gpu_objects
+from .serving.metrics import RenderOptions
 from .snapshot import GpuReading, Holder, NodeSnapshot, ProcessReading, device_holders
 from .sources.procfs import user_name
 from .untrusted import for_terminal
@@ -43,9 +45,6 @@ UNKNOWN: Final = 3
 STATUS_NAMES: Final = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 # An info finding (GpuIdle) is worth showing but not worth a page.
 _SEVERITY_STATUS: Final = {"critical": CRITICAL, "warning": WARNING}
-GPU_LABELS_SET: Final = frozenset(GPU_LABELS)
-# Label values that are numbers, given to scripts as numbers.
-_NUMERIC_LABELS: Final = frozenset({"gpu", "pid", "gpu_instance_id", "compute_instance_id"})
 
 
 def holder_attributor(settings: Settings, pod_mode: bool = False) -> HolderAttributor | None:
@@ -128,41 +127,6 @@ def _timestamp(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _label_value(name: str, value: str) -> Any:
-    return int(value) if name in _NUMERIC_LABELS and value.isdigit() else value
-
-
-def _gpu_rows(snapshot: NodeSnapshot, opts: RenderOptions | None) -> dict[int, dict[str, Any]]:
-    gpus: dict[int, dict[str, Any]] = {}
-    for g in snapshot.gpus:  # every GPU, lost or not, with what is known of it
-        gpus[g.index] = {"gpu": g.index, "uuid": g.uuid or None, "up": g.up}
-        if not g.up:
-            gpus[g.index]["error"] = g.error
-    # The GPU's holder labels are on every per-GPU sample; the holders are listed one by one in
-    # gpu_holder_info (without the labels of other kinds), and each process has its own.
-    held = frozenset(opts.holders.names if opts else ())
-    shared = GPU_LABELS_SET | held
-    for fam in gpu_families(snapshot, opts):
-        for s in fam.samples:
-            gpu = gpus[int(s.labels["gpu"])]
-            if fam.name == "gpu_holder_info":
-                extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS and v}
-            elif "pid" in s.labels:  # a process's own holder labels, where it has one
-                extra = {k: v for k, v in s.labels.items() if k not in GPU_LABELS and (v or k not in held)}
-            else:
-                extra = {k: v for k, v in s.labels.items() if k not in shared}
-            value: Any = int(s.value) if float(s.value).is_integer() else s.value
-            if fam.name == "gpu_info":
-                gpu["gpu_info"] = extra
-            elif not extra:
-                gpu[s.name] = value
-            elif len(extra) == 1:
-                gpu.setdefault(s.name, {})[next(iter(extra.values()))] = value
-            else:
-                gpu.setdefault(s.name, []).append({k: _label_value(k, v) for k, v in extra.items()} | {"value": value})
-    return gpus
-
-
 def as_json(
     snapshot: NodeSnapshot,
     found: Sequence[Finding],
@@ -170,7 +134,7 @@ def as_json(
     cost: CostNow | None = None,
     node: str = "",
 ) -> str:
-    gpus = _gpu_rows(snapshot, opts)
+    gpus = gpu_objects(snapshot, opts)
     for index, (state, price) in (cost.gpus if cost else {}).items():
         if (row := gpus.get(index)) is not None:
             row["state"] = state

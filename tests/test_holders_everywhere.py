@@ -230,12 +230,17 @@ def test_once_names_the_holders_in_its_table_and_json() -> None:
     doc = json.loads(as_json(snap, found, ALL_ON, cost, node="n1"))
     g0 = doc["gpus"][0]
     assert "hpc_job" not in g0["gpu_info"] and g0["gpu_utilization_ratio"] == 0.95  # GPU values stay values
-    assert g0["gpu_holder_info"] == [{"hpc_job": "4242", "slurm_account": "ml", "slurm_partition": "gpu",
-                                      "user": "alice", "kind": "job", "device_uuid": "GPU-0", "value": 1}]  # fmt: skip
+    # Every entry has every key of its metric, null where this holder has no such label.
+    none = dict.fromkeys(("container_engine", "container_id", "container_name", "uid", "claim_namespace",
+                          "claim_name"))  # fmt: skip
+    job_labels = {"hpc_job": "4242", "slurm_account": "ml", "slurm_partition": "gpu", "user": "alice", "kind": "job"}
+    assert g0["gpu_holder_info"] == [none | job_labels | {"device_uuid": "GPU-0", "value": 1}]
     assert doc["gpus"][1]["gpu_process_memory_used_bytes"][0] == {
-        "pid": 200, "process": "train", "user": "root", "container_name": "trainer", "value": 30 * GIB}  # fmt: skip
-    assert doc["gpus"][2]["gpu_process_memory_used_bytes"][0] == {"pid": 300, "process": "jupyter", "user": "bob",
-                                                                  "value": 5 * GIB}  # fmt: skip
+        "hpc_job": None, "container_name": "trainer", "pid": 200, "process": "train", "user": "root",
+        "value": 30 * GIB}  # fmt: skip
+    assert doc["gpus"][2]["gpu_process_memory_used_bytes"][0] == {
+        "hpc_job": None, "container_name": None, "pid": 300, "process": "jupyter", "user": "bob",
+        "value": 5 * GIB}  # fmt: skip
 
 
 def test_device_holders_follow_pod_mode() -> None:

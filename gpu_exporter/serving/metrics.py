@@ -62,20 +62,38 @@ def top_processes(processes: Iterable[ProcessReading], n: int) -> list[ProcessRe
     return ranked[:n] if n > 0 else ranked
 
 
-class _Families:
-    """Builds families whose every series starts with its scope's labels, the holder labels (those
+# One series of a per-GPU metric: its declaration, its label values (in the order of
+# ``labels_of(metric, opts)``) and its value.  /metrics and the ``--once`` JSON both render these.
+Series = tuple[MetricDef, list[str], float]
+
+
+def labels_of(d: MetricDef, opts: RenderOptions) -> tuple[str, ...]:
+    """The label names of ``d``'s series: its scope's, the holder labels on (a pod's only, for the
+    pod-only ``gpu_pod_info``), then its own."""
+    return d.series_labels(opts.pod_labels or ()) if d.pods else d.series_labels(opts.holders)
+
+
+def gpu_declarations(opts: RenderOptions) -> tuple[MetricDef, ...]:
+    """The per-GPU metrics rendered, in exposition order: those of collectors switched off, and the
+    pod-only ones without pod attribution, are left out."""
+    ordered = (METRICS["gpu_up"], METRICS["gpu_info"], *gpu_metrics(Scope.GPU), *gpu_metrics(Scope.PROCESS),
+               *((METRICS["gpu_pod_info"],) if opts.pod_labels else ()), METRICS["gpu_holder_info"],
+               *gpu_metrics(Scope.MIG), *gpu_metrics(Scope.MIG_PROCESS))  # fmt: skip
+    left_out = opts.left_out
+    return tuple(d for d in ordered if d.name not in left_out)
+
+
+class _Walk:
+    """The series of one snapshot, each starting with its scope's labels, the holder labels (those
     on) right after ``gpu`` and ``uuid``."""
 
     def __init__(self, opts: RenderOptions) -> None:
         self.opts = opts
         self.holders = opts.holders
-        self.pod_names: tuple[str, ...] = opts.pod_labels or ()
+        self.on = frozenset(d.name for d in gpu_declarations(opts))
 
-    def family(self, d: MetricDef) -> GaugeMetricFamily | CounterMetricFamily:
-        labels = d.series_labels(self.holders)
-        if d.type == "counter":
-            return CounterMetricFamily(d.family_name, d.help, labels=labels)
-        return GaugeMetricFamily(d.name, d.help, labels=labels)
+    def scoped(self, scope: Scope) -> list[MetricDef]:
+        return [d for d in gpu_metrics(scope) if d.name in self.on]
 
     def base(self, g: GpuReading, held: GpuReading | MigReading | ProcessReading | None = None) -> list[str]:
         """``gpu`` and ``uuid``, and the holder labels of ``held`` (the GPU itself by default)."""
@@ -91,103 +109,99 @@ def _one(ref: Any) -> tuple[Any, ...]:
     return () if ref is None else (ref,)
 
 
-def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Metric]:
-    """The per-GPU metric families of one snapshot, but those of collectors switched off.  A lost
-    GPU gets ``gpu_up 0`` and the series declared ``while_down`` (its XIDs)."""
-    opts = opts or RenderOptions()
-    if not opts.disabled:
-        yield from _gpu_families(snapshot, opts)
-        return
-    left_out = opts.left_out
-    for fam in _gpu_families(snapshot, opts):
-        if (fam.name + "_total" if fam.type == "counter" else fam.name) not in left_out:
-            yield fam
-
-
-def _add(fam: GaugeMetricFamily | CounterMetricFamily, d: MetricDef, labels: list[str], reading: Any) -> None:
+def _values(d: MetricDef, labels: list[str], reading: Any) -> Iterator[Series]:
     """The series of one reading: a number, or one per extra label value; None is left out."""
     got = d.value(reading) if d.value is not None else None
     if got is None:
         return
     if len(d.labels) == 0:
-        fam.add_metric(labels, float(got))  # type: ignore[arg-type]
+        yield d, labels, float(got)  # type: ignore[arg-type]
         return
     for key, v in got:  # type: ignore[union-attr]
         if v is not None:
-            fam.add_metric([*labels, key], float(v))
+            yield d, [*labels, key], float(v)
 
 
-def _gpu_families(snapshot: NodeSnapshot, opts: RenderOptions) -> Iterator[Metric]:
-    f = _Families(opts)
+def gpu_series(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Series]:
+    """Every per-GPU series of one snapshot, but those of collectors switched off.  A lost GPU gets
+    ``gpu_up 0`` and the series declared ``while_down`` (its XIDs)."""
+    opts = opts or RenderOptions()
+    w = _Walk(opts)
     gpus = snapshot.gpus
-    up = f.family(METRICS["gpu_up"])
+    up = METRICS["gpu_up"]
     for g in gpus:
-        up.add_metric(f.base(g), 1 if g.up else 0)
-    yield up
+        yield up, w.base(g), 1.0 if g.up else 0.0
     live = [g for g in gpus if g.up]
-    info = f.family(METRICS["gpu_info"])
+    info = METRICS["gpu_info"]
     for g in live:
         s = g.static
         if s is not None:
-            info.add_metric(
-                [*f.base(g), s.name, s.pci_bus_id, snapshot.driver_version or "", snapshot.cuda_version or "",
-                 s.serial or "", s.mig_mode],
-                1,
-            )  # fmt: skip
-    yield info
-    for d in gpu_metrics(Scope.GPU):
-        fam = f.family(d)
+            yield info, [*w.base(g), s.name, s.pci_bus_id, snapshot.driver_version or "", snapshot.cuda_version or "",
+                         s.serial or "", s.mig_mode], 1.0  # fmt: skip
+    for d in w.scoped(Scope.GPU):
         for g in gpus if d.while_down else live:
-            _add(fam, d, f.base(g), g)
-        yield fam
-    procs = [(d, f.family(d)) for d in gpu_metrics(Scope.PROCESS)]
-    for g in live:
-        for p in top_processes(g.processes, f.opts.process_top_n):
-            labels = [*f.base(g, p), str(p.pid), p.name, p.user or UNKNOWN_USER]
-            for d, fam in procs:
-                _add(fam, d, labels, p)
-    yield from (fam for _, fam in procs)
-    if f.pod_names:
+            yield from _values(d, w.base(g), g)
+    procs = w.scoped(Scope.PROCESS)
+    if procs:
+        for g in live:
+            for p in top_processes(g.processes, opts.process_top_n):
+                labels = [*w.base(g, p), str(p.pid), p.name, p.user or UNKNOWN_USER]
+                for d in procs:
+                    yield from _values(d, labels, p)
+    if "gpu_pod_info" in w.on:
         # One pod per series: its own labels, not the GPU's other holders'.
-        holders = GaugeMetricFamily("gpu_pod_info", METRICS["gpu_pod_info"].help,
-                                    labels=METRICS["gpu_pod_info"].series_labels(f.pod_names))  # fmt: skip
+        pod_info = METRICS["gpu_pod_info"]
         for g in gpus:
             for ref in sorted({(g.uuid, r) for r in g.pods} | {(m.uuid, r) for m in g.migs for r in m.pods},
                               key=lambda x: (x[0], x[1].namespace, x[1].pod, x[1].container)):  # fmt: skip
-                holders.add_metric([str(g.index), g.uuid, ref[1].namespace, ref[1].pod, ref[1].container, ref[0]], 1)
-        yield holders
-    info = f.family(METRICS["gpu_holder_info"])
-    pod_mode = f.opts.pod_labels is not None
-    for g in live:
-        devices: tuple[GpuReading | MigReading, ...] = (g, *g.migs)
-        for device in devices:
-            if pod_mode:  # each container with what the kubelet and its processes say beyond its name
-                rows = sorted({(pod_holder(r), r.uid, r.claim_namespace, r.claim_name) for r in device.pods})
-            else:
-                rows = [(h, "", "", "") for h in device_holders(device, pod_mode, migs=False)]
-            for h, *pod_facts in rows:
-                info.add_metric([str(g.index), g.uuid, *f.holders.detail_values(h), h.kind, device.uuid, *pod_facts], 1)
-    yield info
-    yield from _mig_families(f, live)
+                yield pod_info, [str(g.index), g.uuid, ref[1].namespace, ref[1].pod, ref[1].container, ref[0]], 1.0
+    if "gpu_holder_info" in w.on:
+        holder_info = METRICS["gpu_holder_info"]
+        pod_mode = opts.pod_labels is not None
+        for g in live:
+            devices: tuple[GpuReading | MigReading, ...] = (g, *g.migs)
+            for device in devices:
+                if pod_mode:  # each container with what the kubelet and its processes say beyond its name
+                    rows = sorted({(pod_holder(r), r.uid, r.claim_namespace, r.claim_name) for r in device.pods})
+                else:
+                    rows = [(h, "", "", "") for h in device_holders(device, pod_mode, migs=False)]
+                for h, *pod_facts in rows:
+                    yield holder_info, [str(g.index), g.uuid, *w.holders.detail_values(h), h.kind, device.uuid,
+                                        *pod_facts], 1.0  # fmt: skip
+    yield from _mig_series(w, live)
 
 
-def _mig_families(f: _Families, live: list[GpuReading]) -> Iterator[Metric]:
-    def ids(g: GpuReading, m: MigReading) -> list[str]:
-        gi = "" if m.gpu_instance_id is None else str(m.gpu_instance_id)
-        ci = "" if m.compute_instance_id is None else str(m.compute_instance_id)
-        return [*f.base(g, m), m.uuid, gi, ci, m.profile]
+def mig_ids(m: MigReading) -> list[str]:
+    """A MIG device's own labels: its UUID, GPU and compute instance ids ("" where unknown) and profile."""
+    gi = "" if m.gpu_instance_id is None else str(m.gpu_instance_id)
+    ci = "" if m.compute_instance_id is None else str(m.compute_instance_id)
+    return [m.uuid, gi, ci, m.profile]
 
-    migs = [(d, f.family(d)) for d in gpu_metrics(Scope.MIG)]
-    procs = [(d, f.family(d)) for d in gpu_metrics(Scope.MIG_PROCESS)]
+
+def _mig_series(w: _Walk, live: list[GpuReading]) -> Iterator[Series]:
+    migs, procs = w.scoped(Scope.MIG), w.scoped(Scope.MIG_PROCESS)
     for g in live:
         for m in g.migs:
-            for d, fam in migs:
-                _add(fam, d, ids(g, m), m)
-            for p in top_processes(m.processes, f.opts.process_top_n):
-                for d, fam in procs:
-                    _add(fam, d, [*ids(g, m), str(p.pid), p.name, p.user or UNKNOWN_USER], p)
-    yield from (fam for _, fam in migs)
-    yield from (fam for _, fam in procs)
+            ids = [*w.base(g, m), *mig_ids(m)]
+            for d in migs:
+                yield from _values(d, ids, m)
+            if procs:
+                for p in top_processes(m.processes, w.opts.process_top_n):
+                    for d in procs:
+                        yield from _values(d, [*ids, str(p.pid), p.name, p.user or UNKNOWN_USER], p)
+
+
+def gpu_families(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Metric]:
+    """The per-GPU metric families of one snapshot, one per declaration rendered (empty where no GPU
+    has the metric), in exposition order."""
+    opts = opts or RenderOptions()
+    fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    for d in gpu_declarations(opts):
+        family = CounterMetricFamily if d.type == "counter" else GaugeMetricFamily
+        fams[d.name] = family(d.family_name, d.help, labels=labels_of(d, opts))
+    for d, labels, value in gpu_series(snapshot, opts):
+        fams[d.name].add_metric(labels, value)
+    yield from fams.values()
 
 
 def _gauge_family(name: str) -> GaugeMetricFamily:
