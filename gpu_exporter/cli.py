@@ -286,20 +286,19 @@ def needs_second_look(snapshot: NodeSnapshot) -> bool:
 def run_once(settings: Settings, fmt: str) -> int:
     from .accounting.pricing import PriceBook
     from .alerting.engine import node_name
-    from .once import as_json, as_table, cost_now, exit_status, findings, holder_attributor
-    from .serving.metrics import RenderOptions
-    from .sources.poller import Poller
+    from .once import as_json, as_table, cost_now, exit_status, findings
+    from .polling import build_polling
     from .web.config import load_web_config
 
     try:
         load_web_config(settings.web_config_file)  # what the daemon would refuse, --once refuses too
     except WebConfigError as e:
         return once_unknown(str(e), fmt, settings.node_name)
-    # One look takes its two GPM samples 200 ms apart, whatever the daemon's profiling interval.
-    backend = make_backend(settings, lambda f, e: None, profiling_interval=MIN_INTERVAL_S)
-    holders = holder_attributor(settings)  # Slurm jobs and containers, as the daemon would see them
-    poller = Poller(backend, errors=lambda f, e: None, gpu_timeout_s=settings.gpu_timeout,
-                    attach=holders.attach if holders else None)  # fmt: skip
+    # One look takes its two GPM samples 200 ms apart, whatever the daemon's profiling interval; it
+    # joins Slurm jobs and containers as the daemon does, but asks no kubelet for pods.
+    polling = build_polling(settings, lambda errors: make_backend(settings, errors, profiling_interval=MIN_INTERVAL_S),
+                            pods=False)  # fmt: skip
+    poller = polling.poller
     try:
         snapshot = poller.poll()
         if needs_second_look(snapshot):
@@ -314,12 +313,12 @@ def run_once(settings: Settings, fmt: str) -> int:
                             "is the NVIDIA driver installed and loaded? To try the exporter without a GPU: "
                             "gpu-exporter --once --simulate")  # fmt: skip
     found = findings(snapshot, settings.rules)
-    opts = RenderOptions(process_top_n=settings.process_top_n, disabled=settings.collectors.disabled(),
-                         jobs=holders is not None and holders.jobs,
-                         containers=holders is not None and holders.containers)  # fmt: skip
     cost = cost_now(snapshot, settings.rules, PriceBook(settings.pricing) if settings.pricing else None)
     node = node_name(settings.node_name)
-    text = as_json(snapshot, found, opts, cost, node) if fmt == "json" else as_table(snapshot, found, cost, node)
+    if fmt == "json":
+        text = as_json(snapshot, found, polling.render, cost, node)
+    else:
+        text = as_table(snapshot, found, cost, node)
     if not _print(text):
         return UNKNOWN_EXIT  # the answer could not be given: a check that cannot report is UNKNOWN
     return exit_status(found)

@@ -22,17 +22,13 @@ from .accounting.pricing import PriceBook
 from .accounting.states import WASTE_STATES, classify
 from .alerting.engine import RuleEngine, holding_now
 from .alerting.settings import RulesSettings
-from .holders.attribution import HolderAttributor
-from .holders.engines import EngineNames
-from .holders.slurm import JobMappingDir, check_directory
 from .serving.gpu_json import gpu_objects
 from .serving.metrics import RenderOptions
 from .snapshot import GpuReading, Holder, NodeSnapshot, ProcessReading, device_holders
-from .sources.procfs import user_name
 from .untrusted import for_terminal
 
 if TYPE_CHECKING:
-    from .settings.config import Settings
+    pass
 
 log = structlog.get_logger(__name__)
 
@@ -45,27 +41,6 @@ UNKNOWN: Final = 3
 STATUS_NAMES: Final = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 # An info finding (GpuIdle) is worth showing but not worth a page.
 _SEVERITY_STATUS: Final = {"critical": CRITICAL, "warning": WARNING}
-
-
-def holder_attributor(settings: Settings, pod_mode: bool = False) -> HolderAttributor | None:
-    """Slurm jobs and containers as the settings ask, for the daemon and ``--once`` alike; None where
-    neither is on.  A mapping directory that cannot serve (yet) is said once, here."""
-    slurm, containers = settings.slurm, settings.containers
-    on = containers.enabled(pod_mode)
-    if not slurm.enabled() and not on:
-        return None
-    mapping = None
-    if slurm.job_mapping_dir is not None:
-        if (why := check_directory(slurm.job_mapping_dir)) is not None:
-            log.warning("slurm_job_mapping_dir", path=slurm.job_mapping_dir, detail=why)
-        mapping = JobMappingDir(slurm.job_mapping_dir, keep_last_good_for=slurm.keep_last_good_for)
-    names = None
-    if on:
-        names = EngineNames({"docker": containers.docker_socket, "podman": containers.podman_socket},
-                            timeout=containers.api_timeout, retry_after=containers.api_retry_after,
-                            cache_size=containers.name_cache_size)  # fmt: skip
-    return HolderAttributor(mapping=mapping, job_from_cgroup=slurm.job_from_cgroup, containers=on, names=names,
-                            pod_mode=pod_mode, user_of_uid=user_name)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ import pytest
 PACKAGE = "gpu_exporter"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
-# The parts: subpackages, and the shared model.  The wiring at the top (cli, daemon, config, once,
-# logs) may import any part.
+# The parts: subpackages, and the shared model.  The wiring at the top (cli, daemon, polling, config,
+# once, logs) may import any part.
 PARTS = ("snapshot", "metric_defs", "sources", "alerting", "serving", "kubernetes", "holders", "accounting",
          "report", "web")  # fmt: skip
-WIRING = ("cli", "daemon", "settings.config", "once", "logs", "schedule", "__main__")
+WIRING = ("cli", "daemon", "polling", "settings.config", "once", "logs", "__main__")
 # Parsing helpers with no dependencies, usable anywhere.
 HELPERS = ("settings.durations", "settings.yamlfile", "untrusted", "settings.redaction")
 # A package whose modules are parts of their own: settings holds both the model (wiring) and helpers.

@@ -22,9 +22,9 @@ from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.alerting.delivery import WebhookReceiver
 from gpu_exporter.alerting.engine import FIRING, PENDING, Alert, RuleEngine
 from gpu_exporter.alerting.settings import WebhookSettings
-from gpu_exporter.schedule import PollSchedule
 from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import GpuReading, GpuStatic, NodeSnapshot, ProcessReading
+from gpu_exporter.sources.schedule import PollSchedule
 from tests.alerting_helpers import webhook_receiver
 from tests.timing import wait_until
 

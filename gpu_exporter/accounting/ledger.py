@@ -109,6 +109,11 @@ class Accountant:
         self._lock = threading.Lock()
         self._view = AccountingView(None, ())  # before the first snapshot: no GPU, so nothing priced
 
+    def retune(self, threshold: float, signal: str) -> None:
+        """A re-read idle threshold and signal, from the next snapshot on (time already booked stays)."""
+        with self._lock:
+            self.threshold, self.signal = threshold, signal
+
     def observe(self, snapshot: NodeSnapshot) -> None:
         """Add the time since the previous snapshot to each GPU's state now.
 

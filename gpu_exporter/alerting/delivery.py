@@ -29,6 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -36,7 +37,7 @@ import structlog
 from ..settings.redaction import redact_text
 from .engine import FIRING, RESOLVED, Alert, Labels
 from .routing import Route, rfc3339
-from .settings import ReceiverSettings, WebhookSettings
+from .settings import AlertingSettings, ReceiverSettings, WebhookSettings
 
 log = structlog.get_logger(__name__)
 
@@ -48,8 +49,8 @@ OUTCOMES = ("sent", "retried", "rejected", "dropped")
 # (receiver, outcome) -> count: sent, retried, rejected, dropped
 Outcome = Callable[[str, str], None]
 
-__all__ = ["OUTCOMES", "AlertmanagerReceiver", "Notifier", "Receiver", "WebhookReceiver", "alertmanager_alert",
-           "rfc3339"]  # fmt: skip
+__all__ = ["OUTCOMES", "AlertmanagerReceiver", "Notifier", "Receiver", "ReceiverHooks", "WebhookReceiver",
+           "alertmanager_alert", "rfc3339"]  # fmt: skip
 
 
 def alertmanager_alert(a: Alert, now: float, valid_for: float, generator_url: str) -> dict[str, Any]:
@@ -307,11 +308,82 @@ class WebhookReceiver(Receiver):
         return ok
 
 
-class Notifier:
-    """Fans evaluated alerts out to every receiver."""
+@dataclass(frozen=True)
+class ReceiverHooks:
+    """What receivers need from the daemon: where outcomes are counted, the link alerts carry back,
+    and the series each receiver has from its start (and loses when a reload removes it)."""
 
-    def __init__(self, receivers: list[Receiver]) -> None:
+    outcome: Outcome
+    generator_url: Callable[[], str]
+    watch: Callable[[str], None] = lambda name: None
+    forget: Callable[[str], None] = lambda name: None
+
+
+class Notifier:
+    """Fans evaluated alerts out to every receiver, and keeps the receivers the alerting settings
+    ask for: those a reload leaves as they were keep running, queue and all."""
+
+    def __init__(self, receivers: list[Receiver], hooks: ReceiverHooks | None = None, *,
+                 poll_interval: float = 0.0, queue_size: int | None = None) -> None:  # fmt: skip
         self.receivers = receivers
+        self._hooks = hooks
+        self._poll_interval = poll_interval  # needs a restart: fixed for the Notifier's life
+        self._queue_size = queue_size
+        self._swap = threading.Lock()  # a batch goes to one set of receivers, the old or the new
+
+    @classmethod
+    def for_settings(cls, alerting: AlertingSettings, hooks: ReceiverHooks, poll_interval: float) -> Notifier:
+        n = cls([], hooks, poll_interval=poll_interval)
+        n.receivers = n._plan(alerting)
+        n._queue_size = alerting.queue_size
+        return n
+
+    def _plan(self, alerting: AlertingSettings) -> list[Receiver]:
+        """Receivers for ``alerting``; those already running with the same settings are kept."""
+        assert self._hooks is not None, "a Notifier made of given receivers cannot be re-planned"
+        hooks = self._hooks
+        # Like Prometheus: a firing alert stays valid for four resend intervals (or evaluation
+        # intervals, if longer); if the daemon dies, Alertmanager resolves it by itself.
+        valid_for = 4 * max(alerting.resend_interval, self._poll_interval)
+        out: list[Receiver] = []
+        spare = list(self.receivers)
+        for r in alerting.alertmanagers:
+            kept = next((x for x in spare if isinstance(x, AlertmanagerReceiver) and x.settings == r), None)
+            if kept is not None and alerting.queue_size == self._queue_size:
+                spare.remove(kept)
+                kept.valid_for = valid_for  # read when each batch is sent
+                out.append(kept)
+            else:
+                out.append(AlertmanagerReceiver(r, hooks.outcome, queue_size=alerting.queue_size, valid_for=valid_for,
+                                                generator_url=hooks.generator_url))  # fmt: skip
+        for w in alerting.webhooks:
+            same = next((x for x in spare if isinstance(x, WebhookReceiver) and x.settings == w), None)
+            if same is not None:
+                spare.remove(same)
+                out.append(same)
+            else:
+                out.append(WebhookReceiver(w, hooks.outcome, generator_url=hooks.generator_url))
+        for x in out:
+            hooks.watch(x.name)
+        return out
+
+    def apply(self, alerting: AlertingSettings) -> list[Receiver]:
+        """Re-read alerting settings: new receivers start, removed ones stop (each says what it could
+        not deliver) and their series end; the receivers now in force are returned."""
+        assert self._hooks is not None
+        old = self.receivers
+        new = self._plan(alerting)  # may refuse before anything has changed
+        with self._swap:
+            self.receivers, self._queue_size = new, alerting.queue_size
+        for r in new:
+            if r not in old:
+                r.start()
+        for r in old:
+            if r not in new:
+                r.stop()
+                if all(x.name != r.name for x in new):
+                    self._hooks.forget(r.name)
+        return new
 
     def start(self) -> None:
         for r in self.receivers:
@@ -324,5 +396,6 @@ class Notifier:
     def send(self, alerts: list[Alert], now: float) -> None:
         if not alerts:
             return
-        for r in self.receivers:
-            r.submit(alerts, now)
+        with self._swap:
+            for r in self.receivers:
+                r.submit(alerts, now)

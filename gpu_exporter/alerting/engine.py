@@ -116,6 +116,10 @@ class _Now:
     wall: float
 
 
+# The rules that average over a window of samples the engine keeps.
+WINDOWED = ("GpuUnderutilized", "GpuIdle", "GpuLowSmActivity")
+
+
 class RuleEngine:
     def __init__(
         self,
@@ -135,7 +139,7 @@ class RuleEngine:
         self.node = node
         self.resend_interval = resend_interval
         self.resolved_retention = resolved_retention
-        horizon = max(rules.GpuUnderutilized.window, rules.GpuIdle.window, rules.GpuLowSmActivity.window)
+        horizon = max(getattr(rules, name).window for name in WINDOWED)
         self._horizon = horizon
         # The samples a GPU's windows will hold, set aside when the GPU is first seen: memory stays
         # flat while the windows fill (for an hour, by default) instead of growing every poll.
@@ -144,6 +148,24 @@ class RuleEngine:
         self._active: dict[Identity, _Tracked] = {}  # pending and firing, by identity
         self._resolved: dict[Labels, _Tracked] = {}  # resolved, re-sent for the retention, by label set
         self._lock = threading.Lock()
+
+    def apply(self, rules: RulesSettings, *, resend_interval: float, resolved_retention: float) -> list[str]:
+        """Re-read rules and intervals, in force from the next evaluation.  A window longer than the
+        engine keeps samples for (the longest it started with) keeps its running length, since it
+        would silently average over less than it says; the settings so pinned are returned, named as
+        in the config file."""
+        pinned = []
+        for name in WINDOWED:
+            rule = getattr(rules, name)
+            if rule.window > self._horizon:
+                kept = rule.model_copy(update={"window": getattr(self.rules, name).window})
+                rules = rules.model_copy(update={name: kept})
+                pinned.append(f"rules.{name}.window")
+        with self._lock:
+            self.rules = rules
+            self.resend_interval = resend_interval
+            self.resolved_retention = resolved_retention
+        return pinned
 
     # -- evaluation -----------------------------------------------------------------------------
     def checks(self, snapshot: NodeSnapshot) -> list[tuple[GpuReading, Check]]:
