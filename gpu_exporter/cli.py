@@ -10,24 +10,27 @@ import signal
 import sys
 import threading
 import time
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
+from pydantic.fields import FieldInfo
 
 from . import __version__
-from .logs import FORMATS, configure_logging
+from .logs import configure_logging
 from .logs import drain as drain_logs
 from .settings.config import (
     COLLECTORS,
     DCGM_NAMES,
-    DEFAULT_PORT,
+    SETTING_KEYS,
     CollectorSettings,
     ConfigError,
     Settings,
     load_settings,
 )
+from .settings.durations import format_duration, parse_duration
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.gpm import MIN_INTERVAL_S
@@ -38,21 +41,48 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-# flag dest -> Settings field
-_FLAGS = {
-    "web_listen_address": "listen_address",
-    "web_config_file": "web_config_file",
-    "web_max_requests": "web_max_requests",
-    "poll_interval": "poll_interval",
-    "poll_static_refresh_interval": "static_refresh_interval",
-    "poll_gpu_timeout": "gpu_timeout",
-    "profiling_interval": "profiling_interval",
-    "simulate": "simulate",
-    "simulate_gpus": "simulate_gpus",
-    "log_format": "log_format",
-    "log_level": "log_level",
-    "node_name": "node_name",
-}
+
+def flag_key(flag: str) -> str:
+    """A flag's key by the one naming rule, also its dest: ``--poll.gpu-timeout`` is ``poll_gpu_timeout``."""
+    return flag.removeprefix("--").replace(".", "_").replace("-", "_")
+
+
+# The flags that set a top-level setting, with the metavar each shows.  Each is its key by the rule
+# (the dest is the key); its help and default are the field's, so a setting is described once.
+_SETTING_FLAGS = {
+    "--web.listen-address": "HOST:PORT", "--web.config.file": "PATH", "--web.max-requests": "N",
+    "--poll.interval": "DURATION", "--profiling.interval": "DURATION", "--poll.static-refresh-interval": "DURATION",
+    "--poll.gpu-timeout": "DURATION", "--simulate": None, "--simulate.gpus": "N", "--log.format": None,
+    "--log.level": None, "--node.name": "NAME",
+}  # fmt: skip
+# flag dest -> config key: the same name, by the rule
+_FLAGS = {flag_key(flag): flag_key(flag) for flag in _SETTING_FLAGS}
+
+
+def shown_default(field: FieldInfo) -> str:
+    """A field's default as the user would write it: 5s, not 5.0; off, not False."""
+    value = field.default
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if any(getattr(m, "func", None) is parse_duration for m in field.metadata):
+        return format_duration(value)
+    return str(value)
+
+
+def _add_setting_flag(p: argparse.ArgumentParser, flag: str, metavar: str | None) -> None:
+    field = Settings.model_fields[SETTING_KEYS[flag_key(flag)]]
+    # argparse formats help with %: a literal one is doubled.
+    help_text = f"{field.description} (default {shown_default(field)})".replace("%", "%%")
+    kind: dict[str, Any] = {"metavar": metavar}
+    if field.annotation is bool:
+        kind = {"action": "store_const", "const": True, "default": None}
+    elif typing.get_origin(field.annotation) is Literal:
+        kind = {"choices": typing.get_args(field.annotation)}
+    elif field.annotation is int:
+        kind["type"] = int
+    p.add_argument(flag, dest=flag_key(flag), help=help_text, **kind)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,77 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prometheus exporter and alerting daemon for NVIDIA GPUs.",
         epilog="`gpu-exporter report --help`: what the GPUs cost and wasted, from Prometheus. "
         "A flag --a.b-c is the key a_b_c of the --config YAML file and GPU_EXPORTER_A_B_C in the environment "
-        "(--poll.interval: poll_interval: 10s, GPU_EXPORTER_POLL_INTERVAL=10s), but --web.listen-address, "
-        "--poll.static-refresh-interval and --poll.gpu-timeout are listen_address, static_refresh_interval and "
-        "gpu_timeout; flags win over the environment, which wins over the file.",
+        "(--poll.gpu-timeout: poll_gpu_timeout: 10s, GPU_EXPORTER_POLL_GPU_TIMEOUT=10s); a nested key is "
+        "GPU_EXPORTER_A__B (slurm.job_mapping_dir: GPU_EXPORTER_SLURM__JOB_MAPPING_DIR). Flags win over the "
+        "environment, which wins over the file.",
     )
     p.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     p.add_argument("--config", type=Path, help="YAML settings file (or GPU_EXPORTER_CONFIG)")
-    p.add_argument(
-        "--web.listen-address",
-        dest="web_listen_address",
-        metavar="HOST:PORT",
-        help=f"address to serve /metrics on (default :{DEFAULT_PORT})",
-    )
-    p.add_argument(
-        "--web.config.file",
-        dest="web_config_file",
-        metavar="PATH",
-        help="exporter-toolkit web config (TLS, mTLS, basic auth, headers); re-read when it changes",
-    )
-    p.add_argument(
-        "--web.max-requests",
-        dest="web_max_requests",
-        type=int,
-        metavar="N",
-        help="requests served at once; beyond, 503 (default 40)",
-    )
-    p.add_argument(
-        "--poll.interval", dest="poll_interval", metavar="DURATION", help="time between polls, e.g. 5s (default 5s)"
-    )
-    p.add_argument(
-        "--profiling.interval",
-        dest="profiling_interval",
-        metavar="DURATION",
-        help="how often GPM activity and per-process utilization are re-read (default 10s; NVML spends "
-        "~1.2 ms CPU per GPU and MIG instance on them)",
-    )
-    p.add_argument(
-        "--poll.static-refresh-interval",
-        dest="poll_static_refresh_interval",
-        metavar="DURATION",
-        help="time between re-reads of names, limits and link maxima (default 5m)",
-    )
-    p.add_argument(
-        "--poll.gpu-timeout",
-        dest="poll_gpu_timeout",
-        metavar="DURATION",
-        help="how long a poll waits for one GPU before reporting it down (default 10s)",
-    )
-    p.add_argument(
-        "--simulate",
-        action="store_const",
-        const=True,
-        default=None,
-        help="simulate GPUs with realistic workloads instead of reading NVML",
-    )
-    p.add_argument(
-        "--simulate.gpus", dest="simulate_gpus", type=int, metavar="N", help="number of simulated GPUs (default 4)"
-    )
-    p.add_argument(
-        "--log.format",
-        dest="log_format",
-        choices=FORMATS,
-        help="logfmt or json, as Prometheus's exporters; console: readable lines; "
-        "auto (default): json, console when stdout and stderr are terminals",
-    )
-    p.add_argument("--log.level", dest="log_level", choices=["debug", "info", "warning", "error"])
-    p.add_argument(
-        "--node.name",
-        dest="node_name",
-        metavar="NAME",
-        help="the node label on alerts (default: $NODE_NAME, else the hostname)",
-    )
+    for flag, metavar in _SETTING_FLAGS.items():
+        _add_setting_flag(p, flag, metavar)
     p.add_argument(
         "--alerting.alertmanager-url",
         dest="alertmanager_urls",
@@ -182,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags given set, nested as in the config file."""
-    cli: dict[str, Any] = {f: getattr(args, d) for d, f in _FLAGS.items() if getattr(args, d) is not None}
+    cli: dict[str, Any] = {key: v for dest, key in _FLAGS.items() if (v := getattr(args, dest)) is not None}
     if args.slurm_job_mapping_dir is not None:
         cli["slurm"] = {"job_mapping_dir": args.slurm_job_mapping_dir}
     collectors = {n: v for n in COLLECTORS if (v := getattr(args, f"collector_{n}")) is not None}

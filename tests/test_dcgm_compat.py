@@ -181,7 +181,7 @@ def behind_the_chart(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib: Pa
         config["profiling_interval"] = "1s"  # GPM activity within seconds (default 10s)
         config["kubernetes"] = {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
                                 "refresh_interval": "200ms"}  # fmt: skip
-        config.pop("listen_address")
+        config.pop("web_listen_address")
         (tmp / "config.yaml").write_text(yaml.safe_dump(config))
         with (
             run_daemon(s.path, "--config", str(tmp / "config.yaml"), "--poll.interval", "1s") as d,

@@ -464,7 +464,8 @@ def test_a_changed_config_rolls_the_pods() -> None:
         (["--set", "config.kubernetes.pod_attribution=maybe"], "pod_attribution"),
         (["--set", "config.rules.GpuMemoryHigh.warning=1.5"], "warning"),
         # What the chart sets itself.
-        (["--set", "config.listen_address=:9100"], "listen_address"),
+        (["--set", "config.web_listen_address=:9100"], "web_listen_address"),
+        (["--set", "config.listen_address=:9100"], "listen_address"),  # its old name
     ],
 )
 def test_the_schema_refuses_a_bad_value_naming_it(args: list[str], named: str) -> None:
@@ -479,6 +480,17 @@ def test_the_schema_accepts_what_the_daemon_accepts() -> None:
         template("--set", f"config.poll_interval={value}")
     template("--set", "config.alerting.webhooks[0].url_file=/etc/gpu-exporter/secrets/hook/url")
     template("--set", "config.rules.GpuXidError.codes={48,79}", "--set", "config.collectors.profiling=false")
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("keys", [("poll_gpu_timeout", "poll_static_refresh_interval"),
+                                  ("gpu_timeout", "static_refresh_interval")])  # fmt: skip
+def test_a_renamed_setting_passes_under_its_name_and_its_old_one(keys: tuple[str, str], tmp_path: Path) -> None:
+    """Values files written before the rename still install, and the daemon reads what they set."""
+    docs = template("--set", f"config.{keys[0]}=5s", "--set", f"config.{keys[1]}=10m")
+    (tmp_path / "config.yaml").write_text(config_of(docs)[1])
+    settings = load_settings(None, tmp_path / "config.yaml")
+    assert (settings.gpu_timeout, settings.static_refresh_interval) == (5.0, 600.0)
 
 
 def test_alertmanagerconfig_without_a_webhook_says_what_is_missing() -> None:

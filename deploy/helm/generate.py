@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from pydantic import BaseModel  # noqa: E402
 
 from alerts.render_prometheusrule import RULE_FILES  # noqa: E402
-from gpu_exporter.settings.config import Settings  # noqa: E402
+from gpu_exporter.settings.config import OLD_KEYS, Settings, key_names  # noqa: E402
 from gpu_exporter.settings.durations import parse_duration  # noqa: E402
 
 CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
@@ -43,9 +43,9 @@ COMPAT_RULES = ROOT / "alerts" / "dcgm-compat.rules.yml"
 SCHEMA = CHART / "values.schema.json"
 # The daemon's duration strings (gpu_exporter/settings/durations.py); a leading "-" does not match.
 DURATION = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d|w)?\s*$"
-# Settings the chart sets itself (listen_address from `port`, web_config_file from `webConfig`,
+# Settings the chart sets itself (web_listen_address from `port`, web_config_file from `webConfig`,
 # node_name from the node each pod runs on), or that the daemon does not read.
-CHART_OWNED = ("listen_address", "web_config_file", "node_name", "simulate", "simulate_gpus", "report")
+CHART_OWNED = ("web_listen_address", "web_config_file", "node_name", "simulate", "simulate_gpus", "report")
 # Secrets written into the config file would land in a ConfigMap: only their *_file forms are allowed.
 INLINE_SECRETS = ("bearer_token", "basic_auth_password")
 NOISE = ("title", "ge", "le", "writeOnly")
@@ -116,7 +116,7 @@ def config_definitions() -> dict[str, Any]:
         definition = defs["config" if model is Settings else f"config.{name}"]
         props = definition["properties"]
         for field_name, field in model.model_fields.items():
-            key = field.alias or field_name
+            key = key_names(field_name, field)[0]
             if key in props and is_duration(field):
                 number = {k: v for k, v in props[key].items() if k in ("exclusiveMinimum", "minimum", "maximum")}
                 described = {k: v for k, v in props[key].items() if k in ("description", "default")}
@@ -132,6 +132,10 @@ def config_definitions() -> dict[str, Any]:
     root = defs["config"]
     for key in CHART_OWNED:
         root["properties"].pop(key)
+    # A renamed setting's old key is still read, so a values file written for it must still pass.
+    for old, key in OLD_KEYS.items():
+        if key in root["properties"]:
+            root["properties"][old] = {**root["properties"][key], "description": f"the old name of {key}, still read"}
     root["description"] = "the exporter's config file (README, Configuration), less what the chart sets"
     root["additionalProperties"] = False
     # Definitions only the left-out settings used (report's) go too.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -25,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -184,29 +186,53 @@ COLLECTORS = tuple(CollectorSettings.model_fields)
 RULES_NEEDING = {"GpuIdle": Collector.PROCESSES, "GpuUnderutilized": Collector.PROCESSES}
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
-    )
+def _renamed(key: str, old: str) -> AliasChoices:
+    """A setting read under ``key``, its name by the rule, and ``old``, the name it had before."""
+    return AliasChoices(key, old)
 
-    listen_address: str = Field(f":{DEFAULT_PORT}", description="HOST:PORT to serve /metrics on")
-    web_config_file: Path | None = Field(None, description="exporter-toolkit web config: TLS, basic auth")
-    web_max_requests: int = Field(40, ge=1, le=10_000, description="requests served at once; more get 503")
-    poll_interval: Duration = Field(5.0, gt=0, le=3600, description="seconds between polls of the GPUs")
-    static_refresh_interval: Duration = Field(300.0, gt=0, description="seconds between re-reads of static facts")
-    gpu_timeout: Duration = Field(10.0, gt=0, le=600, description="seconds a poll waits for one GPU")
+
+class Settings(BaseSettings):
+    # env_prefix_target "all": a key given as an alias is read as GPU_EXPORTER_<KEY> too, never as
+    # a bare <KEY> (pydantic-settings' default, which would read any LISTEN_ADDRESS of the host).
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_prefix_target="all", env_nested_delimiter="__", extra="forbid",
+        validate_default=True,
+    )  # fmt: skip
+
+    # The key is the flag's (--web.listen-address, web_listen_address); the attribute keeps its
+    # old name, which is still read as a key (and variable) so that no file written for it breaks.
+    listen_address: str = Field(
+        f":{DEFAULT_PORT}", validation_alias=_renamed("web_listen_address", "listen_address"),
+        description="address to serve /metrics on",
+    )  # fmt: skip
+    web_config_file: Path | None = Field(
+        None, description="exporter-toolkit web config (TLS, mTLS, basic auth, headers); re-read when it changes"
+    )
+    web_max_requests: int = Field(40, ge=1, le=10_000, description="requests served at once; beyond, 503")
+    poll_interval: Duration = Field(5.0, gt=0, le=3600, description="time between polls of the GPUs")
+    static_refresh_interval: Duration = Field(
+        300.0, gt=0, validation_alias=_renamed("poll_static_refresh_interval", "static_refresh_interval"),
+        description="time between re-reads of names, limits, link maxima and unsupported queries",
+    )  # fmt: skip
+    gpu_timeout: Duration = Field(
+        10.0, gt=0, le=600, validation_alias=_renamed("poll_gpu_timeout", "gpu_timeout"),
+        description="how long a poll waits for one GPU before reporting it down",
+    )  # fmt: skip
     profiling_interval: Duration = Field(
         10.0,
         ge=0.1,
         le=3600,
-        description="how often GPM activity and per-process utilization are re-read (the driver spends about "
-        "1.2 ms of CPU per GPU or MIG instance on GPM, 2 ms per GPU on process utilization)",
+        description="how often GPM activity and per-process utilization are re-read; the driver spends about "
+        "1.2 ms of CPU per GPU or MIG instance on GPM, 2 ms per GPU on process utilization",
     )
-    simulate: bool = Field(False, description="simulate GPUs instead of reading NVML")
-    simulate_gpus: int = Field(4, ge=1, le=1024, description="how many GPUs --simulate makes")
-    log_format: Literal["auto", "logfmt", "json", "console"] = "auto"  # gpu_exporter.logs.FORMATS
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    node_name: str | None = Field(None, description="the node label on alerts (default: $NODE_NAME, else the hostname)")
+    simulate: bool = Field(False, description="simulate GPUs with realistic workloads instead of reading NVML")
+    simulate_gpus: int = Field(4, ge=1, le=1024, description="number of simulated GPUs")
+    log_format: Literal["auto", "logfmt", "json", "console"] = Field(  # gpu_exporter.logs.FORMATS
+        "auto", description="logfmt or json, as Prometheus's exporters; console: readable lines; "
+        "auto: json, console when stdout and stderr are terminals",
+    )  # fmt: skip
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the least severe level logged")
+    node_name: str | None = Field(None, description="the node label on alerts; if none, $NODE_NAME, else the hostname")
     process_top_n: int = Field(20, ge=0, description="process series per GPU, the biggest first (0: all)")
     kubernetes: KubernetesSettings = KubernetesSettings()
     slurm: SlurmSettings = SlurmSettings()
@@ -225,6 +251,77 @@ class Settings(BaseSettings):
         return v
 
 
+def key_names(field_name: str, field: FieldInfo) -> list[str]:
+    """The keys a setting is read under: its key by the naming rule first, then any old one."""
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [c for c in alias.choices if isinstance(c, str)]
+    return [alias if isinstance(alias, str) else field.alias or field_name]
+
+
+# Each top-level key -> the attribute it sets; and each old key, still read, -> the key of today.
+SETTING_KEYS = {key_names(name, f)[0]: name for name, f in Settings.model_fields.items()}
+OLD_KEYS = {old: key_names(name, f)[0] for name, f in Settings.model_fields.items() for old in key_names(name, f)[1:]}
+
+
+def _variables() -> dict[str, str]:
+    """The key each GPU_EXPORTER_* variable names -> the variable, as the environment spells it
+    (pydantic-settings reads the names in any case)."""
+    return {name.upper().removeprefix(ENV_PREFIX).lower(): name for name in os.environ if
+            name.upper().startswith(ENV_PREFIX)}  # fmt: skip
+
+
+def _one_spelling(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` with each old key under the key of today; a setting given under both is refused,
+    as neither can be known to be the one meant."""
+    out = dict(data)
+    for old, key in OLD_KEYS.items():
+        if old not in out:
+            continue
+        if key in out:
+            raise ConfigError(f"{where} sets both {key!r} and {old!r}, one setting under its name and its old "
+                              f"name: keep {key!r}")  # fmt: skip
+        out[key] = out.pop(old)
+    return out
+
+
+def _one_variable(variables: dict[str, str]) -> None:
+    """Refuses a setting whose variable is set under its name and its old name, as _one_spelling a key."""
+    for old, key in OLD_KEYS.items():
+        if old in variables and key in variables:
+            raise ConfigError(f"both {variables[key]} and {variables[old]} are set, one setting under its name "
+                              f"and its old name: keep {variables[key]}")  # fmt: skip
+
+
+def _spelled(sources: list[dict[str, Any]]) -> dict[str, str]:
+    """For each renamed setting given, the key as the source that wins (the first) spells it: the
+    name a message about its value must use, the one the user will look for."""
+    out: dict[str, str] = {}
+    for old, key in OLD_KEYS.items():
+        for given in sources:
+            if key in given or old in given:
+                out[key] = key if key in given else old
+                break
+    return out
+
+
+class _OneSpelling(PydanticBaseSettingsSource):
+    """Another source's settings, each old key under the key of today: of two sources that spell a
+    setting differently, the higher must win, not the spelling pydantic tries first.  The
+    environment's source of pydantic-settings 2.13 keeps the key a variable matched
+    (GPU_EXPORTER_GPU_TIMEOUT: gpu_timeout); later ones rename it themselves."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._inner = inner
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._inner.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        return {OLD_KEYS.get(k, k): v for k, v in self._inner().items()}
+
+
 def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
     """Settings from every source.  ``cli`` holds only the flags actually given."""
     file_data: dict[str, Any] | None = None
@@ -233,6 +330,12 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
             file_data = read_mapping(config_file, "config file") or {}
         except YamlFileError as e:
             raise ConfigError(str(e)) from e
+    variables = _variables()
+    spelled = _spelled([cli or {}, dict.fromkeys(variables), file_data or {}])
+    cli = _one_spelling(cli or {}, "the settings given")
+    _one_variable(variables)
+    if file_data is not None:
+        file_data = _one_spelling(file_data, f"config file {config_file}")
     dcgm = _dcgm_environment()
 
     class _Sourced(Settings):
@@ -245,7 +348,7 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+            sources: list[PydanticBaseSettingsSource] = [init_settings, _OneSpelling(settings_cls, env_settings)]
             if dcgm:
                 sources.append(InitSettingsSource(settings_cls, init_kwargs=dcgm))
             if file_data is not None:
@@ -253,9 +356,9 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
             return tuple(sources)
 
     try:
-        settings = _Sourced(**(cli or {}))
+        settings = _Sourced(**cli)
     except ValidationError as e:
-        raise ConfigError(_describe(e, config_file)) from e
+        raise ConfigError(_describe(e, config_file, spelled)) from e
     except SettingsError as e:  # a value in the environment that should be JSON and is not
         raise ConfigError(_describe_env(e)) from e
     _check_named_files(settings)
@@ -330,13 +433,17 @@ def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
             return []
         model = field.annotation
     fields = getattr(model, "model_fields", {})
-    return [f.alias or name for name, f in fields.items()]
+    return [key_names(name, f)[0] for name, f in fields.items()]
 
 
-def _describe(e: ValidationError, config_file: Path | None) -> str:
+def _describe(e: ValidationError, config_file: Path | None, spelled: dict[str, str] | None = None) -> str:
+    """One line per error, naming the setting as the user wrote it (``spelled``: an old key)."""
     lines = []
     for err in e.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "settings"
+        loc = tuple(err["loc"])
+        if loc and spelled and loc[0] in spelled:
+            loc = (spelled[loc[0]], *loc[1:])
+        key = ".".join(str(p) for p in loc) or "settings"
         if err["type"] == "extra_forbidden":
             where = f" in {config_file}" if config_file else ""
             known = ", ".join(_known_keys(tuple(err["loc"])))
@@ -344,11 +451,12 @@ def _describe(e: ValidationError, config_file: Path | None) -> str:
             continue
         # A secret is never quoted, nor a URL's password, path or query (see gpu_exporter.settings.redaction).
         value = err.get("input")
-        secret = any(is_secret_key(part) for part in err["loc"])
+        secret = any(is_secret_key(str(part)) for part in loc)
         value = redacted(value, "password" if secret else None)
         msg = redact_text(err["msg"].removeprefix("Value error, "))
-        env = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
-        dcgm = DCGM_NAMES.get(tuple(str(p) for p in err["loc"]))
+        env = ENV_PREFIX + "__".join(str(p) for p in loc).upper()
+        dcgm = DCGM_NAMES.get(tuple(str(p) for p in loc))
         env = f"{env}, {dcgm[0]}, {dcgm[1]}" if dcgm else env
-        lines.append(f"invalid {key} (flag, {env} or config key {key!r}) = {short(value)}: {msg}")
+        now = f"the old name of {OLD_KEYS[str(loc[0])]}; " if loc and loc[0] in OLD_KEYS else ""
+        lines.append(f"invalid {key} ({now}flag, {env} or config key {key!r}) = {short(value)}: {msg}")
     return clip("; ".join(lines))

@@ -19,3 +19,13 @@ def parse_duration(v: Any) -> Any:
             raise ValueError(f"{v!r} is not a duration; write seconds (e.g. 5) or a string like 500ms, 15s, 5m, 1h, 7d")
         return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     return v
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as a person would write it: the largest unit that holds it whole (300 -> ``5m``,
+    0.5 -> ``500ms``), so that a default shown in help reads as the value one would type."""
+    for unit in ("w", "d", "h", "m", "s", "ms"):
+        count = seconds / _UNIT_SECONDS[unit]
+        if count >= 1 and abs(count - round(count)) < 1e-9:
+            return f"{round(count)}{unit}"
+    return f"{seconds:g}s"

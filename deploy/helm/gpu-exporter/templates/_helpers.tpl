@@ -53,7 +53,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* The config file as the daemon reads it: `config`, with the listen address from `port`. */}}
 {{- define "gpu-exporter.configFile" -}}
 {{- $config := deepCopy .Values.config -}}
-{{- $_ := set $config "listen_address" (printf ":%d" (int .Values.port)) -}}
+{{- $_ := set $config "web_listen_address" (printf ":%d" (int .Values.port)) -}}
 {{- toYaml $config -}}
 {{- end -}}
 
