@@ -22,7 +22,7 @@ from .serving.accounting_metrics import AccountingCollector
 from .serving.exposition import Exposition
 from .serving.metrics import AlertsCollector, SelfMetrics, SnapshotCollector
 from .serving.pages import pages
-from .settings.config import Settings
+from .settings.config import SETTING_KEYS, Settings
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.schedule import PollSchedule
@@ -179,9 +179,10 @@ class Daemon:
         self.settings = running.model_copy(
             update={"rules": self.engine.rules, "alerting": new.alerting, "web_config_file": new.web_config_file}
         )
+        keys = {name: key for key, name in SETTING_KEYS.items()}  # named as the user writes it
         for name in type(running).model_fields:
             if name not in RELOADABLE and getattr(running, name) != getattr(new, name):
-                log.warning("setting_needs_restart", setting=name, running=str(getattr(running, name)),
+                log.warning("setting_needs_restart", setting=keys.get(name, name), running=str(getattr(running, name)),
                             configured=str(getattr(new, name)))  # fmt: skip
         for name in pinned:
             log.warning("setting_needs_restart", setting=name, reason="longer than the windows the daemon started with")
