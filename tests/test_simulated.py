@@ -441,3 +441,11 @@ def test_the_mig_gpu_is_split_into_instances_that_add_up(day: Day) -> None:
         assert busy.activity is not None and busy.activity.sm is not None and busy.activity.sm > 0.5
         assert empty.processes == () and empty.activity is not None and empty.activity.sm == 0
     assert len({r.migs[0].memory_used_bytes for r in day["mig"]}) > 10, "the instances' memory moves"
+
+
+def test_the_default_number_of_simulated_gpus_shows_every_workload() -> None:
+    """``gpu-exporter --simulate`` alone has a MIG GPU and a lost one: no empty dashboard panel."""
+    from gpu_exporter.settings.config import Settings
+
+    n = Settings.model_fields["simulate_gpus"].default
+    assert {SimulatedBackend(n).profile(i) for i in range(n)} == set(PROFILES)

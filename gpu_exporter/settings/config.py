@@ -226,7 +226,9 @@ class Settings(BaseSettings):
         "1.2 ms of CPU per GPU or MIG instance on GPM, 2 ms per GPU on process utilization",
     )
     simulate: bool = Field(False, description="simulate GPUs with realistic workloads instead of reading NVML")
-    simulate_gpus: int = Field(4, ge=1, le=1024, description="number of simulated GPUs")
+    # One GPU of each simulated profile (sources.simulated.PROFILES), MIG and a lost GPU among them,
+    # so that a first run fills every panel of the dashboards.
+    simulate_gpus: int = Field(7, ge=1, le=1024, description="number of simulated GPUs, one of each workload from 7")
     log_format: Literal["auto", "logfmt", "json", "console"] = Field(  # gpu_exporter.logs.FORMATS
         "auto", description="logfmt or json, as Prometheus's exporters; console: readable lines; "
         "auto: json, console when stdout and stderr are terminals",
