@@ -207,6 +207,35 @@ _CLOCK_EVENT_COUNTERS_DOC = (
 )
 
 
+@dataclass(frozen=True)
+class ClockEventReason:
+    """One bit of nvmlDeviceGetCurrentClocksEventReasons: a label value of gpu_clock_event_active."""
+
+    bit: int  # nvml.h nvmlClocksEventReason<nvml_name> (some spelled nvmlClocksThrottleReason<nvml_name> there)
+    nvml_name: str
+    # The first driver whose nvml.h defines the bit; an older one never sets it, so the reason has no
+    # series there rather than a 0 it cannot mean (as FieldValue.since).
+    since: tuple[int, ...] = ()
+
+
+# The reasons, by label value, in bit order.  BoardLimit and Reliability are first in the nvml.h of
+# nvidia-ml-py 13.615.71 (its pynvml defines them; 13.610.43's does not), beside the perf-policy
+# counters 77 and 79 (gpu_violation_seconds_total's board_limit and reliability).
+CLOCK_EVENT_REASONS: Mapping[str, ClockEventReason] = {
+    "gpu_idle": ClockEventReason(0x1, "GpuIdle"),
+    "applications_clocks_setting": ClockEventReason(0x2, "ApplicationsClocksSetting"),
+    "sw_power_cap": ClockEventReason(0x4, "SwPowerCap"),
+    "hw_slowdown": ClockEventReason(0x8, "HwSlowdown"),
+    "sync_boost": ClockEventReason(0x10, "SyncBoost"),
+    "sw_thermal": ClockEventReason(0x20, "SwThermalSlowdown"),
+    "hw_thermal": ClockEventReason(0x40, "HwThermalSlowdown"),
+    "hw_power_brake": ClockEventReason(0x80, "HwPowerBrakeSlowdown"),
+    "display_clock_setting": ClockEventReason(0x100, "DisplayClockSetting"),
+    "board_limit": ClockEventReason(0x200, "BoardLimit", since=(615,)),
+    "reliability": ClockEventReason(0x400, "Reliability", since=(615,)),
+}
+
+
 def _per_label(scale: float, ids: Iterable[tuple[int, str]], since: tuple[int, ...] = ()) -> tuple[FieldValue, ...]:
     return tuple(FieldValue(fid, scale, label, since) for fid, label in ids)
 
@@ -271,7 +300,7 @@ _DEFS: tuple[MetricDef, ...] = (
               doc="Every card and driver; in MIG mode the whole GPU's."),
     MetricDef("gpu_clock_event_active", _G, "", "1 while a clock event reason (throttling) is active, per reason.",
               labels=("reason",), value=lambda g: g.clock_event_active.items(), collector=_CLK,
-              doc="nvmlDeviceGetCurrentClocksEventReasons (R535 and newer, the renamed ThrottleReasons); the reasons are the nvml.h nvmlClocksEventReason* bits."),
+              doc="nvmlDeviceGetCurrentClocksEventReasons (R535 and newer, the renamed ThrottleReasons); the reasons are the nvml.h nvmlClocksEventReason* bits: " + ", ".join(CLOCK_EVENT_REASONS) + ".  board_limit and reliability from driver 615 on (the first nvml.h to define them); older drivers have no series for them."),
     MetricDef("gpu_violation_seconds_total", _C, "seconds", "Seconds the GPU's clocks were held below their target since the driver loaded, by policy (power, thermal, sync_boost, board_limit, low_utilization, reliability).",
               labels=("policy",), fields=_per_label(_NS, ((74, "power"), (75, "thermal"), (76, "sync_boost"), (77, "board_limit"),
                                                           (78, "low_utilization"), (79, "reliability"))), collector=_CLK,

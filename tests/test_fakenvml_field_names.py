@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpu_exporter.metric_defs import FIELD_METRICS
+from gpu_exporter.metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
+from gpu_exporter.sources.nvml.reads import Readers
 from tests.fakenvml import Gpu, Scenario
+from tests.fakenvml.values import NVML_CLOCK_EVENT_REASONS
 
 # The builder that writes each labelled field-value metric's keys, by label.
 BUILDERS: dict[str, Callable[..., Gpu]] = {
@@ -45,3 +47,21 @@ def test_the_fake_serves_each_declared_label_at_its_declared_field_id(scenario: 
         }
     finally:
         nvml.nvmlShutdown()
+
+
+# -- clock event reasons: the declaration's bits against NVIDIA's nvml.h ---------------------------
+def test_each_declared_clock_event_reason_is_nvml_h_s_bit_and_every_bit_of_nvml_h_is_declared() -> None:
+    """The declaration's bits (what the poller tests) are the header's (what the fake's scenarios
+    set); a reason nvml.h adds (BoardLimit and Reliability came in 13.615) shows here, not as a
+    throttled GPU that the exporter says is running free."""
+    header = {name: bit for name, bit in NVML_CLOCK_EVENT_REASONS.items() if bit}  # "None" is no reason
+    assert {r.nvml_name: r.bit for r in CLOCK_EVENT_REASONS.values()} == header
+    assert {"BoardLimit", "Reliability", "HwPowerBrakeSlowdown"} <= header.keys()
+
+
+def test_a_driver_before_a_reason_s_nvml_h_has_no_series_for_it() -> None:
+    old = {name for name, _ in Readers(False, False, None, None, driver_version=(580, 82)).clock_event_reasons}
+    new = {name for name, _ in Readers(False, False, None, None, driver_version=(615, 0)).clock_event_reasons}
+    assert new == set(CLOCK_EVENT_REASONS) and new - old == {"board_limit", "reliability"}
+    unknown = {name for name, _ in Readers(False, False, None, None).clock_event_reasons}  # version unknown
+    assert unknown == old

@@ -8,6 +8,7 @@ from itertools import pairwise
 
 import pytest
 
+from gpu_exporter.metric_defs import CLOCK_EVENT_REASONS
 from gpu_exporter.snapshot import GpuReading
 from gpu_exporter.sources.backend import GpuLost
 from gpu_exporter.sources.simulated import (
@@ -21,7 +22,9 @@ from gpu_exporter.sources.simulated import (
 
 DAY = 86400
 STEP = 30
-REASONS = {"gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+# Every reason the simulated driver (580.82) knows, as a real driver reports each of its bits: all
+# those declared but the two that came with driver 615.
+REASONS = set(CLOCK_EVENT_REASONS) - {"board_limit", "reliability"}
 Day = dict[str, list[GpuReading]]
 
 

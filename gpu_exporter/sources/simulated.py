@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..metric_defs import FIELD_METRICS
+from ..metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
 from ..snapshot import (
     Activity,
     GpuReading,
@@ -68,7 +68,8 @@ XID_LEAD_SECONDS = 10.0
 _MIB = 1024**2
 _NVLINK_BYTES_PER_SECOND = 25e9  # one H100 NVLink4 link, one direction: 900 GB/s over 18 links, both ways
 _AMBIENT_CELSIUS = 28.0
-_CLOCK_EVENT_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+# Every declared reason the simulated driver's nvml.h defines, as a real driver reports each bit it knows.
+_CLOCK_EVENT_REASONS = tuple(name for name, r in CLOCK_EVENT_REASONS.items() if r.since <= _DRIVER)
 # The time counters NVML keeps as field values (the metrics declared with ``fields``, in seconds) run
 # while a clock event reason is active: a clock event reason counter while its own reason is (the
 # labels are the reasons' names), a perf-policy counter while the reason of its policy is.  A label

@@ -3,10 +3,14 @@ the names and limits the builders check against (``scenario.py`` builds files fr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal, Self
 
+from gpu_exporter.metric_defs import CLOCK_EVENT_REASONS as DECLARED_REASONS
 from gpu_exporter.metric_defs import METRICS
+
+from .build import nvml_header
 
 NVML_ERRORS = frozenset(
     {
@@ -39,18 +43,24 @@ NVML_ERRORS = frozenset(
     }
 )
 
-# nvmlClocksEventReason* bits, by the names the exporter's metric uses.
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-    "display_clock_setting": 0x100,
-}
+
+def _header_reasons() -> dict[str, int]:
+    """nvml.h's clock event reason bits by their names there (GpuIdle, ...): NVIDIA's header, not the
+    exporter's declaration, so that a bit declared wrongly there shows as a scenario that disagrees.
+    nvml.h 13.x spells some nvmlClocksThrottleReason* (deprecated aliases of the others)."""
+    text = nvml_header().read_text(encoding="utf-8", errors="replace")
+    out: dict[str, int] = {}
+    for prefix, name, value in re.findall(r"#define nvmlClocks(Event|Throttle)Reason(\w+)\s+(0x[0-9A-Fa-f]+)LL", text):
+        if prefix == "Event" or name not in out:
+            out[name] = int(value, 16)
+    return out
+
+
+# nvml.h's bits, by NVIDIA's names; and by the label values the exporter declares for them (the
+# names are the declaration's, the bits the header's).
+NVML_CLOCK_EVENT_REASONS = _header_reasons()
+CLOCK_EVENT_REASONS = {label: NVML_CLOCK_EVENT_REASONS[r.nvml_name] for label, r in DECLARED_REASONS.items()}
+
 
 EVENT_XID_CRITICAL = 0x8
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")

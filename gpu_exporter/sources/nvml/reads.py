@@ -14,7 +14,7 @@ from typing import Any
 
 import pynvml
 
-from ...metric_defs import FIELD_METRICS
+from ...metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
 from ...snapshot import GpuReading, GpuStatic, NvLinkReading
 from .device import Device
 from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_PCIE_TX, read_fields
@@ -23,17 +23,6 @@ from .processes import ProcessReader
 from .profiling import GpmReader
 from .static import CLOCKS, NVLINK_STATE
 
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-    "display_clock_setting": 0x100,
-}
 # nvml.h: a fan's speed "may exceed 100% in certain cases"; 255 (0xFF) is no reading.
 FAN_MAX_PERCENT = 200
 
@@ -50,6 +39,11 @@ class Readers:
     # declared field values (metric_defs.FieldValue) a poll asks for.
     disabled: frozenset[str] = frozenset()
     driver_version: tuple[int, ...] = ()
+
+    @cached_property
+    def clock_event_reasons(self) -> tuple[tuple[str, int], ...]:
+        """(label value, bit) of each declared clock event reason the driver's nvml.h defines."""
+        return tuple((name, r.bit) for name, r in CLOCK_EVENT_REASONS.items() if self.driver_version >= r.since)
 
     @cached_property
     def fields(self) -> tuple[tuple[str, int, float, str], ...]:
@@ -152,7 +146,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
             }
         ),
         clock_event_active=MappingProxyType(
-            {} if reasons is None else {name: bool(reasons & bit) for name, bit in CLOCK_EVENT_REASONS.items()}
+            {} if reasons is None else {name: bool(reasons & bit) for name, bit in readers.clock_event_reasons}
         ),
         # The PCIe byte counters and their rate: the backend's, from dev.pcie_counts (pcie.py).
         pcie_link_generation=gen,
