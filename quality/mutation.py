@@ -90,6 +90,7 @@ TARGETS: dict[str, Target] = {
             "tests/test_webhook_routing.py",
             "tests/test_clock_steps.py",
             "tests/test_holders_everywhere.py",
+            "tests/test_reload_parts.py",
         ),
         daemon_tests=(
             "tests/test_exporter_once.py",
@@ -119,6 +120,7 @@ TARGETS: dict[str, Target] = {
                 "tests/test_delivery_hostile.py",
                 "tests/test_clock_steps.py",
                 "tests/test_secrets.py",
+                "tests/test_reload_parts.py",
             )
         ),
         daemon_tests=(
@@ -171,7 +173,12 @@ TARGETS: dict[str, Target] = {
     ),
     "ledger": Target(
         "gpu_exporter/accounting/ledger.py",
-        tests=(*ACCOUNTING_TESTS, "tests/test_exporter_metrics.py", "tests/test_clock_steps.py"),
+        tests=(
+            *ACCOUNTING_TESTS,
+            "tests/test_exporter_metrics.py",
+            "tests/test_clock_steps.py",
+            "tests/test_reload_parts.py",
+        ),
         daemon_tests=("tests/test_cost_once.py",),
     ),
     "peaks": Target("gpu_exporter/accounting/peaks.py", tests=ACCOUNTING_TESTS),
