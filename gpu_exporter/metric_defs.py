@@ -195,6 +195,12 @@ ACTIVITY_METRICS = (
     ("fp16_active", "fp16", f"Fraction of time the FP16 (non-tensor) pipe was active since the previous poll, {_GPM}."),
 )  # fmt: skip
 
+_RECOVERY_DOC = (
+    "Field value 230, driver 565 and newer (NVIDIA's release notes for 565 add it; R550's nvml.h ends at 228), "
+    "the codes of nvml.h's nvmlDeviceGpuRecoveryAction_t (5-7 since nvml.h 13.x).  It "
+    "replaces the deprecated 226 and 227 (NVML_FI_DEV_RESET_STATUS, _DRAIN_AND_RESET_STATUS).  Older drivers, and "
+    "cards that do not report it, have no series.  GpuRecoveryRequired fires on any code but 0 and says what to do."
+)
 _NS = 1e-9  # NVML's time counters are in nanoseconds
 _CLOCK_EVENT_COUNTERS_DOC = (
     "NVML's clock event reason counters, field values 269-271 (nvml.h NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN, "
@@ -308,6 +314,8 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_clock_event_seconds_total", _C, "seconds", "Seconds the GPU's clocks were slowed since the driver loaded, by clock event reason (sw_thermal, hw_thermal, hw_power_brake).",
               labels=("reason",), fields=_per_label(_NS, ((269, "sw_thermal"), (270, "hw_thermal"), (271, "hw_power_brake")), since=(580, 82)),
               collector=_CLK, doc=_CLOCK_EVENT_COUNTERS_DOC),
+    MetricDef("gpu_recovery_action", _G, "", "The recovery the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 reset the GPU, 2 reboot the node, 3 drain peer-to-peer traffic, 4 drain and reset, 5 recover the IMEX domain, 6 reset the PCIe bus, 7 reboot the system.",
+              fields=(FieldValue(230, since=(565,)),), doc=_RECOVERY_DOC),
     MetricDef("gpu_pcie_tx_bytes_per_second", _G, "bytes_per_second", "PCIe transmit throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
               value=lambda g: g.pcie_tx_bytes_per_second, doc=_PCIE_RATE_DOC),
     MetricDef("gpu_pcie_rx_bytes_per_second", _G, "bytes_per_second", "PCIe receive throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",

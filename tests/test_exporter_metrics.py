@@ -42,7 +42,7 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
            tx_bytes=2**40 + 1111, rx_bytes=2**40 + 2222)  # fmt: skip
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
     g.ecc(corrected=5, uncorrected=1).remapped_rows(correctable=3, uncorrectable=1, pending=True, failure=False)
-    g.mig_mode(False)
+    g.mig_mode(False).recovery_action(2)  # the driver asks for a node reboot
     g.gpm_supported().gpm(graphics_util=91, sm_util=62, sm_occupancy=31, any_tensor_util=44, dram_bw_util=27,
                           fp64_util=1, fp32_util=12, fp16_util=3)  # fmt: skip
     g.process_utilization(100)
@@ -83,6 +83,7 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         "gpu_pcie_link_max_width": 16,
         "gpu_pcie_link_max_bytes_per_second": 16e9 * 128 / 130 / 8 * 8,  # Gen4 x8, one direction
         "gpu_pcie_replay_errors_total": 17,
+        "gpu_recovery_action": 2,
         "gpu_row_remap_pending": 1,
         "gpu_row_remap_failure": 0,
     }

@@ -26,6 +26,7 @@ from tests import assert_mentions
 from tests.test_rules import GEN5_X16, GIB, IDLE_CARD, STEP, T0, fast_rules, gpu, snap
 
 LOST = GpuReading(index=0, uuid="GPU-0", up=False, error="GPU is lost")
+RECOVERY = ("gpu_recovery_action", "")  # the driver's verdict, field value 230
 HOT = MappingProxyType({"gpu_idle": False, "hw_thermal": True, "sw_thermal": False})
 SW_HOT = MappingProxyType({"gpu_idle": False, "hw_thermal": False, "sw_thermal": True})
 
@@ -73,6 +74,8 @@ CASES = [
              settings={}, before=(gpu(ecc_errors_total=MappingProxyType({"corrected": 0, "uncorrected": 3})),)),
     RuleCase("GpuRowRemapFailure", "critical", gpu(row_remap_failure=True), clears=gpu(), value=1.0, settings={}),
     RuleCase("GpuRowRemapPending", "warning", gpu(row_remap_pending=True), clears=gpu(), value=1.0, settings={}),
+    RuleCase("GpuRecoveryRequired", "critical", gpu(field_values=MappingProxyType({RECOVERY: 4.0})),
+             clears=gpu(field_values=MappingProxyType({RECOVERY: 0.0})), value=4.0, settings={}),
 ]  # fmt: skip
 IDS = [c.id for c in CASES]
 
@@ -486,6 +489,26 @@ def test_each_level_rule_names_the_tuned_limit_its_value_is_compared_with() -> N
                      ("GpuPcieBottleneck", "warning"): 0.7,
                      ("GpuPcieLinkDegraded", "warning"): 5.0,  # the card's own generation, not a setting
                      ("GpuLost", "critical"): None}  # a state, not a level  # fmt: skip
+
+
+@pytest.mark.parametrize(("code", "says"), [(1, "reset the GPU"), (2, "reboot the node"), (3, "drain peer-to-peer"),
+                                           (4, "then reset the GPU"), (5, "IMEX domain"), (6, "PCIe bus"),
+                                           (7, "reboot the system"), (9, "unknown to this exporter")])  # fmt: skip
+def test_a_recovery_alert_says_what_the_driver_asks_for(code: int, says: str) -> None:
+    engine = RuleEngine(fast_rules(), "n")
+    (a,) = [a for a in engine.evaluate(snap(T0, gpu(field_values=MappingProxyType({RECOVERY: float(code)})))).to_send
+            if a.label_dict["alertname"] == "GpuRecoveryRequired"]  # fmt: skip
+    annotations = dict(a.annotations)
+    assert_mentions(annotations["summary"], "GPU 0", says)
+    assert_mentions(annotations["description"], f"recovery action {code}", "GPU-0", says)
+    assert a.value == code
+
+
+def test_no_recovery_alert_where_the_driver_gives_no_verdict() -> None:
+    """An older driver (no field 230) or a card that does not report it: no alert, and no value."""
+    engine = RuleEngine(fast_rules(), "n")
+    for reading in (gpu(), gpu(field_values=MappingProxyType({RECOVERY: 0.0})), LOST):
+        assert [c for _, c in holding_now(engine, snap(T0, reading)) if c.alertname == "GpuRecoveryRequired"] == []
 
 
 # -- what an alert carries while it goes on ------------------------------------------------------------

@@ -279,11 +279,37 @@ def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> I
                     for_seconds=rule.for_)  # fmt: skip
 
 
+# What the driver's recovery action (gpu_recovery_action, nvml.h nvmlDeviceGpuRecoveryAction_t)
+# asks an operator to do, by code.
+RECOVERY_ACTIONS: dict[int, str] = {
+    1: "reset the GPU (nvidia-smi -r -i <gpu>) once its jobs have stopped",
+    2: "reboot the node",
+    3: "drain peer-to-peer traffic: stop the jobs that use this GPU's NVLink peers",
+    4: "drain the GPU's jobs and peer-to-peer traffic, then reset the GPU",
+    5: "recover the IMEX domain (restart nvidia-imex on the domain's nodes)",
+    6: "reset the GPU's PCIe bus",
+    7: "reboot the system",
+}
+
+
+def recovery_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    code = g.field_values.get(("gpu_recovery_action", "")) if g.up else None
+    action = 0 if code is None else int(code)
+    unknown = f"recovery action {action}, unknown to this exporter: see NVIDIA's XID catalogue"
+    what = RECOVERY_ACTIONS.get(action, unknown)
+    yield Check(
+        "GpuRecoveryRequired", "critical", fire=action > 0, clear=action <= 0,
+        summary=f"{_gpu(g)} needs recovery: {what}",
+        description=f"The driver asks for recovery action {action} on {_gpu(g)} ({g.uuid}): {what}.",
+        value=None if code is None else float(code), for_seconds=cfg.GpuRecoveryRequired.for_,
+    )  # fmt: skip
+
+
 # Every rule; a rule may answer for several severities or label sets of its alert, and the
 # engine drops the answers of alerts that are switched off.
 RULES: tuple[Rule, ...] = (
     underutilized, low_sm_activity, idle, memory_high, pcie_bottleneck, pcie_link_degraded, lost, xid, thermal,
-    ecc_uncorrectable, row_remap,
+    ecc_uncorrectable, row_remap, recovery_required,
 )  # fmt: skip
 
 

@@ -206,6 +206,7 @@ class RulesSettings(BaseModel):
     GpuEccUncorrectable: EccUncorrectableRule = EccUncorrectableRule()
     GpuRowRemapFailure: InstantRule = InstantRule()
     GpuRowRemapPending: InstantRule = InstantRule()
+    GpuRecoveryRequired: InstantRule = InstantRule()
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,9 @@ RULE_DOCS: dict[str, RuleDoc] = {
         "critical", "uncorrectable ECC errors rose within the last {window}", "a `window` without a new one"),
     "GpuRowRemapFailure": RuleDoc("critical", "a row remap failed", "the flag clears"),
     "GpuRowRemapPending": RuleDoc("warning", "a row remap is pending (reset the GPU)", "the flag clears"),
+    "GpuRecoveryRequired": RuleDoc(
+        "critical", "the driver asks for a recovery action (`gpu_recovery_action` above 0, driver 565+); the summary "
+        "says which: reset the GPU, reboot, drain", "the action is 0"),
 }  # fmt: skip
 
 

@@ -344,6 +344,12 @@ class _SimulatedGpu:
             return {}
         return {XID_BEFORE_LOSS: int((t - first) // LOST_PERIOD_SECONDS) + 1}
 
+    def recovery_action(self, t: float) -> float:
+        """The driver's recovery action at ``t``: the "lost" GPU asks for a reset (1) between its XID
+        and its fall, as XID 119 does on a real one; 0 otherwise."""
+        start = LOST_WINDOW_SECONDS[0]
+        return 1.0 if self.profile == "lost" and start - XID_LEAD_SECONDS <= t % LOST_PERIOD_SECONDS < start else 0.0
+
     def lost_at(self, t: float) -> bool:
         start, end = LOST_WINDOW_SECONDS
         return self.profile == "lost" and start <= t % LOST_PERIOD_SECONDS < end
@@ -440,7 +446,9 @@ class _SimulatedGpu:
                 self._nvlink_rx[link] += link_rx * dt
             for name, label, reason in TIME_COUNTERS:
                 self._held_back[name, label] += dt if events.get(reason) else 0.0
-            field_values = MappingProxyType(dict(self._held_back))
+            field_values = MappingProxyType(
+                {**self._held_back, ("gpu_recovery_action", ""): self.recovery_action(elapsed)}
+            )
             energy, pcie_tx_total, pcie_rx_total = self._energy_joules, int(self._pcie_tx), int(self._pcie_rx)
             nvlinks = tuple(
                 NvLinkReading(link, True, int(self._nvlink_tx[link]), int(self._nvlink_rx[link]))

@@ -129,6 +129,7 @@ enum {
     K_PCIE_WIDTH,
     K_PCIE_MAX_WIDTH,
     K_PCIE_REPLAY,
+    K_RECOVERY_ACTION, /* field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230): nvmlDeviceGpuRecoveryAction_t */
     K_PCIE_COUNTER_BITS,
     /* NVLink */
     K_NVLINK_COUNT,
@@ -262,6 +263,7 @@ static void init_keys(void)
     def_key(K_PCIE_WIDTH, KT_NUM, SCOPE_GPU, "pcie.width");
     def_key(K_PCIE_MAX_WIDTH, KT_NUM, SCOPE_GPU, "pcie.max_width");
     def_key(K_PCIE_REPLAY, KT_NUM, SCOPE_GPU, "pcie.replay");
+    def_key(K_RECOVERY_ACTION, KT_NUM, SCOPE_GPU, "recovery_action");
     def_key(K_PCIE_COUNTER_BITS, KT_NUM, SCOPE_GPU, "pcie.counter_bits");
     def_key(K_NVLINK_COUNT, KT_NUM, SCOPE_GPU, "nvlink.count");
     def_key(K_NVLINK_BEYOND, KT_NUM, SCOPE_GPU, "nvlink.beyond");
@@ -2019,6 +2021,13 @@ static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now
         break;
     case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
         k = K_PCIE_REPLAY;
+        break;
+    /* The driver's verdict (nvml.h: "GPU Recovery action. See nvmlDeviceGpuRecoveryAction_t"), new in
+     * driver 565 (NVIDIA's release notes, as k8s-device-plugin #1241 quotes them): R550's NVML_FI_MAX
+     * (228) is below it, so that profile answers it as an unknown id.  An enum: an unsigned int. */
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        k = K_RECOVERY_ACTION;
+        type = NVML_VALUE_TYPE_UNSIGNED_INT;
         break;
     case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
     case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: {

@@ -41,6 +41,7 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
         graphics=1980, sm=1980, memory=2619, video=1755, max_graphics=1980, max_sm=1980, max_memory=2619, max_video=1755
     )
     g.pstate(0).clocks_event_reasons()
+    g.recovery_action(0)  # a healthy GPU's verdict, on drivers that have field 230 (565 and newer)
     # The byte counters (NVML_FI_DEV_PCIE_COUNT_*) count at tx_kbps / rx_kbps: the fake derives them.
     g.pcie(
         gen=5,
@@ -73,7 +74,7 @@ def a100_sxm(g: Gpu, tag: str, i: int, *, util: int = 70, mem_used: int = 40 * G
     g.power(90_000 + 3_000 * util, 400_000).energy(Counter(9_000_000, 90_000 + 3_000 * util))
     g.clocks(graphics=1410, sm=1410, memory=1593, video=1275, max_graphics=1410, max_sm=1410, max_memory=1593,
              max_video=1275)  # fmt: skip
-    g.pstate(0).clocks_event_reasons()
+    g.pstate(0).clocks_event_reasons().recovery_action(0)
     g.pcie(gen=4, max_gen=4, width=16, max_width=16, tx_kbps=120_000, rx_kbps=640_000, replay=0)
     g.nvlinks(12)
     for link in range(12):

@@ -168,6 +168,12 @@ class Gpu(Device):
             self.set(f"violation.{k}_ns", v)
         return self
 
+    def recovery_action(self, code: int | Err) -> Gpu:
+        """The driver's recovery action (field value 230, R570 and newer): an nvmlDeviceGpuRecoveryAction_t
+        code, 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ... (nvml.h)."""
+        self.set("recovery_action", code)
+        return self
+
     def clock_event_counters(self, **nanoseconds: int | Counter | Err) -> Gpu:
         """NVML's clock event reason counters (field values 269-271, R580 and newer): nanoseconds the
         clocks were slowed, per reason (sw_thermal, hw_thermal, hw_power_brake)."""
