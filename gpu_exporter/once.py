@@ -212,7 +212,8 @@ def _summary_row(g: GpuReading, state: str) -> list[str]:
         power += f"/{g.power_limit_watts:.0f}"
     return [
         str(g.index), g.static.name, _pct(g.utilization_ratio), mem, "n/a" if temp is None else f"{temp:.0f} C",
-        power if g.power_usage_watts is None else f"{power} W", _link(g), state, held_by(device_holders(g, False)),
+        power if g.power_usage_watts is None else f"{power} W", _link(g),
+        "RESET REQUIRED" if g.reset_required else state, held_by(device_holders(g, False)),
     ]  # fmt: skip
 
 
@@ -245,6 +246,8 @@ def _details(g: GpuReading, cost: CostNow | None = None) -> list[str]:
         lost = [f"GPU {g.index}  {g.uuid or 'uuid unknown'}  NOT ANSWERING: {g.error}"]
         return lost + ([_state_line(state, price, cost.currency)] if cost and state else [])
     lines = [f"GPU {g.index}  {s.name}  {s.uuid}  {s.pci_bus_id}"]
+    if g.reset_required:
+        lines.append("  RESET REQUIRED: the driver answers NVML_ERROR_RESET_REQUIRED and will not use it until reset")
     if cost and state:
         lines.append(_state_line(state, price, cost.currency))
     holders = device_holders(g, False)

@@ -280,6 +280,9 @@ class GpuReading:
     remapped_rows_total: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     row_remap_pending: bool | None = None
     row_remap_failure: bool | None = None
+    # Queries answered NVML_ERROR_RESET_REQUIRED in this poll: the GPU answers (its identity), but the
+    # driver says it must be reset before it can be used again; its other values are then unknown.
+    reset_required: bool = False
     xid_errors_total: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     processes: tuple[ProcessReading, ...] = ()
     migs: tuple[MigReading, ...] = ()

@@ -28,7 +28,7 @@ HEADER = "[system]\ndriver_version = 550.54.15\n"
         ("[gpu 0]\nprocess = compute pid=12\nend\n", 4, "needs pid= and used="),
         ("[gpu 0]\nprocess = daemon pid=12 used=1\nend\n", 4, "must start with 'compute' or 'graphics'"),
         ("[gpu 0]\nxid = seventy-nine\nend\n", 4, "xid"),
-        ("[gpu 0]\nstate = gone\nend\n", 4, "state must be 'ok' or 'lost'"),
+        ("[gpu 0]\nstate = gone\nend\n", 4, "state must be 'ok', 'lost' or 'reset_required'"),
         ("[gpu 0]\nutil.gpu = 90\n", 5, "missing the final 'end' line"),
         ("[gpu 0]\nend\nutil.gpu = 1\n", 5, "text after the 'end' line"),
     ],

@@ -104,12 +104,13 @@ def test_a_declaration_is_all_it_takes_to_render_a_value(monkeypatch: pytest.Mon
 
 
 def test_unsupported_values_render_no_series() -> None:
-    """An empty reading (a card that supports nothing) gives gpu_up and gpu_info only."""
+    """An empty reading (a card that supports nothing) gives gpu_up and gpu_info only, and the two
+    things known of any GPU that answered: its process count, and that no query asked for a reset."""
     static = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b")
     reading = GpuReading(index=0, uuid="GPU-x", up=True, static=static, temperature_celsius=MappingProxyType({}))
     snap = NodeSnapshot(taken_at=0, duration_seconds=0, nvml_up=True, gpus=(reading,))
     with_series = {f.name for f in gpu_families(snap) if f.samples}
-    assert with_series == {"gpu_up", "gpu_info", "gpu_processes"}  # no processes is a count of 0, not unknown
+    assert with_series == {"gpu_up", "gpu_info", "gpu_processes", "gpu_reset_required"}
 
 
 # -- field values: one declaration is the read, the collector gate, the conversion and the slot ------------

@@ -76,6 +76,7 @@ CASES = [
     RuleCase("GpuRowRemapPending", "warning", gpu(row_remap_pending=True), clears=gpu(), value=1.0, settings={}),
     RuleCase("GpuRecoveryRequired", "critical", gpu(field_values=MappingProxyType({RECOVERY: 4.0})),
              clears=gpu(field_values=MappingProxyType({RECOVERY: 0.0})), value=4.0, settings={}),
+    RuleCase("GpuResetRequired", "critical", gpu(reset_required=True), clears=gpu(), value=1.0, settings={}),
 ]  # fmt: skip
 IDS = [c.id for c in CASES]
 

@@ -80,7 +80,7 @@ def is_held(g: GpuReading) -> bool:
 
 
 def classify(g: GpuReading, threshold: float, signal: str = "auto") -> str:
-    if not g.up:
+    if not g.up or g.reset_required:  # one the driver will not use until it is reset: nobody can
         return DOWN
     activity, _ = activity_now(g, signal)
     held = is_held(g)

@@ -305,11 +305,22 @@ def recovery_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettin
     )  # fmt: skip
 
 
+def reset_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    on = g.up and g.reset_required
+    yield Check(
+        "GpuResetRequired", "critical", fire=on, clear=not on,
+        summary=f"{_gpu(g)} must be reset: {RECOVERY_ACTIONS[1]}",
+        description=f"{_gpu(g)} ({g.uuid}) answers its queries with NVML_ERROR_RESET_REQUIRED: the driver will "
+                    f"not use it again until it is reset; {RECOVERY_ACTIONS[1]}.",
+        value=1.0, for_seconds=cfg.GpuResetRequired.for_,
+    )  # fmt: skip
+
+
 # Every rule; a rule may answer for several severities or label sets of its alert, and the
 # engine drops the answers of alerts that are switched off.
 RULES: tuple[Rule, ...] = (
     underutilized, low_sm_activity, idle, memory_high, pcie_bottleneck, pcie_link_degraded, lost, xid, thermal,
-    ecc_uncorrectable, row_remap, recovery_required,
+    ecc_uncorrectable, row_remap, recovery_required, reset_required,
 )  # fmt: skip
 
 

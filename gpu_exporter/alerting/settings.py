@@ -207,6 +207,7 @@ class RulesSettings(BaseModel):
     GpuRowRemapFailure: InstantRule = InstantRule()
     GpuRowRemapPending: InstantRule = InstantRule()
     GpuRecoveryRequired: InstantRule = InstantRule()
+    GpuResetRequired: InstantRule = InstantRule()
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,9 @@ RULE_DOCS: dict[str, RuleDoc] = {
     "GpuRecoveryRequired": RuleDoc(
         "critical", "the driver asks for a recovery action (`gpu_recovery_action` above 0, driver 565+); the summary "
         "says which: reset the GPU, reboot, drain", "the action is 0"),
+    "GpuResetRequired": RuleDoc(
+        "critical", "the GPU answers its queries with NVML_ERROR_RESET_REQUIRED (`gpu_reset_required`)",
+        "it answers them again"),
 }  # fmt: skip
 
 

@@ -634,8 +634,10 @@ static int parse_value(struct parser *p, int k, const char *v, struct slot *sl, 
             sl->base = 0;
         else if (strcmp(v, "lost") == 0)
             sl->base = 1;
+        else if (strcmp(v, "reset_required") == 0)
+            sl->base = 2;
         else
-            return perr(p, "state must be 'ok' or 'lost', not '%s'", v);
+            return perr(p, "state must be 'ok', 'lost' or 'reset_required', not '%s'", v);
         return 0;
     }
     const char *e;
@@ -1226,15 +1228,38 @@ static nvmlReturn_t resolve(nvmlDevice_t h, struct dev **out, struct dev **gpu_o
     return NVML_SUCCESS;
 }
 
+/* A GPU in state reset_required (nvml.h: NVML_ERROR_RESET_REQUIRED, "The GPU requires a reset before
+ * it can be used again") still says who it is: the driver keeps its identity from the probe, as
+ * nvidia-smi lists such a GPU by name and bus id (leptonai/gpud #1133: utilization answered "GPU
+ * requires reset").  Every other device query answers RESET_REQUIRED. */
+static int answers_while_reset_required(const char *fn)
+{
+    static const char *const identity[] = {"nvmlDeviceGetIndex", "device_str", "nvmlDeviceGetPciInfo_v3",
+                                           "nvmlDeviceGetMinorNumber"};
+    for (size_t i = 0; fn && i < sizeof identity / sizeof *identity; i++)
+        if (strcmp(fn, identity[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int reset_required(const struct dev *g)
+{
+    const struct slot *st = &g->s[K_STATE];
+    return st->set && st->base == 2;
+}
+
 /* enter() plus handle resolution and the device's injected latency.  On success the lock is held. */
 static nvmlReturn_t enter_dev_counted(nvmlDevice_t h, struct dev **out, const char *fn)
 {
     nvmlReturn_t r = enter_counted(fn);
     if (r)
         return r;
-    r = resolve(h, out, NULL);
+    struct dev *g = NULL;
+    r = resolve(h, out, &g);
     if (r)
         return leave(r);
+    if (reset_required(g) && !answers_while_reset_required(fn))
+        return leave(NVML_ERROR_RESET_REQUIRED);
     const struct slot *delay = &(*out)->s[K_DELAY_MS];
     if (delay->set && !delay->err && delay->base > 0) {
         double ms = (double)delay->base;
@@ -2839,6 +2864,8 @@ static nvmlReturn_t gpm_support(nvmlDevice_t h, unsigned int *supported)
     nvmlReturn_t r = resolve(h, &d, &g);
     if (r)
         return r;
+    if (reset_required(g))
+        return NVML_ERROR_RESET_REQUIRED;
     return get_uint(g, K_GPM_SUPPORTED, supported);
 }
 

@@ -334,6 +334,14 @@ class Gpu(Device):
     def supported_events(self, mask: int | Err) -> Gpu:
         return self.set("events.supported", mask if isinstance(mask, Err) else f"0x{mask:x}")
 
+    def reset_required(self) -> Gpu:
+        """Answer every query but its identity (name, UUID, serial, PCI, index, minor number) with
+        NVML_ERROR_RESET_REQUIRED, as a GPU the driver will not use until it is reset."""
+        self.values.pop("lost_after_s", None)
+        self.values.pop("lost_until_s", None)
+        self.set("state", "reset_required")
+        return self
+
     def lost(self, after_s: float | None = None, until_s: float | None = None) -> Gpu:
         """Fall off the bus: now, or ``after_s`` seconds after the library first loaded the scenario."""
         self.values.pop("state", None)

@@ -58,6 +58,9 @@ class Device:
         # (gi, MIG uuid) -> (GPU instance profile id, placement start), read once per instance (mig.py).
         self.gpu_instances: dict[tuple[int, str], tuple[int | None, int | None]] = {}
         self.lost = False
+        # A query answered RESET_REQUIRED since the poll began (read_quick clears it): the reading
+        # says so, rather than leaving an unreadable GPU's values out without a word.
+        self.reset_required = False
         self.uuid_seen = ""
         self.errors = errors
 
@@ -91,6 +94,8 @@ class Device:
             if e.value in DRIVER_GONE:
                 self.errors(function, error_name(e.value))
                 raise unavailable(e) from e
+            if e.value == pynvml.NVML_ERROR_RESET_REQUIRED:
+                self.reset_required = True
             if e.value in REMEMBERED:
                 # Not supported, not in this driver, or not allowed: asking again each poll changes
                 # nothing until the next static refresh, so it is said once, under its own reason.

@@ -118,6 +118,7 @@ def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, i
         elif ret == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise dev.lost_on(function)
         else:
+            dev.reset_required |= ret == pynvml.NVML_ERROR_RESET_REQUIRED
             dev.errors(function, error_name(ret))
     if fa.pcie_at:
         _pcie_counts(dev, fa, out)

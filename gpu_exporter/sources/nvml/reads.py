@@ -62,6 +62,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     """Everything but the PCIe throughput, which blocks."""
     N = pynvml
     c = dev.call
+    dev.reset_required = False  # this poll's answers say it anew
     util = c("nvmlDeviceGetUtilizationRates", N.nvmlDeviceGetUtilizationRates)
     enc = c("nvmlDeviceGetEncoderUtilization", N.nvmlDeviceGetEncoderUtilization)
     dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
@@ -160,6 +161,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         row_remap_pending=bool(rows[2]) if rows is not None else None,
         row_remap_failure=bool(rows[3]) if rows is not None else None,
         xid_errors_total=xids,
+        reset_required=dev.reset_required,
         processes=processes,
         migs=read_migs(dev, proc, gpm) if mig_mode else (),
         activity=activity,
