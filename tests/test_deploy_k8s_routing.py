@@ -26,8 +26,9 @@ import yaml
 from tests.alerting_helpers import free_port
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import fake_kubelet, pod
+from tests.fakenvml.presets import h100_sxm
 from tests.prometheus_helpers import prometheus
-from tests.test_alert_rules import EXPECTED, parity_node, rules_of, short_daemon_config, short_rules_file
+from tests.test_alert_rules import EXPECTED, GIB, parity_node, rules_of, short_daemon_config, short_rules_file
 from tests.test_deploy_k8s import EXAMPLES, NAMESPACE, kustomize, one
 
 pytestmark = pytest.mark.integration
@@ -117,8 +118,12 @@ def alerts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
     s = parity_node(tmp / "node.scn")
     s.gpu(5).remapped_rows(failure=True)  # the GPU alerts the parity scenario leaves out
     s.gpu(5).gpm(sm_util=10)  # GPU-Util 95%, SMs mostly idle: GpuLowSmActivity
+    s.driver(580)  # the driver's own verdict (field 230) exists from 565 on
+    s.gpu(4).recovery_action(4)  # GpuRecoveryRequired: drain and reset
+    h100_sxm(s.add_gpu(), "parity", 6, util=95, mem_used=40 * GIB, power_mw=500_000).reset_required()
     s.write()
-    expected = {*EXPECTED, ("GpuRowRemapFailure", "5"), ("GpuLowSmActivity", "5")}
+    expected = {*EXPECTED, ("GpuRowRemapFailure", "5"), ("GpuLowSmActivity", "5"), ("GpuRecoveryRequired", "4"),
+                ("GpuResetRequired", "6")}  # fmt: skip
     cfg = yaml.safe_load(short_daemon_config(tmp / "daemon.yml").read_text())
     with fake_kubelet(tmp) as kubelet:
         # GPU 1 (GpuMemoryHigh, GpuRowRemapPending) and GPU 2 (GpuXidError, GpuThermalThrottling)

@@ -512,6 +512,21 @@ def test_no_recovery_alert_where_the_driver_gives_no_verdict() -> None:
         assert [c for _, c in holding_now(engine, snap(T0, reading)) if c.alertname == "GpuRecoveryRequired"] == []
 
 
+@pytest.mark.parametrize(("code", "fires", "says"), [(79, True, "reboot the node"), (119, True, "reset the GPU"),
+                                                    (48, True, "drain and reset"), (63, False, ""), (13, False, ""),
+                                                    (94, False, "")])  # fmt: skip
+def test_an_xid_alerts_as_nvidia_s_catalogue_says_and_says_what_to_do(code: int, fires: bool, says: str) -> None:
+    """By default GpuXidError follows the catalogue's Immediate Action: 79 (off the bus) is RESTART_BM,
+    119 (GSP RPC timeout) RESET_GPU, 48 (DBE) its own workflow; 63 is IGNORE, 13 and 94 RESTART_APP."""
+    engine = RuleEngine(fast_rules(), "n")
+    engine.evaluate(snap(T0, gpu()))
+    sent = [a for a in engine.evaluate(snap(T0 + STEP, gpu(xid_errors_total=MappingProxyType({code: 1})))).to_send
+            if a.label_dict["alertname"] == "GpuXidError"]  # fmt: skip
+    assert bool(sent) is fires
+    if fires:
+        assert_mentions(dict(sent[0].annotations)["summary"], f"XID {code}", says)
+
+
 # -- what an alert carries while it goes on ------------------------------------------------------------
 def pods_engine(**rules: dict[str, Any]) -> RuleEngine:
     return RuleEngine(fast_rules(**rules), "node-a", resend_interval=15, resolved_retention=900,

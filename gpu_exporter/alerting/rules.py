@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..snapshot import GpuReading, holds_memory, select_activity
 from .settings import RulesSettings
 from .window import IncreaseTracker, SampleWindow
+from .xid_catalogue import advice as xid_advice
 
 THERMAL_REASONS = ("hw_thermal", "sw_thermal")
 
@@ -232,9 +233,9 @@ def xid(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterato
         recent = tracker.increased_within(now, r.window)
         yield Check(
             "GpuXidError", "critical", fire=recent, clear=not recent,
-            summary=f"{_gpu(g)} reported XID {code}",
-            description=f"XID {code} seen (critical XIDs: {', '.join(map(str, r.codes))}); "
-                        f"{g.xid_errors_total.get(code, 0)} since the exporter started.",
+            summary=f"{_gpu(g)} reported XID {code}: {xid_advice(code)}",
+            description=f"XID {code} seen; {g.xid_errors_total.get(code, 0)} since the exporter started.  What "
+                        f"NVIDIA's XID catalogue says to do: {xid_advice(code)}.",
             value=float(code), extra_labels=(("xid", str(code)),), for_seconds=r.for_,
         )  # fmt: skip
 
@@ -293,12 +294,13 @@ RECOVERY_ACTIONS: dict[int, str] = {
 
 
 def recovery_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
-    code = g.field_values.get(("gpu_recovery_action", "")) if g.up else None
+    code = g.field_values.get(("gpu_recovery_action", ""))  # a GPU that does not answer has none
     action = 0 if code is None else int(code)
     unknown = f"recovery action {action}, unknown to this exporter: see NVIDIA's XID catalogue"
     what = RECOVERY_ACTIONS.get(action, unknown)
+    on = action > 0
     yield Check(
-        "GpuRecoveryRequired", "critical", fire=action > 0, clear=action <= 0,
+        "GpuRecoveryRequired", "critical", fire=on, clear=not on,
         summary=f"{_gpu(g)} needs recovery: {what}",
         description=f"The driver asks for recovery action {action} on {_gpu(g)} ({g.uuid}): {what}.",
         value=None if code is None else float(code), for_seconds=cfg.GpuRecoveryRequired.for_,

@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from ..settings.durations import parse_duration
+from .xid_catalogue import operator_xids
 
 DAY = 86_400.0
 # Far beyond any sensible rule window or delivery interval, and far inside what a timestamp can
@@ -175,7 +176,9 @@ class LostRule(_Rule):
 
 class XidRule(_Rule):
     for_: Duration = Field(0.0, alias="for")
-    codes: list[int] = Field(default_factory=lambda: [48, 63, 64, 74, 79, 92, 94, 95])
+    # NVIDIA's XID catalogue (alerting.xid_catalogue): each XID whose Immediate Action needs the
+    # operator (reset, reboot, a workflow, support), not those an application restart or nothing settles.
+    codes: list[int] = Field(default_factory=operator_xids)
     window: Duration = Field(900.0, gt=0, description="an XID keeps the alert firing this long")
 
 

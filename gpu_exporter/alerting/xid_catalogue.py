@@ -193,3 +193,31 @@ def needs_operator(code: int) -> bool:
         # harmless, calling the operator costs a look while staying quiet could hide a failing GPU.
         return True
     return entry.immediate not in _NO_OPERATOR
+
+
+# WORKFLOW_XID_45 is left out of the default alert: the catalogue says 45 also follows ordinary
+# aborts (a Ctrl-C, a kill) and other XIDs, whose own buckets say what to do; alone it means
+# restarting Fabric Manager.  A user who wants it adds 45 to rules.GpuXidError.codes.
+_NOT_BY_DEFAULT = frozenset({45})
+
+
+def operator_xids() -> list[int]:
+    """The XIDs GpuXidError alerts on by default: those whose Immediate Action needs the operator."""
+    return sorted(c for c in CATALOGUE if needs_operator(c) and c not in _NOT_BY_DEFAULT)
+
+
+def advice(code: int) -> str:
+    """What to do for an XID, in a few words, from its Immediate Action bucket."""
+    entry = CATALOGUE.get(code)
+    if entry is None:
+        return "not in NVIDIA's XID catalogue as read: see the driver's message and the catalogue"
+    return ACTION_ADVICE.get(entry.immediate, f"NVIDIA's catalogue says {entry.immediate}")
+
+
+def alert_table() -> str:
+    """docs/troubleshooting.md's table: each XID GpuXidError alerts on by default, and what to do."""
+    rows = ["| XID | mnemonic | NVIDIA's immediate action | what to do |", "|---|---|---|---|"]
+    for code in operator_xids():
+        e = CATALOGUE[code]
+        rows.append(f"| {code} | `{e.mnemonic}` | `{e.immediate}` | {advice(code)} |")
+    return "\n".join(rows) + "\n"
