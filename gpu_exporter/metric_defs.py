@@ -283,7 +283,7 @@ _DEFS: tuple[MetricDef, ...] = (
               doc="Only through nvmlDeviceGetMemoryInfo_v2 (R510 and newer); absent where only v1 answers."),
     MetricDef("gpu_temperature_celsius", _G, "celsius", "Temperature in degrees Celsius, by sensor (gpu die, memory).",
               labels=("sensor",), value=lambda g: g.temperature_celsius.items(),
-              doc="sensor=memory is field value 82 (NVML_FI_DEV_MEMORY_TEMP): HBM cards (A100, H100) have it; GDDR cards (L40S, T4, GeForce) answer NOT_SUPPORTED, as the L4 does (DCGM #311), and have no memory series."),
+              doc="sensor=gpu is nvmlDeviceGetTemperatureV from driver 570 on, the deprecated nvmlDeviceGetTemperature (removed in CUDA 14) before.  sensor=memory is field value 82 (NVML_FI_DEV_MEMORY_TEMP): HBM cards (A100, H100) have it; GDDR cards (L40S, T4, GeForce) answer NOT_SUPPORTED, as the L4 does (DCGM #311), and have no memory series."),
     MetricDef("gpu_temperature_threshold_celsius", _G, "celsius", "Temperature thresholds in degrees Celsius (slowdown, shutdown, gpu_max, mem_max).",
               labels=("threshold",),
               value=lambda g: g.static.temperature_thresholds_celsius.items() if g.static else (),

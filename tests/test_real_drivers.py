@@ -13,6 +13,7 @@ from gpu_exporter.metric_defs import METRICS
 from tests.exporter_helpers import make_poller, samples_of, value
 from tests.fakenvml import Counter, Err, Scenario
 from tests.fakenvml.presets import GIB, a100_sxm, h100_sxm, l40s, t4
+from tests.fakenvml.runtime import call_count
 
 CARDS: tuple[tuple[str, Any, int], ...] = (("A100", a100_sxm, 12), ("H100", h100_sxm, 18), ("L40S", l40s, 0),
                                            ("T4", t4, 0))  # fmt: skip
@@ -189,3 +190,27 @@ def test_the_docs_say_what_ecc_and_power_measure() -> None:
     assert "instantaneous" in power and "1 s average" in power and "A100" in power and "H100" in power
     ecc = METRICS["gpu_ecc_errors_total"].doc
     assert "aggregate" in ecc and "volatile" in ecc
+
+
+@pytest.mark.parametrize(("branch", "versioned"), [(535, False), (550, False), (570, True), (580, True)])
+def test_the_temperature_is_read_through_the_versioned_call_where_the_driver_has_it(
+    scenario: Scenario, nvml: Any, branch: int, versioned: bool
+) -> None:
+    """nvml.h deprecates nvmlDeviceGetTemperature (gone in CUDA 14) for nvmlDeviceGetTemperatureV, new
+    in R570: asked of 570 and later, the old call of older drivers, and neither counted as missing."""
+    scenario.driver(branch)
+    h100_sxm(scenario.add_gpu(), "temp", 0, util=50, mem_used=GIB, power_mw=500_000).temperature(71, memory=80)
+    scenario.write()
+
+    def counts() -> tuple[int, int]:  # a prefix counts every name it starts: the V call and the thresholds too
+        v = call_count("nvmlDeviceGetTemperatureV")
+        return v, call_count("nvmlDeviceGetTemperature") - v - call_count("nvmlDeviceGetTemperatureThreshold")
+
+    before = counts()
+    poller, errors = make_poller()
+    s = samples_of(poller.poll())
+    poller.close()
+    v, old = (n - b for n, b in zip(counts(), before, strict=True))
+    assert (v > 0, old > 0) == (versioned, not versioned)
+    assert value(s, "gpu_temperature_celsius", sensor="gpu") == 71
+    assert {k for k in errors.counts if k[1] == "function_not_found"} == set()

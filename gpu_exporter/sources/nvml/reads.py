@@ -58,6 +58,20 @@ class Readers:
         )
 
 
+# nvml.h deprecates nvmlDeviceGetTemperature ("will be removed in CUDA 14.0") for
+# nvmlDeviceGetTemperatureV, which drivers have from R570 and nvidia-ml-py binds from 12.570.
+TEMPERATURE_V_SINCE = (570,)
+
+
+def _temperature(dev: Device, readers: Readers) -> int | None:
+    """The GPU die's temperature: through the versioned call where the driver and the bindings have
+    it, else the old one (an older driver would answer FUNCTION_NOT_FOUND; its version says so first)."""
+    versioned = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+    if versioned is not None and readers.driver_version >= TEMPERATURE_V_SINCE:
+        return dev.call("nvmlDeviceGetTemperatureV", versioned, pynvml.NVML_TEMPERATURE_GPU)
+    return dev.call("nvmlDeviceGetTemperature", pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU)
+
+
 def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[int, int]) -> GpuReading:
     """Everything but the PCIe throughput, which blocks."""
     N = pynvml
@@ -67,7 +81,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     enc = c("nvmlDeviceGetEncoderUtilization", N.nvmlDeviceGetEncoderUtilization)
     dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
     total, used, free, reserved = _memory(dev)
-    temperature = c("nvmlDeviceGetTemperature", N.nvmlDeviceGetTemperature, N.NVML_TEMPERATURE_GPU)
+    temperature = _temperature(dev, readers)
     fields = read_fields(dev, _wanted_fields(static, readers))
     temps = {"gpu": float(temperature)} if temperature is not None else {}
     if (mt := fields.get((FI_MEMORY_TEMP, 0))) is not None:
