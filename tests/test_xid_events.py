@@ -90,3 +90,24 @@ def test_xid_counts_follow_the_gpu_when_a_restart_renumbers_them(scenario: Scena
     assert value(s, "gpu_xid_errors_total", uuid=UUIDS[1], xid="48") == 1
     assert value(s, "gpu_xid_errors_total", uuid=UUIDS[2], xid="48") is None
     poller.close()
+
+
+def test_a_gpu_that_appears_after_start_has_its_xids_counted(scenario: Scenario, nvml: Any) -> None:
+    """Issue 36: a hot-plugged GPU (or one back after a reset) is watched too, from the recount
+    that finds it, not only from the next restart of NVML."""
+    scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUIDS[0]).utilization(50, 5)
+    scenario.write()
+    poller, _ = make_poller(static_refresh_s=0.0)  # every poll counts the GPUs again
+    try:
+        poller.poll()
+        registered = call_count("nvmlDeviceRegisterEvents")
+        scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUIDS[1]).utilization(50, 5)
+        scenario.write()
+        wait_for(lambda: [g.uuid for g in poller.poll().gpus if g.up] == UUIDS[:2], what="the new GPU polled")
+        # The event set is built again with both GPUs before the new one's XID comes.
+        wait_for(lambda: call_count("nvmlDeviceRegisterEvents") >= registered + 2, what="both GPUs registered")
+        scenario.gpu(1).add_xid(79)
+        scenario.write()
+        wait_for(lambda: xids_by_uuid(poller).get(UUIDS[1]) == {"79": 1}, what="the new GPU's XID 79")
+    finally:
+        poller.close()

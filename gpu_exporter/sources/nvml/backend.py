@@ -90,12 +90,14 @@ class NvmlBackend:
 
     def count(self) -> int | None:
         try:
-            return int(pynvml.nvmlDeviceGetCount())
+            count = int(pynvml.nvmlDeviceGetCount())
         except pynvml.NVMLError as e:
             if e.value in DRIVER_GONE:
                 raise unavailable(e) from e
             self._errors("nvmlDeviceGetCount", error_name(e.value))
             return None
+        self._xids.watch_at_least(count)  # a GPU that appeared since the start is watched too
+        return count
 
     def xid_counts(self, uuid: str) -> Mapping[int, int]:
         return self._xids.counts(uuid)

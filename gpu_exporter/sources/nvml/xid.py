@@ -54,6 +54,17 @@ class XidWatcher:
             self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
             self._thread.start()
 
+    def watch_at_least(self, gpu_count: int) -> None:
+        """More GPUs than the session was started with (hot-plug, one back after a reset): build the
+        event set again with them, so that the new GPU's XIDs are counted too.  The counts stay."""
+        with self._cond:
+            if self._session is None or self._session[1] >= gpu_count:
+                return
+            self._serial += 1
+            self._session = (self._serial, gpu_count)
+            self._cond.notify_all()
+        log.info("xid_events_watching", gpus=gpu_count)
+
     def stop(self) -> None:
         """Stop watching; waits up to two waits for the thread to free its event set before NVML
         shuts down, unless the driver holds it."""
