@@ -7,7 +7,7 @@ from typing import Any
 from gpu_exporter.serving.metrics import RenderOptions, gpu_families
 from tests.exporter_helpers import make_poller, samples_of, value
 from tests.fakenvml import Scenario
-from tests.fakenvml.presets import mig_uuid, preset
+from tests.fakenvml.presets import h100_sxm, mig_uuid, preset
 
 MIB = 1024**2
 GIB = 1024**3
@@ -59,3 +59,27 @@ def test_process_series_are_capped_per_gpu_and_the_count_is_not(scenario: Scenar
     scenario.write()
     after = samples_of(poller.poll())
     assert {dict(ls)["pid"] for (n, ls) in after if n == "gpu_process_memory_used_bytes"} == {"70000", "70001", "70002"}
+
+
+def test_a_mig_mode_switch_shows_in_the_next_poll_not_at_the_static_refresh(scenario: Any, nvml: Any) -> None:
+    """Issue 36: an operator turns MIG on (nvidia-smi -mig 1, then creates instances); the exporter
+    read the mode as a static fact, so for up to five minutes the GPU showed no MIG devices."""
+    g = h100_sxm(scenario.add_gpu(), "switch", 0, util=50, mem_used=2 * GIB, power_mw=300_000)
+    g.mig_mode(False, max_devices=7)
+    scenario.write()
+    poller, _ = make_poller(static_refresh_s=300.0)
+    try:
+        before = poller.poll().gpus[0]
+        assert before.static is not None and before.static.mig_mode == "disabled" and before.migs == ()
+        g.mig_mode(True, max_devices=7)
+        g.add_mig("NVIDIA H100 80GB HBM3 MIG 1g.10gb", mig_uuid("switch", 0, 0), 7, 0).memory(9856 * MIB, GIB)
+        scenario.write()
+        after = poller.poll().gpus[0]
+        assert after.up and after.static is not None and after.static.mig_mode == "enabled"
+        assert [m.uuid for m in after.migs] == [mig_uuid("switch", 0, 0)]
+        g.mig_mode(False, max_devices=7)
+        scenario.write()
+        off = poller.poll().gpus[0]
+        assert off.static is not None and off.static.mig_mode == "disabled" and off.migs == ()
+    finally:
+        poller.close()

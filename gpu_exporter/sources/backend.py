@@ -25,6 +25,10 @@ class GpuLost(Exception):
     """This GPU stopped answering (fell off the bus, or otherwise unreadable)."""
 
 
+class StaticChanged(Exception):
+    """What was read of the GPU as static no longer holds (its MIG mode changed): read it again."""
+
+
 @dataclass(frozen=True, slots=True)
 class SystemInfo:
     driver_version: str | None

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from ..snapshot import GpuReading, GpuStatic, NodeSnapshot
-from .backend import Backend, BackendUnavailable, ErrorSink, GpuLost, SystemInfo
+from .backend import Backend, BackendUnavailable, ErrorSink, GpuLost, StaticChanged, SystemInfo
 
 log = structlog.get_logger(__name__)
 
@@ -198,7 +198,15 @@ class Poller:
                     self._uuids[index] = static.uuid
             else:
                 static = known[0]
-            return self._backend.read_gpu(static)
+            try:
+                return self._backend.read_gpu(static)
+            except StaticChanged:
+                # A MIG mode switched on or off: this poll shows it, not the next static refresh
+                # minutes later (its MIG devices, and the GPU-wide values MIG mode withholds).
+                static = self._backend.read_static(index)
+                if generation == self._generation:
+                    self._statics[index] = (static, self._mono())
+                return self._backend.read_gpu(static)
         except GpuLost as e:
             # Forget the handle: the next poll re-discovers the GPU, so one that returns is picked up.
             self._statics.pop(index, None)

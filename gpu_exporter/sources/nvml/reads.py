@@ -16,6 +16,7 @@ import pynvml
 
 from ...metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
 from ...snapshot import GpuReading, GpuStatic, NvLinkReading
+from ..backend import StaticChanged
 from .device import Device
 from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_PCIE_TX, read_fields
 from .mig import read_migs
@@ -77,6 +78,11 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     N = pynvml
     c = dev.call
     dev.reset_required = False  # this poll's answers say it anew
+    # The MIG mode, read with the static facts, is checked every poll (one cheap call): a switch
+    # shows at once, not at the static refresh minutes later.
+    mig = c("nvmlDeviceGetMigMode", N.nvmlDeviceGetMigMode) if static.mig_mode != "unsupported" else None
+    if mig is not None and ("enabled" if mig[0] else "disabled") != static.mig_mode:
+        raise StaticChanged(f"GPU {static.index}: MIG mode is now {'on' if mig[0] else 'off'}")
     util = c("nvmlDeviceGetUtilizationRates", N.nvmlDeviceGetUtilizationRates)
     enc = c("nvmlDeviceGetEncoderUtilization", N.nvmlDeviceGetEncoderUtilization)
     dec = c("nvmlDeviceGetDecoderUtilization", N.nvmlDeviceGetDecoderUtilization)
