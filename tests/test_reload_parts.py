@@ -82,6 +82,16 @@ def test_the_rule_windows_past_what_the_engine_keeps_are_pinned_and_named() -> N
     assert (engine.resend_interval, engine.resolved_retention) == (120.0, 60.0)
 
 
+def test_a_window_exactly_as_long_as_what_the_engine_keeps_is_taken_as_given() -> None:
+    start = load_settings({}).rules
+    engine = RuleEngine(start, "n", poll_interval=15.0)
+    horizon = max(start.GpuUnderutilized.window, start.GpuIdle.window, start.GpuLowSmActivity.window)
+    assert start.GpuLowSmActivity.window < horizon
+    at_horizon = load_settings({"rules": {"GpuLowSmActivity": {"window": f"{horizon:g}s"}}}).rules
+    assert engine.apply(at_horizon, resend_interval=60.0, resolved_retention=900.0) == []
+    assert engine.rules.GpuLowSmActivity.window == horizon
+
+
 def test_the_books_take_a_new_idle_threshold_and_signal() -> None:
     books = Accountant(threshold=0.1, signal="auto")
     books.retune(0.3, "sm_active")

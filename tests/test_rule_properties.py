@@ -525,6 +525,8 @@ def test_an_xid_alerts_as_nvidia_s_catalogue_says_and_says_what_to_do(code: int,
     assert bool(sent) is fires
     if fires:
         assert_mentions(dict(sent[0].annotations)["summary"], f"XID {code}", says)
+        assert_mentions(dict(sent[0].annotations)["description"], f"XID {code}", "1 since the exporter started",
+                        says)  # fmt: skip
 
 
 # -- what an alert carries while it goes on ------------------------------------------------------------
