@@ -13,10 +13,20 @@ from typing import Any
 
 from gpu_exporter.accounting.states import classify
 from gpu_exporter.once import as_table, findings
+from gpu_exporter.snapshot import NodeSnapshot
 from tests import assert_mentions
-from tests.exporter_helpers import make_poller, samples_of, value
+from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value
 from tests.fakenvml import NOT_SUPPORTED, Err, Scenario
 from tests.fakenvml.presets import h100_sxm
+
+
+def one_poll() -> tuple[NodeSnapshot, ErrorLog]:
+    """One poll of the scenario as written, on a poller of its own."""
+    poller, errors = make_poller()
+    try:
+        return poller.poll(), errors
+    finally:
+        poller.close()
 
 
 def node(scenario: Scenario, branch: int) -> None:
@@ -31,11 +41,7 @@ def test_the_driver_s_recovery_action_is_a_series_and_a_critical_alert_that_says
     scenario: Scenario, nvml: Any
 ) -> None:
     node(scenario, 580)
-    poller, errors = make_poller()
-    try:
-        snap = poller.poll()
-    finally:
-        poller.close()
+    snap, errors = one_poll()
     samples = samples_of(snap)
     assert [value(samples, "gpu_recovery_action", gpu=str(i)) for i in range(4)] == [1.0, 0.0, None, 4.0]
     found = {f.gpu: f for f in findings(snap) if f.alertname == "GpuRecoveryRequired"}
@@ -48,11 +54,7 @@ def test_the_driver_s_recovery_action_is_a_series_and_a_critical_alert_that_says
 
 def test_a_driver_without_field_230_is_not_asked_and_has_no_series(scenario: Scenario, nvml: Any) -> None:
     node(scenario, 550)  # R550's nvml.h ends at 228: the id means nothing there
-    poller, _ = make_poller()
-    try:
-        snap = poller.poll()
-    finally:
-        poller.close()
+    snap, _ = one_poll()
     assert all(("gpu_recovery_action", "") not in g.field_values for g in snap.gpus)
     assert not any(n == "gpu_recovery_action" for n, _ in samples_of(snap))
     assert [f for f in findings(snap) if f.alertname == "GpuRecoveryRequired"] == []
@@ -65,11 +67,7 @@ def test_a_gpu_that_answers_reset_required_is_up_says_so_and_alerts_as_such(scen
         h100_sxm(scenario.add_gpu(), "reset", i, util=90, mem_used=40 * 2**30, power_mw=500_000)
     scenario.gpu(1).reset_required()
     scenario.write()
-    poller, errors = make_poller()
-    try:
-        snap = poller.poll()
-    finally:
-        poller.close()
+    snap, errors = one_poll()
     healthy, broken = snap.gpus
     assert healthy.up and not healthy.reset_required
     assert broken.up and broken.reset_required and broken.uuid and broken.utilization_ratio is None
@@ -87,22 +85,14 @@ def test_a_gpu_that_answers_reset_required_is_up_says_so_and_alerts_as_such(scen
     # Once reset, it answers again and the reading says so.
     scenario.gpu(1).values.pop("state")
     scenario.write()
-    poller, _ = make_poller()
-    try:
-        again = poller.poll()
-    finally:
-        poller.close()
+    again, _ = one_poll()
     assert not again.gpus[1].reset_required and again.gpus[1].utilization_ratio == 0.9
 
 
 def test_the_once_table_shows_a_gpu_that_needs_a_reset_as_such(scenario: Scenario, nvml: Any) -> None:
     h100_sxm(scenario.add_gpu(), "reset", 0, util=90, mem_used=40 * 2**30, power_mw=500_000).reset_required()
     scenario.write()
-    poller, _ = make_poller()
-    try:
-        snap = poller.poll()
-    finally:
-        poller.close()
+    snap, _ = one_poll()
     table = as_table(snap, findings(snap))
     (row,) = [line for line in table.splitlines() if line.strip().startswith("0 ")]
     assert_mentions(row, "NVIDIA H100", "RESET REQUIRED")
