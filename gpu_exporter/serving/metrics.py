@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..alerting.engine import Alert
-from ..metric_defs import COLLECTOR_METRICS, METRICS, SCOPE_LABELS, MetricDef, Scope, gpu_metrics
+from ..metric_defs import COLLECTOR_METRICS, METRICS, MetricDef, Scope, gpu_metrics
 from ..snapshot import (
     UNKNOWN_USER,
     GpuReading,
@@ -31,8 +31,6 @@ from ..snapshot import (
     device_holders,
     pod_holder,
 )
-
-GPU_LABELS = SCOPE_LABELS[Scope.GPU]
 
 
 @dataclass(frozen=True)
