@@ -95,7 +95,11 @@ class Live:
 
 
 def last_sample(query: Any) -> float:
-    (last,) = query("max(timestamp(gpu_state_seconds_total))")
+    """The newest sample of the target that lags most: a scraper appends a target's samples in order,
+    one scrape at a time, so every sample up to here is in the store, however long a scrape on a loaded
+    machine takes. (The newest of all would be one target's: another's scrape begun before it, still
+    in flight, would land inside the range between the report's queries.)"""
+    (last,) = query("min(max by (job, instance, replica) (timestamp(gpu_state_seconds_total)))")
     return float(last["value"][1])
 
 
@@ -121,7 +125,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         started = time.time()
         # A minute and a few seconds more, so that the minute reported lies wholly within the run.
         wait_for(lambda: time.time() - started >= 70, timeout=120, interval=1, what="a minute of history")
-        # The minute ends at the last sample every store has (remote write lags a second or two).
+        # The minute ends before the last sample every target has in every store (remote write lags a
+        # second or two).
         end = math.floor(min(last_sample(two_jobs.query), last_sample(vm.query))) - 2
         yield Live(two_jobs, vm, sim_a, sim_b, end)
 

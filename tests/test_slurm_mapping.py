@@ -227,7 +227,10 @@ def test_files_rewritten_while_the_daemon_reads_them_never_give_a_torn_answer(tm
     contents = (b"4242\n", b"4243\n4244\n")
     (tmp_path / "0").write_bytes(contents[0])
     os.utime(tmp_path / "0", (1.0, 1.0))
-    reader = JobMappingDir(str(tmp_path), settle=1.0)
+    # An hour's settle: a file the writer truncated and then, starved of the GIL on a loaded machine,
+    # left empty for over a second is rightly believed empty with the default; this test is about torn
+    # reads, so no half-written content here may count as settled, however slow the writer.
+    reader = JobMappingDir(str(tmp_path), settle=3600.0)
     assert reader.read() == {(0, None): ("4242",)}
     stop = threading.Event()
     writes = [0]
