@@ -22,6 +22,7 @@ from gpu_exporter.snapshot import NodeSnapshot
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.poller import Poller
 from tests.fakenvml import start
+from tests.fakenvml.runtime import driver_monotonic, driver_wall_clock
 from tests.timing import LATE_S, NEVER_S
 
 # Daemon.stop(): "within a couple of seconds even if a poll is stuck in the driver"; a test waits
@@ -41,9 +42,11 @@ def make_poller(
     static_refresh_s: float = 300.0, gpu_timeout_s: float = 10.0, profiling_interval: float = 0.1
 ) -> tuple[Poller, ErrorLog]:
     """A poller on the NVML backend; GPM and process utilization are re-read at every poll 100 ms
-    apart unless ``profiling_interval`` says otherwise."""
+    apart unless ``profiling_interval`` says otherwise.  Its backend's clocks are the fake driver's,
+    so that its spans follow ``advance_clock`` and its wall clock ``step_wall_clock``."""
     errors = ErrorLog()
-    backend = NvmlBackend(errors, profiling_interval=profiling_interval)
+    backend = NvmlBackend(errors, profiling_interval=profiling_interval, monotonic=driver_monotonic,
+                          wall=driver_wall_clock)  # fmt: skip
     poller = Poller(backend, errors=errors, static_refresh_s=static_refresh_s, gpu_timeout_s=gpu_timeout_s)
     return poller, errors
 

@@ -19,6 +19,7 @@ from tests import assert_mentions
 from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value, wait_for
 from tests.fakenvml import NOT_SUPPORTED, Err, Scenario, build_library, run_python, subprocess_env
 from tests.fakenvml.presets import mig_uuid
+from tests.fakenvml.runtime import advance_clock, step_wall_clock
 
 pytestmark = pytest.mark.integration
 
@@ -354,6 +355,30 @@ def test_per_process_utilization_passes_the_last_seen_timestamp(scenario: Scenar
     time.sleep(0.12)
     assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == 0.0
     assert not errors.counts.get(("nvmlDeviceGetProcessUtilization", "not_found"))
+    poller.close()
+
+
+def test_a_wall_clock_stepped_back_an_hour_leaves_per_process_utilization_read(scenario: Scenario, nvml: Any) -> None:
+    """NTP steps the clock back an hour: the driver stamps its samples an hour below the newest one
+    read.  Asked for samples since that one, it has none for an hour, and every busy process would
+    read idle; the exporter asks since its previous read, on the stepped clock, and reads them."""
+    g = hopper(scenario).process_utilization(50)
+    g.add_process(4242, 30 * GIB, name="trainer", sm=70, mem=25)
+    scenario.write()
+    poller, errors = make_poller()
+    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
+    step_wall_clock(-3600)
+    try:
+        for _ in range(3):
+            advance_clock(0.2)  # past the profiling interval and the driver's sample period
+            s = samples_of(poller.poll())
+            assert value(s, "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
+            assert value(s, "gpu_process_memory_utilization_ratio", pid="4242") == pytest.approx(0.25)
+    finally:
+        step_wall_clock(3600)  # and forward again: the samples are newer than any seen, as they are
+    advance_clock(0.2)
+    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
+    assert not [k for k in errors.counts if "ProcessUtilization" in k[0]], errors.counts
     poller.close()
 
 

@@ -14,7 +14,7 @@ import pytest
 from gpu_exporter.sources.nvml import pcie
 from tests.exporter_helpers import make_poller
 from tests.fakenvml import Counter, Err, Scenario
-from tests.fakenvml.runtime import advance_clock, call_count
+from tests.fakenvml.runtime import advance_clock, call_count, step_wall_clock
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"
 # The driver watches the link this long per direction before it answers (the blocking itself is
@@ -59,6 +59,30 @@ def test_the_rate_follows_the_counter_not_the_drivers_sample(scenario: Scenario,
     assert g.pcie_tx_bytes_per_second == pytest.approx(7e9, rel=0.01)
     assert g.pcie_rx_bytes_per_second == 0  # an idle direction is 0 B/s, not left out
     assert g.pcie_tx_bytes_total is not None and g.pcie_tx_bytes_total > 10**12
+
+
+def test_a_wall_clock_stepped_back_an_hour_leaves_the_rate_true(scenario: Scenario, nvml: Any) -> None:
+    """The rate's span is monotonic time between the two readings, not the field values' timestamps:
+    those are wall time, and after NTP steps the clock back an hour a span taken from them is negative
+    for that hour, so the rate froze at 1 GB/s while the link carried 10."""
+    one_gpu(scenario, tx_kbps=1, rx_kbps=1, tx_bytes=Counter(2**40, 1e9), rx_bytes=Counter(2**40, 2e9))
+    poller, _ = make_poller()
+    poller.poll()
+    g = poll_apart(poller).gpus[0]
+    assert (g.pcie_tx_bytes_per_second, g.pcie_rx_bytes_per_second) == (pytest.approx(1e9, rel=0.01),
+                                                                        pytest.approx(2e9, rel=0.01))  # fmt: skip
+    step_wall_clock(-3600)
+    try:
+        # The load goes up tenfold (the counter starts higher still, so it only ever counts up).
+        scenario.gpu(0).pcie(tx_bytes=Counter(2**41, 10e9), rx_bytes=Counter(2**41, 20e9))
+        scenario.write()
+        poll_apart(poller)  # the span of the change
+        for _ in range(3):
+            g = poll_apart(poller).gpus[0]
+            assert g.pcie_tx_bytes_per_second == pytest.approx(10e9, rel=0.01)
+            assert g.pcie_rx_bytes_per_second == pytest.approx(20e9, rel=0.01)
+    finally:
+        step_wall_clock(3600)  # the fake stays loaded for the tests after this one
 
 
 def test_a_change_of_load_shows_within_two_polls(scenario: Scenario, nvml: Any) -> None:

@@ -504,6 +504,25 @@ void DECLDIR fakeNvmlAdvanceClock(double seconds)
         __atomic_add_fetch(&clock_offset_us, (long long)(seconds * 1e6), __ATOMIC_SEQ_CST);
 }
 
+/* Not part of NVML: the driver's clocks as the exporter should see them, in seconds: the monotonic
+ * clock (CLOCK_MONOTONIC, what Python's time.monotonic reads) and the wall clock of its timestamps,
+ * each moved on like the fake's own. */
+double DECLDIR fakeNvmlMonotonic(void);
+double DECLDIR fakeNvmlWallClock(void);
+
+/* A step of the system's wall clock (NTP stepping it, an admin's `date -s`), in microseconds: it
+ * moves the timestamps the driver stamps with CPU time (field values, per-process utilization
+ * samples: nvml.h "CPU Timestamp in microseconds"), never the monotonic clock that counters and
+ * samples accrue on, so a step back by an hour leaves the work done per second as it was. */
+static long long wall_step_us;
+
+/* Not part of NVML: step the wall clock by `seconds`, back where negative (see wall_step_us). */
+void DECLDIR fakeNvmlStepWallClock(double seconds);
+void DECLDIR fakeNvmlStepWallClock(double seconds)
+{
+    __atomic_add_fetch(&wall_step_us, (long long)(seconds * 1e6), __ATOMIC_SEQ_CST);
+}
+
 static double mono_now(void)
 {
     struct timespec ts;
@@ -511,12 +530,23 @@ static double mono_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 + clock_offset_s();
 }
 
-/* The wall clock of the driver's timestamps, in microseconds (moved on like mono_now). */
+/* The wall clock of the driver's timestamps, in microseconds (moved on like mono_now, and stepped). */
 static long long wall_now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 + __atomic_load_n(&clock_offset_us, __ATOMIC_SEQ_CST);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000 + __atomic_load_n(&clock_offset_us, __ATOMIC_SEQ_CST) +
+           __atomic_load_n(&wall_step_us, __ATOMIC_SEQ_CST);
+}
+
+double DECLDIR fakeNvmlMonotonic(void)
+{
+    return mono_now();
+}
+
+double DECLDIR fakeNvmlWallClock(void)
+{
+    return (double)wall_now_us() / 1e6;
 }
 
 static void sleep_ms(double ms)

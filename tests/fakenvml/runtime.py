@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .build import SONAME, build_library
 
@@ -111,3 +113,33 @@ def advance_clock(seconds: float) -> None:
     lib.fakeNvmlAdvanceClock.restype = None
     lib.fakeNvmlAdvanceClock.argtypes = [ctypes.c_double]
     lib.fakeNvmlAdvanceClock(seconds)
+
+
+def step_wall_clock(seconds: float) -> None:
+    """Step the wall clock of the driver's timestamps by ``seconds`` (back where negative), as NTP or
+    ``date -s`` steps the system's: its monotonic clock, and the work its counters accrue, go on."""
+    lib = ctypes.CDLL(SONAME)
+    lib.fakeNvmlStepWallClock.restype = None
+    lib.fakeNvmlStepWallClock.argtypes = [ctypes.c_double]
+    lib.fakeNvmlStepWallClock(seconds)
+
+
+def driver_monotonic() -> float:
+    """The monotonic clock of the fake loaded in this process, in seconds: time.monotonic() moved on
+    by ``advance_clock``.  An exporter in the test's process is handed it, so that its spans follow
+    the driver's time as they follow real time on a real machine."""
+    return float(_clock("fakeNvmlMonotonic")())
+
+
+def driver_wall_clock() -> float:
+    """The wall clock of the fake's timestamps, in seconds: time.time() moved on by ``advance_clock``
+    and stepped by ``step_wall_clock``."""
+    return float(_clock("fakeNvmlWallClock")())
+
+
+@functools.cache
+def _clock(name: str) -> Any:
+    """One of the fake's clocks, looked up once: a poll reads them several times per GPU."""
+    fn = getattr(ctypes.CDLL(SONAME), name)
+    fn.restype, fn.argtypes = ctypes.c_double, []
+    return fn

@@ -47,9 +47,11 @@ class NvmlBackend:
         *,
         profiling_interval: float = 10.0,
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         disabled: frozenset[str] = frozenset(),
     ) -> None:
         self._errors = errors
+        self._mono = monotonic
         # Collectors switched off: their queries are never made (and their series are absent).
         # GPM and per-process utilization are re-read every ``profiling_interval``: the driver's
         # own CPU cost of them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200)
@@ -59,7 +61,9 @@ class NvmlBackend:
         self._readers = Readers(
             clocks=Collector.CLOCKS not in disabled,
             ecc=Collector.ECC not in disabled,
-            processes=ProcessReader(profiling_interval, monotonic) if Collector.PROCESSES not in disabled else None,
+            processes=(
+                ProcessReader(profiling_interval, monotonic, wall) if Collector.PROCESSES not in disabled else None
+            ),
             gpm=self._gpm if Collector.PROFILING not in disabled else None,
             disabled=frozenset(disabled),
         )
@@ -122,7 +126,7 @@ class NvmlBackend:
             self._errors("nvmlDeviceGetHandleByIndex", error_name(e.value))
             self._forget(index)
             raise GpuLost(f"GPU {index}: {e}") from e
-        dev = Device(index, handle, self._errors)
+        dev = Device(index, handle, self._errors, self._mono)
         uuid = dev.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)
         if uuid is None:
             self._forget(index)

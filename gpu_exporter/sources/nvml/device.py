@@ -32,7 +32,9 @@ T = TypeVar("T")
 class Device:
     """One GPU's handle, what it cannot do, and what its reads carry from one poll to the next."""
 
-    def __init__(self, index: int, handle: Any, errors: ErrorSink) -> None:
+    def __init__(
+        self, index: int, handle: Any, errors: ErrorSink, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.index = index
         self.handle = handle
         self.unsupported: set[str] = set()
@@ -43,9 +45,12 @@ class Device:
         self.mig_missing: set[str] = set()
         self.unsupported_fields: set[tuple[int, int]] = set()
         self.fields: Any = None  # fields.FieldArray: this GPU's one field-value array, reused
-        # The PCIe byte counters (tx, rx, driver timestamp in us) of this poll, None where missing,
+        # The PCIe byte counters (tx, rx, when read in monotonic us) of this poll, None where missing,
         # and what the rate is taken from across polls (pcie.PcieCounters, carried over refreshes).
-        self.pcie_counts: tuple[int | None, int | None, int, int] | None = None  # tx, rx, timestamp, bits
+        self.pcie_counts: tuple[int | None, int | None, int, int] | None = None  # tx, rx, read at, bits
+        # Spans are measured on it, never on the driver's timestamps: those are wall time (nvml.h "CPU
+        # timestamp"), which NTP or an admin can step by an hour either way.
+        self.monotonic = monotonic
         self.pcie: PcieCounters | None = None
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
@@ -66,7 +71,7 @@ class Device:
 
     def mig(self, handle: Any) -> Device:
         """One of this GPU's MIG devices, sharing what its MIG devices cannot do (not the parent's)."""
-        mig = Device(self.index, handle, self.errors)
+        mig = Device(self.index, handle, self.errors, self.monotonic)
         mig.unsupported, mig.missing = self.mig_unsupported, self.mig_missing
         return mig
 

@@ -103,6 +103,7 @@ def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, i
     function = "nvmlDeviceGetFieldValues"
     if dev.call(function, _get_field_values, fa) is None:
         return {}
+    read_at = dev.monotonic()
     out: dict[tuple[int, int], int | float] = {}
     for k, fv in zip(key, fa.array, strict=True):
         ret = fv.nvmlReturn
@@ -121,23 +122,25 @@ def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, i
             dev.reset_required |= ret == pynvml.NVML_ERROR_RESET_REQUIRED
             dev.errors(function, error_name(ret))
     if fa.pcie_at:
-        _pcie_counts(dev, fa, out)
+        _pcie_counts(dev, fa, out, int(read_at * 1e6))
     return out
 
 
-def _pcie_counts(dev: Device, fa: FieldArray, out: dict[tuple[int, int], int | float]) -> None:
-    """``dev.pcie_counts``: (tx, rx, driver timestamp in us, bits of the narrower type), where either
-    counter answered as an integer (the other None)."""
+def _pcie_counts(dev: Device, fa: FieldArray, out: dict[tuple[int, int], int | float], read_at_us: int) -> None:
+    """``dev.pcie_counts``: (tx, rx, when they were read on the monotonic clock in us, bits of the
+    narrower type), where either counter answered as an integer (the other None).  Not the field's
+    own timestamp: that is wall time, and a rate over a span it gives stays wrong for as long as the
+    clock was stepped back (an hour's step back held a 10 GB/s link at 1 GB/s for an hour)."""
     counts: dict[int, int] = {}
-    stamp, width = 0, 64
+    width = 64
     for i, k in fa.pcie_at:
         fv = fa.array[i]
         v, bits = out.get(k), VALUE_BITS.get(fv.valueType)
         if isinstance(v, int) and bits is not None:
             counts[k[0]] = v
-            stamp, width = max(stamp, fv.timestamp), min(width, bits)
+            width = min(width, bits)
     if counts:
-        dev.pcie_counts = (counts.get(FI_PCIE_TX), counts.get(FI_PCIE_RX), stamp, width)
+        dev.pcie_counts = (counts.get(FI_PCIE_TX), counts.get(FI_PCIE_RX), read_at_us, width)
 
 
 def read_one(dev: Device, field: tuple[int, int], what: str) -> int | float | None:

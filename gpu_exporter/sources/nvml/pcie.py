@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 Sample = tuple[float | None, float | None] | None  # bytes per second (tx, rx), None where unavailable
-Counts = tuple[int | None, int | None, int, int]  # tx, rx (None: no counter), driver timestamp (us), bits
+Counts = tuple[int | None, int | None, int, int]  # tx, rx (None: no counter), read at (monotonic us), bits
 Totals = tuple[int | None, int | None]
 
-MIN_SPAN_S = 0.1  # the shortest span of driver time worth dividing by
+MIN_SPAN_S = 0.1  # the shortest span between two readings worth dividing by
 TOLERANCE = 0.5  # a counter short by a lost 4 GiB wrap in a 1 s poll is off by far more than this
 FLOOR = 64 * 2**20  # bytes per second: below this, two readings of an idle link always agree
 _NARROW = 32  # bits a 64-bit answer is taken for until the counter passes 2^32
@@ -41,7 +41,7 @@ class PcieCounters:
         self._wide = [False, False]  # the counter has shown 2^32 or more: it is 64 bits wide
         self._last: tuple[int | None, int | None] | None = None  # the raw readings of the previous poll
         self._totals: list[int | None] = [None, None]  # the counters unwrapped: gpu_pcie_*_bytes_total
-        self._counted: tuple[int, int, int] | None = None  # totals and timestamp a rate was last taken at
+        self._counted: tuple[int, int, int] | None = None  # totals and when read, as a rate was last taken
         self._rates: tuple[float, float] | None = None
         self._check_due = True
         self._pending: Sample = None  # a sample of the previous poll, to check the first rate against
@@ -56,12 +56,12 @@ class PcieCounters:
         if counts is None:  # no counters (a GeForce, a driver before R550): the sample every poll
             self._last = self._counted = None
             return sample(), None
-        tx, rx, stamp, bits = counts
+        tx, rx, read_at, bits = counts
         jumped = self._unwrap((tx, rx), bits)
         if tx is None or rx is None:  # one direction has no counter: no rate from them, only totals
             self._counted = None
             return sample(), self._shown()
-        rates, fresh = self._rate(stamp)
+        rates, fresh = self._rate(read_at)
         if rates is None:
             taken = sample()  # the first poll: no rate yet, the driver's sample meanwhile
             if self._check_due:
@@ -100,15 +100,15 @@ class PcieCounters:
             self._totals[d] = total + delta
         return jumped
 
-    def _rate(self, stamp: int) -> tuple[tuple[float, float] | None, bool]:
+    def _rate(self, read_at: int) -> tuple[tuple[float, float] | None, bool]:
         tx, rx = self._totals
         assert tx is not None and rx is not None  # both counters answered (poll checks)
-        now = (tx, rx, stamp)
+        now = (tx, rx, read_at)
         then = self._counted
         if then is None:
             self._counted, self._rates = now, None
             return None, False
-        span = (stamp - then[2]) / 1e6
+        span = (read_at - then[2]) / 1e6
         if span < MIN_SPAN_S:  # too short to divide by: the last rate stands, the span goes on
             return self._rates, False
         self._counted = now

@@ -19,13 +19,19 @@ from .device import Device, raise_error
 _NO_UTIL: tuple[float | None, float | None] = (None, None)
 
 
+STEPPED_US = 1_000_000  # the wall clock went back by more than this: it was stepped
+
+
 class ProcessReader:
     """Reads process lists every poll, and per-process utilization every ``interval`` seconds: the
     driver spends about 2 ms of CPU per read on an H200, so it gets its own, slower cadence."""
 
-    def __init__(self, interval: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float, monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self._interval = interval
         self._mono = monotonic
+        self._wall = wall  # the clock of the driver's sample timestamps (nvml.h: "CPU Timestamp")
 
     def processes(
         self,
@@ -76,9 +82,20 @@ class ProcessReader:
         if dev.process_util_at is not None and now - dev.process_util_at < self._interval:
             # Not due: ``processes`` filled in the values read last time (a new process waits).
             return processes
+        since = dev.process_util_seen
+        if dev.process_util_at is not None:
+            # The driver hands the samples stamped after ``since``, on the wall clock.  Stepped back
+            # (NTP, ``date -s``), that clock stamps the next hour's samples below the newest seen, and
+            # asking since it would read every process idle for that hour: so never since later than
+            # the previous read was, by the monotonic time gone since then on today's wall clock.  A
+            # second's slack: the sample read last time is not taken for a new one (the two clocks
+            # are read microseconds apart, and the driver stamps a sample after the read began).
+            previous_read = int((self._wall() - (now - dev.process_util_at)) * 1e6)
+            if previous_read < since - STEPPED_US:
+                since = previous_read
         dev.process_util_at = now
         try:
-            samples = _process_utilization(dev)
+            samples = _process_utilization(dev, since)
         except pynvml.NVMLError as e:
             # NOT_FOUND: no process was busy since the last read.  nvidia-ml-py raises even on
             # SUCCESS when the driver had nothing to report.
@@ -87,6 +104,7 @@ class ProcessReader:
                 return _without_util(processes)
             samples = []
         latest: dict[int, Any] = {}
+        dev.process_util_seen = since
         for sample in samples:
             seen = latest.get(sample.pid)
             if seen is None or sample.timeStamp > seen.timeStamp:
@@ -103,16 +121,16 @@ class ProcessReader:
         return tuple(out)
 
 
-def _process_utilization(dev: Device) -> Any:
+def _process_utilization(dev: Device, since: int) -> Any:
     """The driver's samples since the last one read.  nvidia-ml-py sizes its buffer with a first call;
     a sample the driver takes before the second finds the buffer one short (INSUFFICIENT_SIZE, nvml.h:
     the count "may differ from a previously read value"), so that read is made once more."""
     try:
-        return pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
+        return pynvml.nvmlDeviceGetProcessUtilization(dev.handle, since)
     except pynvml.NVMLError as e:
         if e.value != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
             raise
-    return pynvml.nvmlDeviceGetProcessUtilization(dev.handle, dev.process_util_seen)
+    return pynvml.nvmlDeviceGetProcessUtilization(dev.handle, since)
 
 
 def _without_util(processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:
