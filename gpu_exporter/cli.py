@@ -52,8 +52,8 @@ def flag_key(flag: str) -> str:
 _SETTING_FLAGS = {
     "--web.listen-address": "HOST:PORT", "--web.config.file": "PATH", "--web.max-requests": "N",
     "--poll.interval": "DURATION", "--profiling.interval": "DURATION", "--poll.static-refresh-interval": "DURATION",
-    "--poll.gpu-timeout": "DURATION", "--simulate": None, "--simulate.gpus": "N", "--log.format": None,
-    "--log.level": None, "--node.name": "NAME",
+    "--poll.gpu-timeout": "DURATION", "--poll.release-for": "DURATION", "--simulate": None, "--simulate.gpus": "N",
+    "--log.format": None, "--log.level": None, "--node.name": "NAME",
 }  # fmt: skip
 # flag dest -> config key: the same name, by the rule
 _FLAGS = {flag_key(flag): flag_key(flag) for flag in _SETTING_FLAGS}
@@ -309,6 +309,15 @@ def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     asked = {"stop": False, "hup": False}
+    nvml: list[str] = []  # "release" or "resume", the later signal last
+
+    def on_nvml(what: str) -> Callable[..., None]:
+        def handler(*_: object) -> None:
+            nvml.append(what)  # one bytecode: no lock a handler inside another could wait on
+            with contextlib.suppress(OSError):
+                os.write(wake_w, b"!")
+
+        return handler
 
     def on_signal(what: str) -> Callable[..., None]:
         def handler(*_: object) -> None:
@@ -321,6 +330,9 @@ def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal("stop"))
     signal.signal(signal.SIGHUP, on_signal("hup"))  # by default SIGHUP would end the process
+    # Let go of NVML and take it again (docs/troubleshooting.md): by default they too would end it.
+    signal.signal(signal.SIGUSR1, on_nvml("release"))
+    signal.signal(signal.SIGUSR2, on_nvml("resume"))
     # Each client costs a file descriptor; the soft limit (often 1024) is only a default.
     raise_fd_limit()
     try:
@@ -338,6 +350,17 @@ def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None)
         if asked["hup"] and not asked["stop"]:
             asked["hup"] = False
             reload(daemon, reread)
+        # Signals that came faster than this loop: the last handled decides, as it would have had
+        # each been handled in turn.  (Two pending at the same instant carry no order: the kernel,
+        # and Python after it, hand them over lowest number first.)
+        if nvml and not asked["stop"]:
+            n = len(nvml)
+            latest = nvml[n - 1]
+            del nvml[:n]  # not those a handler appended meanwhile
+            if latest == "release":
+                daemon.release_nvml()
+            else:
+                daemon.resume_nvml()
     daemon.stop()
     log.info("stopped")
     # A reader of the log that stopped reading gets a second to catch up, not the grace period.

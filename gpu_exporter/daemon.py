@@ -112,6 +112,7 @@ class Daemon:
                 log.exception("accounting_failed")
             self.notifier.send(self.engine.evaluate(snapshot).to_send, now=snapshot.steady_at)
         self.metrics.nvml_up.set(1 if snapshot.nvml_up else 0)
+        self.metrics.nvml_released.set(1 if snapshot.nvml_released else 0)
         self.metrics.poll_duration.observe(snapshot.duration_seconds)
         if snapshot.nvml_up:
             self.metrics.last_success.set(snapshot.taken_at)
@@ -190,6 +191,14 @@ class Daemon:
                  tls=web.config.tls is not None, basic_auth=web.config.auth_required)  # fmt: skip
         self.metrics.config_loaded_at.set(time.time() if now is None else now)
         self.exposition.invalidate()  # scraped at once, not after the next poll
+
+    def release_nvml(self) -> None:
+        """SIGUSR1: let go of NVML for ``poll_release_for`` (a GPU reset, a driver upgrade)."""
+        self.poller.release(self.settings.poll_release_for)
+
+    def resume_nvml(self) -> None:
+        """SIGUSR2: take NVML again at the next poll."""
+        self.poller.resume()
 
     def reload_failed(self) -> None:
         """A reload that did not happen (the file did not load, a setting was refused): counted, the

@@ -312,6 +312,9 @@ class NodeSnapshot:
     duration_seconds: float
     nvml_up: bool
     nvml_error: str | None = None  # why NVML is down, in words a person understands
+    # Let go of on request (SIGUSR1: a GPU reset or a driver upgrade waits for no client): down on
+    # purpose, which no alert on a lost NVML is to fire for.
+    nvml_released: bool = False
     driver_version: str | None = None
     cuda_version: str | None = None
     gpus: tuple[GpuReading, ...] = ()

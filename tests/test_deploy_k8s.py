@@ -252,7 +252,10 @@ def node_terms(pod: Doc) -> list[Doc]:
 
 
 def schedulable_on(pod: Doc, node_labels: dict[str, str]) -> bool:
-    """The scheduler's reading of required node affinity: any term, all of its expressions."""
+    """The scheduler's reading of the nodeSelector (every label, exactly) and of required node
+    affinity (any term, all of its expressions)."""
+    if any(node_labels.get(k) != v for k, v in pod.get("nodeSelector", {}).items()):
+        return False
     if "affinity" not in pod:
         return True
 
@@ -278,6 +281,7 @@ OPERATOR_NODE = {
     **GFD_NODE,
     "nvidia.com/gpu.deploy.container-toolkit": "true",
     "nvidia.com/gpu.deploy.operands": "true",
+    "nvidia.com/gpu.deploy.client": "true",  # GPU operator v26.7 and newer
 }
 PASSTHROUGH_NODE = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.sandbox-device-plugin": "true"}
 

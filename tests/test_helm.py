@@ -253,6 +253,10 @@ def test_scheduling(combination: str, renders: dict[str, list[Doc]]) -> None:
     elif combination == "gpu-operator":
         assert schedulable_on(pod, OPERATOR_NODE) and not schedulable_on(pod, PASSTHROUGH_NODE)
         assert not schedulable_on(pod, {**OPERATOR_NODE, "nvidia.com/gpu.deploy.operands": "false"})
+        # The operator's driver manager pauses the label before unloading the driver: the pod goes,
+        # and as the driver manager waits only for pods with the key in their nodeSelector, it is there.
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.deploy.client": "true"}
+        assert not schedulable_on(pod, {**OPERATOR_NODE, "nvidia.com/gpu.deploy.client": "paused-for-driver-upgrade"})
         assert pod["runtimeClassName"] == "nvidia"
     else:
         assert all(schedulable_on(pod, n) for n in gpu_nodes) and not schedulable_on(pod, CPU_NODE)

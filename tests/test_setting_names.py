@@ -35,7 +35,8 @@ NOT_SETTINGS = {"--help", "--version", "--config", "--once", "--format"}  # what
 SAMPLES = {
     "--web.listen-address": "127.0.0.1:9999", "--web.config.file": "/etc/gpu-exporter/web.yml",
     "--web.max-requests": "7", "--poll.interval": "7s", "--poll.static-refresh-interval": "7m",
-    "--poll.gpu-timeout": "7s", "--profiling.interval": "7s", "--simulate.gpus": "9", "--log.format": "logfmt",
+    "--poll.gpu-timeout": "7s", "--poll.release-for": "7m", "--profiling.interval": "7s", "--simulate.gpus": "9",
+    "--log.format": "logfmt",
     "--log.level": "debug", "--node.name": "node-7", "--alerting.alertmanager-url": "http://am:9093",
     "--alerting.webhook-url": "http://hooks:8080/gpu", "--hpc-job-mapping-dir": "<tmp>",
 }  # fmt: skip
@@ -171,7 +172,8 @@ def test_a_bad_job_mapping_dir_names_dcgm_exporters_names_too(
 SHOWN_DEFAULTS = {
     "--web.listen-address": ":9445", "--web.config.file": "none", "--web.max-requests": "40",
     "--poll.interval": "5s", "--profiling.interval": "10s", "--poll.static-refresh-interval": "5m",
-    "--poll.gpu-timeout": "10s", "--simulate": "off", "--simulate.gpus": "7", "--log.format": "auto",
+    "--poll.gpu-timeout": "10s", "--poll.release-for": "10m", "--simulate": "off", "--simulate.gpus": "7",
+    "--log.format": "auto",
     "--log.level": "info", "--node.name": "none",
 }  # fmt: skip
 RENAMED = {"listen_address": "web_listen_address", "static_refresh_interval": "poll_static_refresh_interval",

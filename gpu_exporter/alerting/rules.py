@@ -272,7 +272,8 @@ def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> I
         ("GpuRowRemapFailure", "critical", g.row_remap_failure, cfg.GpuRowRemapFailure,
          "a memory row remap failed; the GPU needs service"),
         ("GpuRowRemapPending", "warning", g.row_remap_pending, cfg.GpuRowRemapPending,
-         "a memory row remap is pending; reset the GPU when its jobs allow"),
+         "a memory row remap is pending; reset the GPU when its jobs allow (SIGUSR1 to gpu-exporter, then "
+         "nvidia-smi -r -i <gpu>)"),
     ):  # fmt: skip
         on = bool(g.up and flag)
         yield Check(alertname, severity, fire=on, clear=not on, summary=f"{_gpu(g)}: {what}",
@@ -283,7 +284,7 @@ def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> I
 # What the driver's recovery action (gpu_recovery_action, nvml.h nvmlDeviceGpuRecoveryAction_t)
 # asks an operator to do, by code.
 RECOVERY_ACTIONS: dict[int, str] = {
-    1: "reset the GPU (nvidia-smi -r -i <gpu>) once its jobs have stopped",
+    1: "reset the GPU (SIGUSR1 to gpu-exporter, then nvidia-smi -r -i <gpu>) once its jobs have stopped",
     2: "reboot the node",
     3: "drain peer-to-peer traffic: stop the jobs that use this GPU's NVLink peers",
     4: "drain the GPU's jobs and peer-to-peer traffic, then reset the GPU",

@@ -164,7 +164,7 @@ ACTION_ADVICE: Mapping[str, str] = MappingProxyType(
     {
         "RESTART_APP": "restart the application; the GPU needs no reset",
         "IGNORE": "nothing to do now; watch for a repeat or for a companion XID",
-        "RESET_GPU": "reset the GPU (nvidia-smi -r -i <gpu>) once its jobs have stopped",
+        "RESET_GPU": "reset the GPU (SIGUSR1 to gpu-exporter, then nvidia-smi -r -i <gpu>) once its jobs have stopped",
         "RESTART_BM": "reboot the node",
         "RESTART_VM": "restart the VM that owns the GPU",
         "CONTACT_SUPPORT": "open a case with your hardware vendor or NVIDIA support",

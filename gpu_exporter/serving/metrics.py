@@ -298,6 +298,8 @@ class SelfMetrics:
         build: Gauge = _declared("gpu_exporter_build_info", registry)
         build.labels(__version__, platform.python_version(), _package_version("nvidia-ml-py")).set(1)
         self.nvml_up: Gauge = _declared("gpu_exporter_nvml_up", registry)
+        self.nvml_released: Gauge = _declared("gpu_exporter_nvml_released", registry)
+        self.nvml_released.set(0)
         self.poll_duration: Histogram = _declared(
             "gpu_exporter_poll_duration_seconds", registry,
             buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),

@@ -218,6 +218,11 @@ class Settings(BaseSettings):
         10.0, gt=0, le=600, validation_alias=_renamed("poll_gpu_timeout", "gpu_timeout"),
         description="how long a poll waits for one GPU before reporting it down",
     )  # fmt: skip
+    poll_release_for: Duration = Field(
+        600.0, ge=0, le=86_400,
+        description="after SIGUSR1 lets go of NVML (for a GPU reset or a driver upgrade), how long until it is taken "
+        "again if no SIGUSR2 comes first; 0: until SIGUSR2",
+    )  # fmt: skip
     profiling_interval: Duration = Field(
         10.0,
         ge=0.1,

@@ -3,6 +3,9 @@
 The poller owns the backend's lifecycle: it opens it (retrying with backoff while NVML is
 unavailable), re-reads slow-changing facts on a slow interval (and looks for GPUs that appeared),
 re-probes lost GPUs on every poll, and keeps one failing or hung GPU from holding up the others.
+On request it lets go of NVML for a while (``release``): an open NVML holds the driver's device
+files, and while any client holds them ``nvidia-smi -r`` refuses to reset a GPU and a driver
+upgrade cannot unload the module.
 
 A hung driver call holds its thread until the driver lets go, so threads are bounded by design:
 each GPU has one reader thread for the life of the poller, and a GPU whose reader is still stuck is
@@ -121,6 +124,34 @@ class Poller:
         self._last_failure: tuple[str, float] | None = None  # reason, when
         self._say = _Throttle(monotonic)
         self._lock = threading.Lock()  # one poll at a time, whoever calls
+        self._released_until: float | None = None  # monotonic; inf: until resume()
+
+    def release(self, for_s: float) -> None:
+        """Let go of NVML (nvmlShutdown, the driver's files closed) and keep off it for ``for_s``
+        seconds (0: until ``resume``); the polls meanwhile say so.  Waits for a poll under way, which
+        a GPU stuck in the driver ends after the GPU timeout; a reader still stuck there holds the
+        driver whatever we do, and the log says so."""
+        with self._lock:
+            now = self._mono()
+            self._released_until = now + for_s if for_s > 0 else float("inf")
+            self._shut_backend()
+            stuck = sorted(i for i, r in self._readers.items() if r.busy)
+            log.warning("nvml_released", for_s=for_s or None, stuck_gpus=stuck or None,
+                        detail="NVML let go of on request: the GPUs are not read until SIGUSR2"
+                               + (f" or {for_s:g} s from now" if for_s > 0 else ""))  # fmt: skip
+
+    def resume(self) -> None:
+        """Take NVML again at the next poll, after ``release``."""
+        with self._lock:
+            if self._released_until is not None:
+                self._end_release("on request")
+            else:
+                log.info("nvml_not_released", detail="asked to take NVML again, which was not let go of")
+
+    def _end_release(self, why: str) -> None:
+        self._released_until = None
+        self._retry_at = 0.0  # opened at this very poll, not after a backoff left from before
+        log.info("nvml_resumed", reason=why)
 
     def close(self) -> None:
         with self._lock:
@@ -135,6 +166,12 @@ class Poller:
 
     def _poll(self) -> NodeSnapshot:
         taken_at, t0 = self._wall(), self._mono()
+        if self._released_until is not None:
+            if t0 < self._released_until:
+                return NodeSnapshot(taken_at=taken_at, monotonic_at=t0, duration_seconds=self._mono() - t0,
+                                    nvml_up=False, nvml_released=True,
+                                    nvml_error="released on request (SIGUSR1); SIGUSR2 takes it again")  # fmt: skip
+            self._end_release("the release ran out")
         if self._system is None and not self._open(t0):
             return self._nvml_down(taken_at, t0)
         if t0 - self._counted_at >= self._static_refresh_s and not self._recount(t0):

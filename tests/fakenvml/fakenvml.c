@@ -20,7 +20,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1372,6 +1374,43 @@ static nvmlReturn_t get_str(const struct dev *d, int k, char *buf, unsigned int 
 /* ---------------------------------------------------------------------------------------------
  * Init and system.
  */
+
+/* The device files a client holds open while it has NVML initialised.  A real driver opens
+ * /dev/nvidiactl and /dev/nvidiaN at nvmlInit and closes them when nvmlShutdown brings the
+ * reference count to zero (nvml.h: "Shutdown only occurs when the reference count reaches zero",
+ * "releasing all GPU resources"), or when the process dies; while any client holds them, a GPU
+ * reset is refused (nvidia-smi -r: "There can't be any applications using these devices (e.g. CUDA
+ * application, graphics application like X server, monitoring application like other instance of
+ * nvidia-smi)") and so is the module unload of a driver upgrade ("driver is in use",
+ * gpu-operator #2509).  The fake stands for them with a shared flock on `<scenario>.inuse`, which
+ * tests/fakenvml/runtime.py's gpu_reset() asks for exclusively, as the reset would. */
+static int in_use_fd = -1;
+
+static void hold_devices(void)
+{
+    if (in_use_fd >= 0 || !scenario_path)
+        return;
+    size_t n = strlen(scenario_path) + sizeof ".inuse";
+    char *path = malloc(n);
+    if (!path)
+        return;
+    snprintf(path, n, "%s.inuse", scenario_path);
+    in_use_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    free(path);
+    if (in_use_fd >= 0 && flock(in_use_fd, LOCK_SH) != 0) {
+        close(in_use_fd);
+        in_use_fd = -1;
+    }
+}
+
+static void release_devices(void)
+{
+    if (in_use_fd >= 0) {
+        close(in_use_fd);
+        in_use_fd = -1;
+    }
+}
+
 static nvmlReturn_t do_init(void)
 {
     char msg[512];
@@ -1415,7 +1454,8 @@ static nvmlReturn_t do_init(void)
     nvmlReturn_t r = driver_error();
     if (r)
         return leave(r);
-    init_refcount++;
+    if (init_refcount++ == 0)
+        hold_devices();
     return leave(NVML_SUCCESS);
 }
 
@@ -1436,6 +1476,8 @@ nvmlReturn_t DECLDIR nvmlShutdown(void)
     if (init_refcount == 0)
         return leave(NVML_ERROR_UNINITIALIZED);
     init_refcount--;
+    if (init_refcount == 0)
+        release_devices();
     /* Real drivers free nothing for a careless client; saying it here lets tests catch the leak. */
     if (init_refcount == 0 && gpm_live_count > 0)
         fprintf(stderr, "fake NVML: %d GPM sample(s) still allocated at nvmlShutdown\n", gpm_live_count);

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import os
 import subprocess
@@ -143,3 +144,24 @@ def _clock(name: str) -> Any:
     fn = getattr(ctypes.CDLL(SONAME), name)
     fn.restype, fn.argtypes = ctypes.c_double, []
     return fn
+
+
+def gpu_reset(scenario: Path) -> str | None:
+    """What ``nvidia-smi -r`` would say on the node of ``scenario``: None where the reset would go
+    ahead, else its refusal, as when any process has NVML initialised on the fake (fakenvml.c's
+    hold_devices: the driver's device files held open).  The reset itself changes nothing."""
+    path = Path(f"{scenario}.inuse")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None  # no client ever opened the devices
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return (
+            "The GPU is currently in use by another client. "  # nvidia-smi's words, gpu-operator #118
+            "Please first kill all processes using this device"
+        )
+    finally:
+        os.close(fd)  # the exclusive lock, where it was had, goes with it
+    return None
