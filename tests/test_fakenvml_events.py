@@ -75,13 +75,41 @@ def test_delayed_xid(scenario: Scenario, nvml: Any) -> None:
 def test_each_event_set_gets_its_own_copy(scenario: Scenario, nvml: Any) -> None:
     N = nvml
     two_gpus(scenario)
-    scenario.gpu(0).add_xid(31)
     scenario.write()
     N.nvmlInit()
     sets = [N.nvmlEventSetCreate() for _ in range(2)]
     for es in sets:
         N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(0), N.nvmlEventTypeXidCriticalError, es)
+    scenario.gpu(0).add_xid(31)  # occurs now, with both sets watching
+    scenario.write()
     assert [N.nvmlEventSetWait(es, 1000).eventData for es in sets] == [31, 31]
+
+
+def test_a_set_records_only_what_occurs_once_it_watches(scenario: Scenario, nvml: Any) -> None:
+    """nvml.h: nvmlDeviceRegisterEvents "Starts recording of events": an event that occurred before
+    a set watched its GPU is not in it, so one that occurs between freeing a set and registering
+    the next is lost.  (One due before the GPU's first registration in the process waits for it.)"""
+    N = nvml
+    two_gpus(scenario)
+    scenario.gpu(0).add_xid(48)  # before anyone registered: waits for the first registration
+    scenario.write()
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    first = N.nvmlEventSetCreate()
+    N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, first)
+    assert N.nvmlEventSetWait(first, 1000).eventData == 48
+    N.nvmlEventSetFree(first)
+    scenario.gpu(0).add_xid(31)  # nobody watches GPU 0 now
+    scenario.write()
+    N.nvmlDeviceGetCount()  # the fake reads the changed scenario at a call: the event has occurred
+    second = N.nvmlEventSetCreate()
+    N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, second)
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait(second, 100)  # neither 48 nor 31: both occurred before it watched
+    scenario.gpu(0).add_xid(63)
+    scenario.write()
+    assert N.nvmlEventSetWait(second, 1000).eventData == 63
+    N.nvmlEventSetFree(second)
 
 
 def test_unregistered_devices_and_types_are_not_delivered(scenario: Scenario, nvml: Any) -> None:

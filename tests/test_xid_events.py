@@ -42,7 +42,7 @@ def xids_by_uuid(poller: Any) -> dict[str, dict[str, float]]:
 def test_xids_of_the_healthy_gpus_are_counted_after_one_falls_off_the_bus(
     scenario: Scenario, nvml: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(xid, "PAUSE_S", 0.01)  # after a wait that says "lost" at once, before the rebuild
+    monkeypatch.setattr(xid, "PAUSE_S", 0.01)  # after GPU 1's wait says "lost", before its set is tried again
     for uuid in UUIDS:
         scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", uuid).utilization(50, 5).events_wait_lost()
     scenario.write()
@@ -53,9 +53,10 @@ def test_xids_of_the_healthy_gpus_are_counted_after_one_falls_off_the_bus(
     scenario.gpu(2).add_xid(63)
     scenario.write()
     wait_for(lambda: xids_by_uuid(poller) == {UUIDS[0]: {"48": 1}, UUIDS[2]: {"63": 1}}, what="the healthy GPUs' XIDs")
-    # The set was built again without the lost GPU: its loss is said once, not at every wait (ten
-    # or more of them here: the fake counts a call each time a wait looks at its GPUs, twice or more
-    # a wait).
+    # The healthy GPUs' XIDs of the very moment GPU 1 fell off the bus are counted: their own sets
+    # never closed (one set for all, built again without the lost GPU, lost them in the gap).  The
+    # loss is said once, not at every wait (ten or more of them here: the fake counts a call each
+    # time a wait looks at its GPUs, twice or more a wait).
     waits = call_count("nvmlEventSetWait")
     wait_for(lambda: call_count("nvmlEventSetWait") >= waits + 20, what="ten more waits")
     scenario.gpu(0).add_xid(31)
@@ -102,12 +103,15 @@ def test_a_gpu_that_appears_after_start_has_its_xids_counted(scenario: Scenario,
         poller.poll()
         registered = call_count("nvmlDeviceRegisterEvents")
         scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUIDS[1]).utilization(50, 5)
+        scenario.gpu(0).add_xid(48)  # as the new GPU appears: GPU 0's watch must not close for it
         scenario.write()
         wait_for(lambda: [g.uuid for g in poller.poll().gpus if g.up] == UUIDS[:2], what="the new GPU polled")
-        # The event set is built again with both GPUs before the new one's XID comes.
-        wait_for(lambda: call_count("nvmlDeviceRegisterEvents") >= registered + 2, what="both GPUs registered")
+        # The new GPU is registered in a set of its own before its XID comes; GPU 0's set stays.
+        wait_for(lambda: call_count("nvmlDeviceRegisterEvents") >= registered + 1, what="the new GPU registered")
         scenario.gpu(1).add_xid(79)
         scenario.write()
         wait_for(lambda: xids_by_uuid(poller).get(UUIDS[1]) == {"79": 1}, what="the new GPU's XID 79")
+        wait_for(lambda: xids_by_uuid(poller).get(UUIDS[0]) == {"48": 1}, what="GPU 0's XID of that moment")
+        assert call_count("nvmlDeviceRegisterEvents") == registered + 1, "GPU 0 was registered again"
     finally:
         poller.close()

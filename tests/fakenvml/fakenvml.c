@@ -396,6 +396,7 @@ struct xid {
     unsigned long long code;
     double after_s;
     unsigned int gi, ci;
+    double seen_at; /* monotonic: when its line first appeared in the scenario (load() keeps it) */
 };
 
 struct dev {
@@ -465,7 +466,11 @@ struct nvmlEventSet_st {
     int used;
     unsigned long long mask[MAX_GPUS];
     int delivered[MAX_GPUS];
+    double registered_at[MAX_GPUS]; /* monotonic; 0: the GPU is not registered in this set */
 };
+
+/* When a GPU was first registered for events in this process (0: never), for this scenario. */
+static double first_registered_at[MAX_GPUS];
 
 /* A GPU instance, by its GPU and the first [gpu N mig M] section that carries its id. */
 struct nvmlGpuInstance_st {
@@ -795,7 +800,7 @@ static int parse_process(struct parser *p, struct dev *d, char *v)
 
 static int parse_xid(struct parser *p, struct dev *d, char *v)
 {
-    struct xid x = {0, 0, NO_INSTANCE, NO_INSTANCE};
+    struct xid x = {0, 0, NO_INSTANCE, NO_INSTANCE, 0};
     char *save = NULL;
     char *w = strtok_r(v, " \t", &save);
     unsigned long long n;
@@ -1119,6 +1124,13 @@ static int load(int first, char *msg, size_t msglen)
     }
     for (int i = 0; i < MAX_GPUS; i++)
         derive_pcie_counters(st->gpu[i], now);
+    /* An XID line already there keeps the time it appeared; a line added by this change appears now
+     * (see next_event). */
+    for (int i = 0; i < MAX_GPUS; i++) {
+        struct dev *d = st->gpu[i], *old = cur ? cur->gpu[i] : NULL;
+        for (int x = 0; d && x < d->nxids; x++)
+            d->xids[x].seen_at = old && x < old->nxids ? old->xids[x].seen_at : now;
+    }
     st->profile = profile_of(st);
     if (cur) {
         for (int i = 0; i < MAX_GPUS; i++)
@@ -1432,6 +1444,7 @@ static nvmlReturn_t do_init(void)
             free(rejected_text);
             rejected_text = NULL;
             memset(&loaded_stat, 0, sizeof loaded_stat);
+            memset(first_registered_at, 0, sizeof first_registered_at);
             epoch = mono_now();
         }
         if (load(cur == NULL, msg, sizeof msg) < 0 && cur == NULL) {
@@ -2637,8 +2650,15 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlG
 }
 
 /* ---------------------------------------------------------------------------------------------
- * XID events.  Each event set delivers every `xid` line of a GPU it watches once, in file order;
- * appending a line to the scenario queues one more event.
+ * XID events.  An `xid` line is an event that occurs `after` seconds from the first nvmlInit of
+ * the scenario, or when the line is added to the file if that is later.  Each event set delivers,
+ * once and in file order, the events of the GPUs it watches that occurred once it watched them:
+ * nvml.h, nvmlDeviceRegisterEvents "Starts recording of events on a specified devices and add the
+ * events to specified nvmlEventSet_t", so an event that occurs while no set of the client watches
+ * its GPU (between freeing one set and registering the next) is lost, as with a real driver.  An
+ * event due before its GPU was first registered in this process waits for that registration
+ * instead: a test cannot know when the exporter it starts will register, and an XID before the
+ * exporter started is not what it tests.
  */
 nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set)
 {
@@ -2710,6 +2730,11 @@ nvmlReturn_t DECLDIR nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long
     if (eventTypes & ~supported)
         return leave(NVML_ERROR_NOT_SUPPORTED);
     set->mask[device->gpu] |= eventTypes;
+    double now = mono_now();
+    if (!set->registered_at[device->gpu])
+        set->registered_at[device->gpu] = now;
+    if (!first_registered_at[device->gpu])
+        first_registered_at[device->gpu] = now;
     return leave(NVML_SUCCESS);
 }
 
@@ -2728,7 +2753,19 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now, int
             continue;
         const struct dev *gd = cur->gpu[g];
         int i = set->delivered[g];
-        if (i >= gd->nxids || now - epoch < gd->xids[i].after_s)
+        double due = 0;
+        for (; i < gd->nxids; i++) { /* skip those that occurred before this set watched the GPU */
+            const struct xid *x = &gd->xids[i];
+            due = epoch + x->after_s;
+            if (x->seen_at > due)
+                due = x->seen_at;
+            if (first_registered_at[g] > due)
+                due = first_registered_at[g];
+            if (due >= set->registered_at[g])
+                break;
+        }
+        set->delivered[g] = i;
+        if (i >= gd->nxids || now < due)
             continue;
         set->delivered[g] = i + 1;
         memset(data, 0, sizeof *data);

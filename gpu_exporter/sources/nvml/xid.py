@@ -1,16 +1,22 @@
-"""XID events (critical driver errors) counted per GPU by one thread of their own.
+"""XID events (critical driver errors) counted per GPU, each GPU by a thread and an event set of
+its own.
 
-The poller never waits on it: each poll reads the counts so far.  One thread serves the backend's
-whole life, watching the NVML session of the moment, so a registration stuck in a hung driver
-holds that one thread, however often NVML restarts.
+The poller never waits on them: each poll reads the counts so far.  A GPU's thread serves the
+backend's whole life, watching that GPU in the NVML session of the moment, so a registration stuck in
+a hung driver holds that one thread, however often NVML restarts.
+
+One set per GPU, not one for all: a set with a GPU that fell off the bus answers GPU_IS_LOST at every
+wait (nvml.h, nvmlEventSetWait_v2), and a shared one had to be built again without it.  Between
+freeing the old set and registering the new one nobody watched the healthy GPUs, and the driver
+records only what occurs once a set watches ("Starts recording of events", nvmlDeviceRegisterEvents):
+their XIDs of that moment were lost, and so were those still queued in the old set behind its
+GPU_IS_LOST.  Now a lost GPU's set is rebuilt alone; the others' never close while their GPU answers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import threading
-import time
 from collections import Counter
 from collections.abc import Mapping
 from functools import partial
@@ -21,13 +27,13 @@ import pynvml
 import structlog
 
 from ..backend import ErrorSink
-from .errors import error_name, try_call
+from .errors import error_name
 
 log = structlog.get_logger(__name__)
 
 WAIT_MS = 500
-REBUILD_S = 60.0  # while a GPU is left out of the event set, how often it is tried again
-PAUSE_S = 1.0  # after a wait that failed at once, before the next try
+REBUILD_S = 60.0  # while a GPU cannot be watched (lost, or lost again at once), how often it is tried again
+PAUSE_S = 1.0  # after a wait that failed, before the next try
 
 
 class XidWatcher:
@@ -40,38 +46,35 @@ class XidWatcher:
         self._cond = threading.Condition()
         self._session: tuple[int, int] | None = None  # (serial, GPU count) while open
         self._serial = 0
-        self._idle = threading.Event()
-        self._idle.set()
-        self._thread: threading.Thread | None = None
+        self._busy = 0  # threads inside a session, each holding or about to hold an event set
+        self._threads: dict[int, threading.Thread] = {}
 
     def start(self, gpu_count: int) -> None:
-        """Watch the GPUs of a newly opened NVML session (the thread starts on the first call)."""
+        """Watch the GPUs of a newly opened NVML session (each GPU's thread starts on first need)."""
         with self._cond:
             self._serial += 1
             self._session = (self._serial, gpu_count)
+            self._spawn(gpu_count)
             self._cond.notify_all()
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
-            self._thread.start()
 
     def watch_at_least(self, gpu_count: int) -> None:
-        """More GPUs than the session was started with (hot-plug, one back after a reset): build the
-        event set again with them, so that the new GPU's XIDs are counted too.  The counts stay."""
+        """More GPUs than the session was started with (hot-plug, one back after a reset): watch the
+        new ones too, the others' sets untouched.  The counts stay."""
         with self._cond:
             if self._session is None or self._session[1] >= gpu_count:
                 return
-            self._serial += 1
-            self._session = (self._serial, gpu_count)
+            self._session = (self._session[0], gpu_count)
+            self._spawn(gpu_count)
             self._cond.notify_all()
         log.info("xid_events_watching", gpus=gpu_count)
 
     def stop(self) -> None:
-        """Stop watching; waits up to two waits for the thread to free its event set before NVML
-        shuts down, unless the driver holds it."""
+        """Stop watching; waits up to two waits for the threads to free their event sets before NVML
+        shuts down, unless the driver holds one."""
         with self._cond:
             self._session = None
             self._cond.notify_all()
-        self._idle.wait(timeout=2 * WAIT_MS / 1000)
+            self._cond.wait_for(lambda: self._busy == 0, timeout=2 * WAIT_MS / 1000)
 
     def counts(self, uuid: str) -> Mapping[int, int]:
         """XID code -> events seen on the GPU ``uuid`` so far (by UUID: a restart of NVML may give the
@@ -79,95 +82,101 @@ class XidWatcher:
         with self._lock:
             return MappingProxyType(dict(self._counts.get(uuid, {})))
 
-    def _run(self) -> None:
+    def _spawn(self, gpu_count: int) -> None:
+        """With ``_cond`` held: a thread for each GPU index that has none (bounded by the GPU count)."""
+        for index in range(gpu_count):
+            t = self._threads.get(index)
+            if t is None or not t.is_alive():
+                t = self._threads[index] = threading.Thread(target=self._run, args=(index,),
+                                                            name=f"xid-events-{index}", daemon=True)  # fmt: skip
+                t.start()
+
+    def _live(self, serial: int, index: int) -> bool:
+        s = self._session
+        return s is not None and s[0] == serial and index < s[1]
+
+    def _run(self, index: int) -> None:
+        done: int | None = None  # the session this thread last watched
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._session is not None)
-                session = self._session
-                self._idle.clear()
-            assert session is not None
+                serial = done = self._cond.wait_for(partial(self._next_session, index, done))
+                assert serial is not None  # serials start at 1: wait_for returned a true value
+                self._busy += 1
             try:
-                self._watch(session)
+                self._watch(index, serial)
             except Exception:
-                log.exception("xid_watch_failed")
+                log.exception("xid_watch_failed", gpu=index)
             finally:
-                self._idle.set()
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
 
-    def _ended(self, session: tuple[int, int], timeout: float | None = None) -> None:
+    def _next_session(self, index: int, done: int | None) -> int | None:
+        """The serial of a session other than ``done`` that has GPU ``index``, if one is open."""
+        s = self._session
+        return s[0] if s is not None and s[0] != done and index < s[1] else None
+
+    def _ended(self, serial: int, index: int, timeout: float | None = None) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self._session != session, timeout=timeout)
+            self._cond.wait_for(lambda: not self._live(serial, index), timeout=timeout)
 
-    def _watch(self, session: tuple[int, int]) -> None:
-        """Watch the session's GPUs, building the event set again without a GPU that fell off the bus
-        (nvml.h: nvmlEventSetWait_v2 then answers GPU_IS_LOST, and would go on answering it, so the
-        healthy GPUs' XIDs would never come), and every ``REBUILD_S`` while a GPU is left out."""
-        while self._session == session:
+    def _watch(self, index: int, serial: int) -> None:
+        """Watch GPU ``index`` for the session: its set is built again only when its own GPU is lost
+        (every ``REBUILD_S`` while it cannot be registered, or is lost again at once)."""
+        while self._live(serial, index):
             try:
                 event_set = pynvml.nvmlEventSetCreate()
             except pynvml.NVMLError as e:
-                log.info("xid_events_unavailable", reason=str(e))
-                self._ended(session)  # nothing to watch until NVML is opened again
+                log.info("xid_events_unavailable", gpu=index, reason=str(e))
+                self._ended(serial, index)  # nothing to watch until NVML is opened again
                 return
             try:
-                uuids, left_out = _register(event_set, session[1])
-                if not uuids:
-                    self._ended(session, timeout=REBUILD_S if left_out else None)
+                uuid, lost = _register(event_set, index)
+                if uuid is None:
+                    self._ended(serial, index, timeout=REBUILD_S if lost else None)
                     continue
-                if self._wait(session, event_set, uuids, time.monotonic() + REBUILD_S if left_out else None):
-                    self._ended(session, timeout=PAUSE_S)  # lost again at once: a GPU answers yet is gone
+                lost_at_once = self._wait(index, serial, event_set, uuid)
             finally:
                 with contextlib.suppress(pynvml.NVMLError):
                     pynvml.nvmlEventSetFree(event_set)
+            if lost_at_once is not None:
+                # Lost: try again soon (a GPU back after a reset is watched again), but not at every
+                # wait while it answers its identity yet is gone.
+                self._ended(serial, index, timeout=REBUILD_S if lost_at_once else PAUSE_S)
 
-    def _wait(self, session: tuple[int, int], event_set: Any, uuids: dict[int | None, str],
-              rebuild_at: float | None) -> bool:  # fmt: skip
-        """Count events until the session ends, a GPU is lost, or it is time to rebuild; True when the
-        very first wait said a GPU is lost."""
+    def _wait(self, index: int, serial: int, event_set: Any, uuid: str) -> bool | None:
+        """Count the GPU's events until the session ends (None) or the GPU is lost: True when the very
+        first wait said so."""
         first = True
-        while self._session == session:
+        while self._live(serial, index):
             try:
                 event = pynvml.nvmlEventSetWait_v2(event_set, WAIT_MS)
             except pynvml.NVMLError as e:
                 if e.value == pynvml.NVML_ERROR_TIMEOUT:
-                    if rebuild_at is not None and time.monotonic() >= rebuild_at:
-                        return False
                     first = False
                     continue
                 self._errors("nvmlEventSetWait", error_name(e.value))
                 if e.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                    log.warning("xid_events_gpu_lost", reason="a GPU fell off the bus; watching the others")
+                    log.warning("xid_events_gpu_lost", gpu=index, uuid=uuid,
+                                reason="the GPU fell off the bus; the others go on being watched")  # fmt: skip
                     return first
-                self._ended(session, timeout=PAUSE_S)
+                self._ended(serial, index, timeout=PAUSE_S)
                 first = False
                 continue
             first = False
-            uuid = uuids.get(_address(event.device))
-            if uuid is None:
-                uuid = try_call(partial(pynvml.nvmlDeviceGetUUID, event.device))
-                if uuid is None:
-                    continue
             with self._lock:
                 self._counts.setdefault(uuid, Counter())[int(event.eventData)] += 1
-        return False
+        return None
 
 
-def _register(event_set: Any, gpus: int) -> tuple[dict[int | None, str], bool]:
-    """Register every GPU that answers for XID events: (handle address -> UUID, whether one was left out).
-    A GPU off the bus is left out: nvml.h lists GPU_IS_LOST among nvmlDeviceRegisterEvents' answers."""
-    uuids: dict[int | None, str] = {}
-    left_out = False
-    for index in range(gpus):
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
-        except pynvml.NVMLError as e:
-            left_out |= e.value == pynvml.NVML_ERROR_GPU_IS_LOST
-            log.info("xid_events_unavailable", gpu=index, reason=str(e))
-            continue
-        uuids[_address(h)] = uuid.decode() if isinstance(uuid, bytes) else uuid
-    return uuids, left_out
-
-
-def _address(handle: Any) -> int | None:
-    return ctypes.cast(handle, ctypes.c_void_p).value
+def _register(event_set: Any, index: int) -> tuple[str | None, bool]:
+    """Register GPU ``index`` for XID events: (its UUID, or None where it cannot be; whether it is lost).
+    nvml.h lists GPU_IS_LOST among nvmlDeviceRegisterEvents' answers."""
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(h)
+        pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
+    except pynvml.NVMLError as e:
+        log.info("xid_events_unavailable", gpu=index, reason=str(e))
+        return None, e.value == pynvml.NVML_ERROR_GPU_IS_LOST
+    return (uuid.decode() if isinstance(uuid, bytes) else uuid), False
