@@ -214,6 +214,41 @@ _CLOCK_EVENT_COUNTERS_DOC = (
 
 
 @dataclass(frozen=True)
+class FabricIssue:
+    """One condition of the NVLink fabric health mask (nvmlGpuFabricInfo_v2_t.healthMask and later):
+    a gpu_fabric_issue label value, the mask field it is read from (nvml.h's
+    NVML_GPU_FABRIC_HEALTH_MASK_<field>_* values, shifted by ..._SHIFT_<field>), and the values that
+    mean the issue is there and that it is not.  A field the driver does not report (its
+    NOT_SUPPORTED, 0; older drivers leave the bits 0) has no series."""
+
+    field: str
+    present: tuple[str, ...]  # value names that mean the issue is there
+    absent: tuple[str, ...]  # value names that mean it is not
+
+
+# The issues, by label value.  The bits and value names are the bindings' (nvidia-ml-py defines
+# the DEGRADED_BW, ROUTE_* and ACCESS_TIMEOUT_RECOVERY fields from 12.570, INCORRECT_CONFIGURATION
+# from 13.580, GFM_STATE from 13.595): with older bindings an issue is not read.  The registration
+# itself failing (state completed, status an error) is "registration_failed", from the status.
+_WRONG_CONFIGURATIONS = ("INCORRECT_SYSGUID", "INCORRECT_CHASSIS_SN", "NO_PARTITION", "INSUFFICIENT_NVLINKS",
+                         "INCOMPATIBLE_GPU_FW", "INVALID_LOCATION", "GPU_STATE_INVALID")  # fmt: skip
+FABRIC_ISSUES: Mapping[str, FabricIssue] = {
+    "degraded_bandwidth": FabricIssue("DEGRADED_BW", ("TRUE",), ("FALSE",)),
+    "route_recovery": FabricIssue("ROUTE_RECOVERY", ("TRUE",), ("FALSE",)),
+    "route_unhealthy": FabricIssue("ROUTE_UNHEALTHY", ("TRUE",), ("FALSE",)),
+    "access_timeout_recovery": FabricIssue("ACCESS_TIMEOUT_RECOVERY", ("TRUE",), ("FALSE",)),
+    "incorrect_configuration": FabricIssue("INCORRECT_CONFIGURATION", _WRONG_CONFIGURATIONS, ("NONE",)),
+    "fabric_manager_disconnected": FabricIssue("GFM_STATE", ("DISCONNECTED",), ("CONNECTED",)),
+}
+FABRIC_REGISTRATION_FAILED = "registration_failed"
+_FABRIC_DOC = (
+    "nvmlDeviceGetGpuFabricInfoV (driver 550 and newer; the health summary from 580, whose nvml.h adds "
+    "nvmlGpuFabricInfo_v3_t): GPUs on an NVSwitch or multi-node NVLink fabric (HGX and DGX H100/H200/B200, "
+    "GB200 NVL72).  PCIe cards and A100s answer NOT_SUPPORTED, or a state of NOT_SUPPORTED, and have no series."
+)
+
+
+@dataclass(frozen=True)
 class ClockEventReason:
     """One bit of nvmlDeviceGetCurrentClocksEventReasons: a label value of gpu_clock_event_active."""
 
@@ -317,6 +352,14 @@ _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_reset_required", _G, "", "1 when the driver answers the GPU's queries with NVML_ERROR_RESET_REQUIRED: it answers, but must be reset before it can be used again (its other values are then absent).",
               value=lambda g: g.reset_required,
               doc="Every driver; the simulator never sets it.  GpuResetRequired fires on it."),
+    MetricDef("gpu_fabric_state", _G, "", "The GPU's registration with its NVLink fabric (nvmlDeviceGetGpuFabricInfoV): 1 not started, 2 in progress, 3 completed.",
+              value=lambda g: g.fabric.state if g.fabric else None,
+              doc=_FABRIC_DOC + "  Until it is 3, CUDA cannot use the fabric (jobs fail with error 802, \"system not yet initialized\", where the fabric manager is not running); GpuFabricNotReady fires after 5 min."),
+    MetricDef("gpu_fabric_health", _G, "", "The driver's summary of the GPU's NVLink fabric health: 1 healthy, 2 unhealthy, 3 limited capacity.",
+              value=lambda g: g.fabric.health_summary if g.fabric else None, doc=_FABRIC_DOC),
+    MetricDef("gpu_fabric_issue", _G, "", "1 while the GPU's NVLink fabric reports an issue, 0 while it reports its absence, by issue (" + ", ".join((*FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED)) + ").",
+              labels=("issue",), value=lambda g: g.fabric.issues.items() if g.fabric else (),
+              doc=_FABRIC_DOC + "  From the health mask, each issue where the driver reports its field (older drivers report fewer); registration_failed where the state is completed with an error status.  GpuFabricUnhealthy fires on any 1."),
     MetricDef("gpu_recovery_action", _G, "", "The recovery the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 reset the GPU, 2 reboot the node, 3 drain peer-to-peer traffic, 4 drain and reset, 5 recover the IMEX domain, 6 reset the PCIe bus, 7 reboot the system.",
               fields=(FieldValue(230, since=(565,)),), doc=_RECOVERY_DOC),
     MetricDef("gpu_pcie_tx_bytes_per_second", _G, "bytes_per_second", "PCIe transmit throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",

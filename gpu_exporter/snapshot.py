@@ -219,6 +219,17 @@ class NvLinkReading:
 
 
 @dataclass(frozen=True, slots=True)
+class FabricReading:
+    """The GPU's place in its NVLink fabric (nvmlDeviceGetGpuFabricInfoV: NVSwitch and GB200
+    systems), where the driver reports one; None where a value is not reported."""
+
+    state: int | None = None  # nvml.h NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed
+    health_summary: int | None = None  # NVML_GPU_FABRIC_HEALTH_SUMMARY_*: 1 healthy, 2 unhealthy, 3 limited
+    # metric_defs.FABRIC_ISSUES label -> whether the fabric reports it now; absent where not reported.
+    issues: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
 class GpuStatic:
     """Facts that rarely change, read at discovery and refreshed on a slow interval."""
 
@@ -283,6 +294,7 @@ class GpuReading:
     # Queries answered NVML_ERROR_RESET_REQUIRED in this poll: the GPU answers (its identity), but the
     # driver says it must be reset before it can be used again; its other values are then unknown.
     reset_required: bool = False
+    fabric: FabricReading | None = None  # None: no NVLink fabric (PCIe cards, A100), or not asked
     xid_errors_total: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     processes: tuple[ProcessReading, ...] = ()
     migs: tuple[MigReading, ...] = ()

@@ -92,7 +92,7 @@ def test_same_names_severities_thresholds_and_durations_as_the_daemon() -> None:
         ("GpuPcieBottleneck", "warning"), ("GpuPcieLinkDegraded", "warning"), ("GpuLost", "critical"),
         ("GpuXidError", "critical"), ("GpuThermalThrottling", "warning"), ("GpuEccUncorrectable", "critical"),
         ("GpuRowRemapFailure", "critical"), ("GpuRowRemapPending", "warning"), ("GpuRecoveryRequired", "critical"),
-        ("GpuResetRequired", "critical"),
+        ("GpuResetRequired", "critical"), ("GpuFabricUnhealthy", "critical"), ("GpuFabricNotReady", "critical"),
     }  # fmt: skip
     expected: dict[tuple[str, str], tuple[float, list[str]]] = {
         ("GpuUnderutilized", "warning"): (d.GpuUnderutilized.for_, [
@@ -121,6 +121,8 @@ def test_same_names_severities_thresholds_and_durations_as_the_daemon() -> None:
         ("GpuRowRemapPending", "warning"): (d.GpuRowRemapPending.for_, ["gpu_row_remap_pending == 1"]),
         ("GpuRecoveryRequired", "critical"): (d.GpuRecoveryRequired.for_, ["gpu_recovery_action > 0"]),
         ("GpuResetRequired", "critical"): (d.GpuResetRequired.for_, ["gpu_reset_required == 1"]),
+        ("GpuFabricUnhealthy", "critical"): (d.GpuFabricUnhealthy.for_, ["gpu_fabric_issue == 1"]),
+        ("GpuFabricNotReady", "critical"): (d.GpuFabricNotReady.for_, ["gpu_fabric_state < 3"]),
     }  # fmt: skip
     for key, (for_seconds, needles) in expected.items():
         rule = rules[key]

@@ -16,6 +16,7 @@ from gpu_exporter.serving.accounting_metrics import accounting_families
 from tests.exporter_helpers import make_poller, names_for_gpu, samples_of, value, wait_for
 from tests.fakenvml import Counter, Err, Scenario
 from tests.fakenvml.presets import preset
+from tests.fakenvml.values import fabric_health_mask
 from tests.timing import LATE_S, NEVER_S
 
 GIB = 1024**3
@@ -43,6 +44,10 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
     g.ecc(corrected=5, uncorrected=1).remapped_rows(correctable=3, uncorrectable=1, pending=True, failure=False)
     g.mig_mode(False).recovery_action(2)  # the driver asks for a node reboot
+    # A fabric registered, degraded, wrongly configured; two fields the driver does not report.
+    g.fabric("completed", health_summary="limited_capacity", health_mask=fabric_health_mask(
+        DEGRADED_BW="TRUE", ROUTE_RECOVERY="FALSE", INCORRECT_CONFIGURATION="INSUFFICIENT_NVLINKS",
+        GFM_STATE="CONNECTED"))  # fmt: skip
     g.gpm_supported().gpm(graphics_util=91, sm_util=62, sm_occupancy=31, any_tensor_util=44, dram_bw_util=27,
                           fp64_util=1, fp32_util=12, fp16_util=3)  # fmt: skip
     g.process_utilization(100)
@@ -84,6 +89,8 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         "gpu_pcie_link_max_bytes_per_second": 16e9 * 128 / 130 / 8 * 8,  # Gen4 x8, one direction
         "gpu_pcie_replay_errors_total": 17,
         "gpu_recovery_action": 2,
+        "gpu_fabric_state": 3,
+        "gpu_fabric_health": 3,
         "gpu_row_remap_pending": 1,
         "gpu_row_remap_failure": 0,
     }
@@ -105,12 +112,22 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         ("gpu_violation_seconds_total", "policy"): {"power": 12.5, "thermal": 0.25, "sync_boost": 0,
                                                     "board_limit": 1e-9, "low_utilization": 3e9},
         ("gpu_clock_event_seconds_total", "reason"): {"sw_thermal": 1.5, "hw_thermal": 0.25},
+        ("gpu_fabric_issue", "issue"): {"degraded_bandwidth": 1, "route_recovery": 0, "incorrect_configuration": 1,
+                                        "fabric_manager_disconnected": 0, "registration_failed": 0},
     }  # fmt: skip
     for (name, label), want_map in labelled.items():
         for key, want in want_map.items():
             assert value(s, name, **g, **{label: key}) == pytest.approx(want), (name, key)
     policies = {dict(ls)["policy"] for (n, ls) in s if n == "gpu_violation_seconds_total"}
     assert policies == {"power", "thermal", "sync_boost", "board_limit", "low_utilization"}  # reliability: unsupported
+    issues = {dict(ls)["issue"] for (n, ls) in s if n == "gpu_fabric_issue"}
+    assert issues == {
+        "degraded_bandwidth",
+        "route_recovery",
+        "incorrect_configuration",
+        "fabric_manager_disconnected",
+        "registration_failed",
+    }  # route_unhealthy, access_timeout_recovery: not reported, left out
     reasons_counted = {dict(ls)["reason"] for (n, ls) in s if n == "gpu_clock_event_seconds_total"}
     assert reasons_counted == {"sw_thermal", "hw_thermal"}  # hw_power_brake: unsupported, left out, not 0
     assert errors.counts[("nvmlDeviceGetFieldValues", "not_supported")] == 2

@@ -21,7 +21,7 @@ import pytest
 from gpu_exporter.alerting.engine import FIRING, PENDING, RESOLVED, Alert, RuleEngine, holding_now, node_name
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.serving.alerts_page import alerts_json
-from gpu_exporter.snapshot import Activity, GpuReading, PodRef, ProcessReading
+from gpu_exporter.snapshot import Activity, FabricReading, GpuReading, PodRef, ProcessReading
 from tests import assert_mentions
 from tests.test_rules import GEN5_X16, GIB, IDLE_CARD, STEP, T0, fast_rules, gpu, snap
 
@@ -47,6 +47,7 @@ class RuleCase:
         return f"{self.alertname}/{self.severity}"
 
 
+ROUTE = "route_unhealthy"
 CASES = [
     RuleCase("GpuUnderutilized", "warning", gpu(utilization_ratio=0.02),
              clears=gpu(utilization_ratio=0.02, processes=()),  # the job freed its memory
@@ -77,6 +78,11 @@ CASES = [
     RuleCase("GpuRecoveryRequired", "critical", gpu(field_values=MappingProxyType({RECOVERY: 4.0})),
              clears=gpu(field_values=MappingProxyType({RECOVERY: 0.0})), value=4.0, settings={}),
     RuleCase("GpuResetRequired", "critical", gpu(reset_required=True), clears=gpu(), value=1.0, settings={}),
+    RuleCase("GpuFabricUnhealthy", "critical", gpu(fabric=FabricReading(3, 1, MappingProxyType({ROUTE: True}))),
+             clears=gpu(fabric=FabricReading(3, 1, MappingProxyType({ROUTE: False}))), value=1.0,
+             settings={}, labels=(("issue", ROUTE),)),
+    RuleCase("GpuFabricNotReady", "critical", gpu(fabric=FabricReading(state=2)), clears=gpu(fabric=FabricReading(3)),
+             value=2.0, settings={}),
 ]  # fmt: skip
 IDS = [c.id for c in CASES]
 

@@ -140,8 +140,13 @@ def test_every_field_the_simulator_promises_is_filled(day: Day) -> None:
         not_in_mig = ("utilization_ratio", "memory_copy_utilization_ratio", "encoder_utilization_ratio",
                       "decoder_utilization_ratio", "row_remap_pending", "row_remap_failure")  # fmt: skip
         for name in GpuReading.__slots__:
-            if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio", "activity"):
+            if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio", "activity",
+                            "fabric"):  # fmt: skip
                 assert (getattr(r, name) is None) == (mig and name in not_in_mig), (profile, name)
+        # The H100 SXMs sit on an NVSwitch fabric, registered and healthy; PCIe cards have none.
+        assert (r.fabric is not None) == (r.static.nvlink_count > 0), profile
+        if r.fabric is not None:
+            assert (r.fabric.state, r.fabric.health_summary) == (3, 1) and not any(r.fabric.issues.values())
         # GPM is Hopper and newer: the simulated H100s have it, the L40S and RTX 6000 Ada do not; the
         # MIG-mode H100's is per GPU instance.
         assert r.static.gpm_supported == ("H100" in r.static.name), profile

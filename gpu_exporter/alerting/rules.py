@@ -319,11 +319,55 @@ def reset_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings)
     )  # fmt: skip
 
 
+# What each NVLink fabric issue (gpu_fabric_issue, metric_defs.FABRIC_ISSUES) asks an operator to do.
+FABRIC_ADVICE: dict[str, str] = {
+    "degraded_bandwidth": "NVLink bandwidth is degraded: check the GPU's links (nvidia-smi nvlink -s) and the "
+                          "NVSwitch trays, and drain the node for service if it persists",
+    "route_recovery": "the fabric is recovering a route; if it persists, check nvidia-fabricmanager's log",
+    "route_unhealthy": "a fabric route is unhealthy: check nvidia-fabricmanager's log and the NVSwitch trays",
+    "access_timeout_recovery": "the fabric is recovering from an access timeout; if it persists, drain the node",
+    "incorrect_configuration": "the fabric is configured wrongly (nvidia-smi -q shows which: system GUID, chassis "
+                               "serial, partition, NVLinks, firmware): fix it and restart nvidia-fabricmanager",
+    "fabric_manager_disconnected": "the global fabric manager is disconnected: check the NVLink subnet manager",
+    "registration_failed": "the GPU failed to register with the fabric: check nvidia-fabricmanager's log and "
+                           "restart it",
+}  # fmt: skip
+
+
+def fabric_unhealthy(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    issues = g.fabric.issues if g.up and g.fabric is not None else {}
+    for issue, present in sorted(issues.items()):
+        what = FABRIC_ADVICE.get(issue, f"fabric issue {issue}")
+        yield Check(
+            "GpuFabricUnhealthy", "critical", fire=present, clear=not present,
+            summary=f"{_gpu(g)}: NVLink fabric issue {issue}: {what}",
+            description=f"The driver reports NVLink fabric issue {issue} on {_gpu(g)} ({g.uuid}): {what}.",
+            value=1.0 if present else 0.0, extra_labels=(("issue", issue),),
+            for_seconds=cfg.GpuFabricUnhealthy.for_,
+        )  # fmt: skip
+
+
+FABRIC_STATES = {1: "not started", 2: "in progress"}  # nvml.h NVML_GPU_FABRIC_STATE_*; 3 is completed
+
+
+def fabric_not_ready(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    state = g.fabric.state if g.up and g.fabric is not None else None
+    on = state is not None and state < 3
+    yield Check(
+        "GpuFabricNotReady", "critical", fire=on, clear=not on,
+        summary=f"{_gpu(g)} has not joined its NVLink fabric (registration {FABRIC_STATES.get(state or 0, state)}): "
+                "CUDA cannot use it until nvidia-fabricmanager (or the NVLink subnet manager) registers it",
+        description=f"{_gpu(g)} ({g.uuid}): fabric registration state {state}; CUDA applications on it fail "
+                    "with error 802 (system not yet initialized) until it completes.",
+        value=None if state is None else float(state), for_seconds=cfg.GpuFabricNotReady.for_,
+    )  # fmt: skip
+
+
 # Every rule; a rule may answer for several severities or label sets of its alert, and the
 # engine drops the answers of alerts that are switched off.
 RULES: tuple[Rule, ...] = (
     underutilized, low_sm_activity, idle, memory_high, pcie_bottleneck, pcie_link_degraded, lost, xid, thermal,
-    ecc_uncorrectable, row_remap, recovery_required, reset_required,
+    ecc_uncorrectable, row_remap, recovery_required, reset_required, fabric_unhealthy, fabric_not_ready,
 )  # fmt: skip
 
 

@@ -211,6 +211,8 @@ class RulesSettings(BaseModel):
     GpuRowRemapPending: InstantRule = InstantRule()
     GpuRecoveryRequired: InstantRule = InstantRule()
     GpuResetRequired: InstantRule = InstantRule()
+    GpuFabricUnhealthy: InstantRule = InstantRule(**{"for": 60.0})  # route and timeout recoveries pass
+    GpuFabricNotReady: InstantRule = InstantRule(**{"for": 300.0})  # registration takes a while at boot
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,12 @@ RULE_DOCS: dict[str, RuleDoc] = {
     "GpuResetRequired": RuleDoc(
         "critical", "the GPU answers its queries with NVML_ERROR_RESET_REQUIRED (`gpu_reset_required`)",
         "it answers them again"),
+    "GpuFabricUnhealthy": RuleDoc(
+        "critical", "the NVLink fabric reports an issue (`gpu_fabric_issue` 1, label `issue`; NVSwitch and GB200 "
+        "systems, driver 550+); the summary says what to do", "the issue is reported gone"),
+    "GpuFabricNotReady": RuleDoc(
+        "critical", "the GPU has not completed its fabric registration (`gpu_fabric_state` below 3)",
+        "the registration completes"),
 }  # fmt: skip
 
 

@@ -33,9 +33,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
+from ..metric_defs import CLOCK_EVENT_REASONS, FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED, FIELD_METRICS
 from ..snapshot import (
     Activity,
+    FabricReading,
     GpuReading,
     GpuStatic,
     MigReading,
@@ -107,6 +108,11 @@ class _Model:
     gpm: bool = False  # GPM (profiling-grade activity) is Hopper and newer
 
 
+_HEALTHY_FABRIC = FabricReading(
+    state=3, health_summary=1,
+    issues=MappingProxyType({issue: False for issue in (*FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED)
+                             if issue != "fabric_manager_disconnected"}),  # no global fabric manager on HGX
+)  # fmt: skip
 _H100 = _Model(
     name="NVIDIA H100 80GB HBM3",
     memory_total_bytes=81559 * _MIB,
@@ -517,6 +523,8 @@ class _SimulatedGpu:
             remapped_rows_total=MappingProxyType({} if migs else {"correctable": 0, "uncorrectable": 0}),
             row_remap_pending=None if migs else False,
             row_remap_failure=None if migs else False,
+            # An H100 SXM's NVSwitch fabric: registered and healthy in every field the driver reports.
+            fabric=_HEALTHY_FABRIC if model.nvlink_count else None,
             xid_errors_total=MappingProxyType(xids),
             processes=processes,
             migs=migs,

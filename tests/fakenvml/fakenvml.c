@@ -132,6 +132,12 @@ enum {
     K_PCIE_MAX_WIDTH,
     K_PCIE_REPLAY,
     K_RECOVERY_ACTION, /* field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230): nvmlDeviceGpuRecoveryAction_t */
+    /* nvmlDeviceGetGpuFabricInfoV: unset state = NOT_SUPPORTED (no fabric) */
+    K_FABRIC_STATE,
+    K_FABRIC_STATUS,
+    K_FABRIC_HEALTH_MASK,
+    K_FABRIC_HEALTH_SUMMARY,
+    K_FABRIC_CLIQUE,
     K_PCIE_COUNTER_BITS,
     /* NVLink */
     K_NVLINK_COUNT,
@@ -266,6 +272,11 @@ static void init_keys(void)
     def_key(K_PCIE_MAX_WIDTH, KT_NUM, SCOPE_GPU, "pcie.max_width");
     def_key(K_PCIE_REPLAY, KT_NUM, SCOPE_GPU, "pcie.replay");
     def_key(K_RECOVERY_ACTION, KT_NUM, SCOPE_GPU, "recovery_action");
+    def_key(K_FABRIC_STATE, KT_NUM, SCOPE_GPU, "fabric.state");
+    def_key(K_FABRIC_STATUS, KT_NUM, SCOPE_GPU, "fabric.status");
+    def_key(K_FABRIC_HEALTH_MASK, KT_NUM, SCOPE_GPU, "fabric.health_mask");
+    def_key(K_FABRIC_HEALTH_SUMMARY, KT_NUM, SCOPE_GPU, "fabric.health_summary");
+    def_key(K_FABRIC_CLIQUE, KT_NUM, SCOPE_GPU, "fabric.clique_id");
     def_key(K_PCIE_COUNTER_BITS, KT_NUM, SCOPE_GPU, "pcie.counter_bits");
     def_key(K_NVLINK_COUNT, KT_NUM, SCOPE_GPU, "nvlink.count");
     def_key(K_NVLINK_BEYOND, KT_NUM, SCOPE_GPU, "nvlink.beyond");
@@ -422,16 +433,20 @@ struct dev {
  */
 struct profile {
     unsigned int branch;
-    unsigned int fi_max;     /* a field id at or above it is unknown to the driver */
-    unsigned int nvlink_max; /* NvLink link indices the driver accepts at all */
+    unsigned int fi_max;         /* a field id at or above it is unknown to the driver */
+    unsigned int nvlink_max;     /* NvLink link indices the driver accepts at all */
+    unsigned int fabric_version; /* the newest nvmlGpuFabricInfo_v<N>_t it takes (0: none) */
 };
 
+/* fabric_version: nvmlGpuFabricInfo_v2_t (the health mask) is in nvidia-ml-py 12.550's bindings,
+ * v3_t (the health summary) first in 13.580.65's; a driver refuses a newer struct with
+ * ARGUMENT_VERSION_MISMATCH, as it refuses nvmlMemory_v2 with a wrong version. */
 static const struct profile profiles[] = {
-    {535, 197, 18},
-    {550, 228, 18},
-    {570, 269, 18},
-    {580, 274, 18},
-    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS},
+    {535, 197, 18, 0},
+    {550, 228, 18, 2},
+    {570, 269, 18, 2},
+    {580, 274, 18, 3},
+    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS, 3},
 };
 
 /* Entry points a branch does not have yet, by the first branch whose nvidia-ml-py binds them; a
@@ -442,6 +457,7 @@ static const struct {
     unsigned int since;
 } introduced[] = {
     {"nvmlDeviceGetTemperatureV", 570}, /* first bound by nvidia-ml-py 12.570 */
+    {"nvmlDeviceGetGpuFabricInfoV", 550}, /* first bound by nvidia-ml-py 12.550 */
     /* In nvml.h since CUDA 11.4 (R470) and 11.6 (R510), per NVIDIA's go-nvml copies of each header:
      * every modelled branch has them, so only a branch below 535 given its own profile would not. */
     {"nvmlDeviceGetMPSComputeRunningProcesses", 470},
@@ -2246,6 +2262,44 @@ nvmlReturn_t DECLDIR nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int
     *uncRows = u;
     *isPending = p;
     *failureOccurred = f;
+    return leave(NVML_SUCCESS);
+}
+
+/* The GPU's NVLink fabric.  nvml.h: "For Hopper or newer fully supported devices"; NOT_SUPPORTED
+ * "If device doesn't support gpu fabric"; the caller sets the version, v2 (health mask) or v3 (health
+ * summary, appended); `status` "Must be checked only if state returns complete".  A state of 0
+ * (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED) with SUCCESS is what a GPU without a fabric may answer too. */
+nvmlReturn_t DECLDIR nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *info)
+{
+    struct dev *d;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d); /* FUNCTION_NOT_FOUND before 550 (introduced[]) */
+    if (r)
+        return r;
+    unsigned int newest = cur->profile->fabric_version;
+    if (!(info->version == nvmlGpuFabricInfo_v2 || (info->version == nvmlGpuFabricInfo_v3 && newest >= 3)))
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (device->mig >= 0 || !d->s[K_FABRIC_STATE].set)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int state, status = 0, mask = 0, summary = 0, clique = 0;
+    if ((r = get_uint(d, K_FABRIC_STATE, &state)))
+        return leave(r);
+    if ((d->s[K_FABRIC_STATUS].set && (r = get_uint(d, K_FABRIC_STATUS, &status))) ||
+        (d->s[K_FABRIC_HEALTH_MASK].set && (r = get_uint(d, K_FABRIC_HEALTH_MASK, &mask))) ||
+        (d->s[K_FABRIC_HEALTH_SUMMARY].set && (r = get_uint(d, K_FABRIC_HEALTH_SUMMARY, &summary))) ||
+        (d->s[K_FABRIC_CLIQUE].set && (r = get_uint(d, K_FABRIC_CLIQUE, &clique))))
+        return leave(r);
+    unsigned int version = info->version;
+    nvmlGpuFabricInfo_v2_t *v2 = (nvmlGpuFabricInfo_v2_t *)info; /* v3 begins with v2's fields */
+    memset(v2->clusterUuid, 0, sizeof v2->clusterUuid);
+    v2->clusterUuid[0] = 0x42; /* one cluster for the node's GPUs */
+    v2->status = (nvmlReturn_t)status;
+    v2->cliqueId = clique;
+    v2->state = (nvmlGpuFabricState_t)state;
+    v2->healthMask = mask;
+    if (version == nvmlGpuFabricInfo_v3)
+        info->healthSummary = (unsigned char)summary;
     return leave(NVML_SUCCESS);
 }
 

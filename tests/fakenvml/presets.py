@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .scenario import NOT_SUPPORTED, Counter, Gpu, Scenario
+from .values import fabric_health_mask
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 GIB = 1024**3
@@ -25,6 +26,10 @@ def gpu_uuid(tag: str, index: int) -> str:
 
 def mig_uuid(tag: str, gpu: int, index: int) -> str:
     return f"MIG-{uuid.uuid5(_NS, f'{tag}/{gpu}/mig/{index}')}"
+
+
+HEALTHY_FABRIC = fabric_health_mask(DEGRADED_BW="FALSE", ROUTE_RECOVERY="FALSE", ROUTE_UNHEALTHY="FALSE",
+                                    ACCESS_TIMEOUT_RECOVERY="FALSE", INCORRECT_CONFIGURATION="NONE")  # fmt: skip
 
 
 def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: int, nvlinks: int = 18) -> Gpu:
@@ -42,6 +47,9 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
     )
     g.pstate(0).clocks_event_reasons()
     g.recovery_action(0)  # a healthy GPU's verdict, on drivers that have field 230 (565 and newer)
+    # An HGX board's NVSwitch fabric, registered by nvidia-fabricmanager and healthy in every field the
+    # driver reports (no global fabric manager: that is GB200's).
+    g.fabric("completed", health_mask=HEALTHY_FABRIC, health_summary="healthy")
     # The byte counters (NVML_FI_DEV_PCIE_COUNT_*) count at tx_kbps / rx_kbps: the fake derives them.
     g.pcie(
         gen=5,

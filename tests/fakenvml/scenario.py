@@ -19,6 +19,8 @@ from .values import (
     CLOCK_EVENT_REASONS,
     DRIVER_PROFILES,
     EVENT_XID_CRITICAL,
+    FABRIC_HEALTH_SUMMARIES,
+    FABRIC_STATES,
     GPU_IS_LOST,
     MAX_FANS,
     MAX_NVLINKS,
@@ -33,6 +35,7 @@ from .values import (
     Xid,
     _check_range,
     _render,
+    nvml_return_code,
 )
 
 __all__ = ["CLOCK_EVENT_REASONS", "EVENT_XID_CRITICAL", "GPU_IS_LOST", "NOT_SUPPORTED", "Counter", "Err", "Gpu",
@@ -333,6 +336,28 @@ class Gpu(Device):
 
     def supported_events(self, mask: int | Err) -> Gpu:
         return self.set("events.supported", mask if isinstance(mask, Err) else f"0x{mask:x}")
+
+    def fabric(
+        self, state: str | Err = "completed", status: str = "SUCCESS", health_mask: int = 0,
+        health_summary: str | None = None, clique_id: int = 0,
+    ) -> Gpu:  # fmt: skip
+        """nvmlDeviceGetGpuFabricInfoV (R550 and newer): the registration ``state`` (nvml.h's
+        NVML_GPU_FABRIC_STATE_* names: not_supported, not_started, in_progress, completed), the probe's
+        ``status`` (an nvmlReturn_t name), a ``health_mask`` (values.fabric_health_mask) and, for the
+        v3 struct of R580 and newer, a ``health_summary`` (healthy, unhealthy, limited_capacity).
+        Without this call the GPU has no fabric: NOT_SUPPORTED, as on PCIe cards and A100s."""
+        if not isinstance(state, Err) and state not in FABRIC_STATES:
+            raise ValueError(f"unknown fabric state {state!r}; known: {sorted(FABRIC_STATES)}")
+        if health_summary is not None and health_summary not in FABRIC_HEALTH_SUMMARIES:
+            raise ValueError(
+                f"unknown fabric health summary {health_summary!r}; known: {sorted(FABRIC_HEALTH_SUMMARIES)}"
+            )
+        self.set("fabric.state", state if isinstance(state, Err) else FABRIC_STATES[state])
+        self.set("fabric.status", nvml_return_code(status))
+        self.set("fabric.health_mask", health_mask)
+        if health_summary is not None:
+            self.set("fabric.health_summary", FABRIC_HEALTH_SUMMARIES[health_summary])
+        return self.set("fabric.clique_id", clique_id)
 
     def reset_required(self) -> Gpu:
         """Answer every query but its identity (name, UUID, serial, PCI, index, minor number) with

@@ -62,6 +62,42 @@ NVML_CLOCK_EVENT_REASONS = _header_reasons()
 CLOCK_EVENT_REASONS = {label: NVML_CLOCK_EVENT_REASONS[r.nvml_name] for label, r in DECLARED_REASONS.items()}
 
 
+def _header_defines(prefix: str) -> dict[str, int]:
+    """nvml.h's ``#define <prefix><NAME> <number>`` values, by NAME."""
+    text = nvml_header().read_text(encoding="utf-8", errors="replace")
+    return {name: int(value, 0) for name, value in re.findall(rf"#define {prefix}(\w+)\s+(0x[0-9A-Fa-f]+|\d+)", text)}
+
+
+# The NVLink fabric's states and health mask, from NVIDIA's nvml.h (the exporter decodes the mask
+# with nvidia-ml-py's constants: two sources that must agree).
+FABRIC_STATES = {n.lower(): v for n, v in _header_defines("NVML_GPU_FABRIC_STATE_").items()}
+FABRIC_HEALTH_SUMMARIES = {n.lower(): v for n, v in _header_defines("NVML_GPU_FABRIC_HEALTH_SUMMARY_").items()}
+_MASK = _header_defines("NVML_GPU_FABRIC_HEALTH_MASK_")
+
+
+def nvml_return_code(name: str) -> int:
+    """nvml.h's nvmlReturn_t value of ``SUCCESS`` or an error name (``NOT_READY``)."""
+    text = nvml_header().read_text(encoding="utf-8", errors="replace")
+    enum = "NVML_SUCCESS" if name == "SUCCESS" else f"NVML_ERROR_{name}"
+    m = re.search(rf"\b{enum}\s*=\s*(\d+)", text)
+    if m is None:
+        raise ValueError(f"no nvmlReturn_t {enum} in nvml.h")
+    return int(m.group(1))
+
+
+def fabric_health_mask(**fields: str) -> int:
+    """A health mask from nvml.h's names: ``fabric_health_mask(DEGRADED_BW="TRUE", GFM_STATE="CONNECTED")``
+    puts NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE at NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW."""
+    mask = 0
+    for name, value in fields.items():
+        shift, v = _MASK.get(f"SHIFT_{name}"), _MASK.get(f"{name}_{value}")
+        if shift is None or v is None:
+            known = sorted(k.removeprefix("SHIFT_") for k in _MASK if k.startswith("SHIFT_"))
+            raise ValueError(f"no nvml.h health mask value {name}_{value}; fields: {known}")
+        mask |= v << shift
+    return mask
+
+
 EVENT_XID_CRITICAL = 0x8
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
 CLOCKS = ("graphics", "sm", "memory", "video")

@@ -62,6 +62,7 @@ class Device:
         self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)
         # (gi, MIG uuid) -> (GPU instance profile id, placement start), read once per instance (mig.py).
         self.gpu_instances: dict[tuple[int, str], tuple[int | None, int | None]] = {}
+        self.fabric_refused = 0  # fabric struct versions this driver refused (fabric.py), newest first
         self.lost = False
         # A query answered RESET_REQUIRED since the poll began (read_quick clears it): the reading
         # says so, rather than leaving an unreadable GPU's values out without a word.

@@ -18,6 +18,7 @@ from ...metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
 from ...snapshot import GpuReading, GpuStatic, NvLinkReading
 from ..backend import StaticChanged
 from .device import Device
+from .fabric import read_fabric
 from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_PCIE_TX, read_fields
 from .mig import read_migs
 from .processes import ProcessReader
@@ -139,6 +140,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         processes = proc.utilization(dev, processes)
     gpm = readers.gpm if static.gpm_supported else None
     activity = gpm.gpu_activity(dev) if gpm else None
+    fabric = read_fabric(dev, readers.driver_version)
     return GpuReading(
         index=static.index,
         uuid=static.uuid,
@@ -182,6 +184,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         row_remap_failure=bool(rows[3]) if rows is not None else None,
         xid_errors_total=xids,
         reset_required=dev.reset_required,
+        fabric=fabric,
         processes=processes,
         migs=read_migs(dev, proc, gpm) if mig_mode else (),
         activity=activity,
