@@ -291,8 +291,8 @@ _CAPPED = "capped like gpu_process_memory_used_bytes"
 _DEFS: tuple[MetricDef, ...] = (
     MetricDef("gpu_up", _G, "", "1 when the GPU answered the last poll, 0 when it is lost or unreadable."),
     MetricDef("gpu_info", _G, "", "Constant 1; the labels describe the GPU and its driver.",
-              labels=("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode"),
-              doc="mig_mode is \"unsupported\" on cards without MIG (L40S, T4, GeForce), \"enabled\" or \"disabled\" on A100 and H100; serial is absent on GeForce cards."),
+              labels=("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "device"),
+              doc="mig_mode is \"unsupported\" on cards without MIG (L40S, T4, GeForce), \"enabled\" or \"disabled\" on A100 and H100; serial is absent on GeForce cards.  device is the GPU's device file (nvidia0 for /dev/nvidia0, from nvmlDeviceGetMinorNumber), as dcgm-exporter's device label: what a DRA claim, GKE's device plugin and the kubelet name a GPU by; empty where the driver does not say (Windows)."),
     MetricDef("gpu_utilization_ratio", _G, "ratio", "Fraction of the last sample period in which a kernel ran (0-1).",
               value=lambda g: g.utilization_ratio,
               doc="nvml.h: the sample period is between 1/6 s and 1 s, depending on the product.  Not given for a GPU in MIG mode (the series is absent); a GPU instance's activity is gpu_mig_*_ratio (GPM, Hopper)."),

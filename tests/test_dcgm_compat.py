@@ -64,7 +64,7 @@ DEFAULT_COUNTERS = (
 )  # fmt: skip
 # dcgm-exporter's labels on a GPU's series (internal/pkg/rendermetrics), as the rules give them; the
 # workload's with pod attribution, the GPU instance's on MIG devices.
-DCGM_LABELS = {"gpu", "UUID", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "Hostname"}
+DCGM_LABELS = {"gpu", "UUID", "device", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "Hostname"}
 # The target's, as scraped through a ServiceMonitor (dcgm-exporter's series get the same): job and
 # instance, the operator's service and endpoint, and node from the chart's relabelling.
 TARGET_LABELS = {"job", "instance", "service", "endpoint", "node"}
@@ -386,6 +386,7 @@ def test_the_dcgm_series_carry_dcgms_labels(behind_the_chart: Behind) -> None:
             assert m["UUID"] == gpu.values["uuid"] and m["modelName"] == gpu.values["name"], (name, m)
             assert m["Hostname"] == NODE and m["DCGM_FI_DRIVER_VERSION"] == s.driver_version, (name, m)
             assert m["pci_bus_id"] == gpu.values["pci.bus_id"], (name, m)
+            assert m["device"] == f"nvidia{gpu.values['minor_number']}", (name, m)  # /dev/nvidiaN, as dcgm's
             if "pod" in m:
                 holder = (m["gpu"], m.get("GPU_I_ID"), m["namespace"], m["pod"], m["container"])
                 assert holder in {("0", None, "ml", "trainer-0", "main"), ("2", "13", "ml", "mig-job", "main")}, m

@@ -28,6 +28,7 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     # R580 from 580.82 on, the first driver whose nvml.h has the clock event reason counters 269-271.
     scenario.driver(580).driver_version, scenario.nvml_version = "580.82.07", "13.580.82.07"
     g = scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUID).pci("00000000:18:00.0").serial("1652324000123")
+    g.minor_number(4)  # /dev/nvidia4: not the index (a GPU the container does not see, or a renumbering)
     g.utilization(87, 41).memory(80 * GIB, 60 * GIB, reserved=512 * MIB).codec(12, 7)
     g.temperature(66, memory=71).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
     g.fans(30, 45)
@@ -136,7 +137,7 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
     info = [dict(ls) for (n, ls) in s if n == "gpu_info"]
     assert info == [{"gpu": "0", "uuid": UUID, "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0",
                      "driver_version": "580.82.07", "cuda_version": "13.0", "serial": "1652324000123",
-                     "mig_mode": "disabled"}]  # fmt: skip
+                     "mig_mode": "disabled", "device": "nvidia4"}]  # fmt: skip
     procs = {
         (dict(ls)["pid"], dict(ls)["process"]): v for (n, ls), v in s.items() if n == "gpu_process_memory_used_bytes"
     }

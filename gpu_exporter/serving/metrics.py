@@ -54,6 +54,12 @@ class RenderOptions:
         return frozenset().union(*(COLLECTOR_METRICS[c] for c in self.disabled))
 
 
+def device_name(minor: int | None) -> str:
+    """The GPU's device file, as dcgm-exporter's ``device`` label names it (``nvidia0``: /dev/nvidia0,
+    from nvmlDeviceGetMinorNumber); "" where the driver does not say."""
+    return "" if minor is None else f"nvidia{minor}"
+
+
 def top_processes(processes: Iterable[ProcessReading], n: int) -> list[ProcessReading]:
     """The ``n`` processes using the most memory (all if ``n`` is 0); unknown usage sorts last."""
     ranked = sorted(processes, key=lambda p: (-(p.used_memory_bytes or -1), p.pid))
@@ -135,7 +141,7 @@ def gpu_series(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Ite
         s = g.static
         if s is not None:
             yield info, [*w.base(g), s.name, s.pci_bus_id, snapshot.driver_version or "", snapshot.cuda_version or "",
-                         s.serial or "", s.mig_mode], 1.0  # fmt: skip
+                         s.serial or "", s.mig_mode, device_name(s.minor_number)], 1.0  # fmt: skip
     for d in w.scoped(Scope.GPU):
         for g in gpus if d.while_down else live:
             yield from _values(d, w.base(g), g)

@@ -307,6 +307,7 @@ class _SimulatedGpu:
             name=model.name,
             pci_bus_id=f"{domain:08X}:{_HGX_BUSES[slot]:02X}:00.0",
             serial=f"1652{rng.randrange(10**9):09d}",
+            minor_number=index,  # /dev/nvidia<index>, as the driver numbers the GPUs it finds
             mig_mode="enabled" if self.profile == "mig" else "disabled",
             clock_max_hertz=MappingProxyType({k: v * 1e6 for k, v in model.clock_max_mhz.items()}),
             pcie_max_generation=model.pcie_generation,
