@@ -86,6 +86,14 @@ class FieldValue:
     # older drivers, and one whose version is unknown, are not asked (the id can mean something else
     # there, or nothing).  (): every driver the exporter supports.
     since: tuple[int, ...] = ()
+    # Asked once per NVLink link (the field's scope id is the link), and the series carry a "link"
+    # label first; read only where the NVLink collector is on and the GPU has links.
+    per_link: bool = False
+    # The GPU architectures (nvml.h NVML_DEVICE_ARCH_*) it is asked of, from and below: a field that
+    # one generation replaced is not asked of the other, which would answer NOT_SUPPORTED on every
+    # link.  A GPU whose architecture is unknown is asked all of them.
+    arch_from: int = 0
+    arch_below: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,8 +118,12 @@ class MetricDef:
 
     def __post_init__(self) -> None:
         if self.fields:
-            if self.value is not None or self.scope != Scope.GPU or len(self.labels) != bool(self.fields[0].label):
-                raise ValueError(f"{self.name}: a field-value metric is per GPU, with one label if its fields name one")
+            f = self.fields[0]
+            want = (("link",) if f.per_link else ()) + ((self.labels[-1],) if f.label and self.labels else ())
+            if (self.value is not None or self.scope != Scope.GPU or len(self.labels) != f.per_link + bool(f.label)
+                    or self.labels != want or any(x.per_link != f.per_link for x in self.fields)):  # fmt: skip
+                raise ValueError(f"{self.name}: a field-value metric is per GPU, with a link label first if its "
+                                 "fields are per link, and one more label if they name one")  # fmt: skip
             object.__setattr__(self, "value", _field_reader(self.name, self.fields))
 
     def series_labels(self, holders: HolderLabels | tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -136,6 +148,8 @@ class MetricDef:
 
 def _field_reader(name: str, fields: tuple[FieldValue, ...]) -> Reader:
     """The reader of a field-value metric: its values in ``field_values``, absent where not read."""
+    if fields[0].per_link:
+        return lambda g: sorted(g.link_field_values.get(name, {}).items())
     if not fields[0].label:
         return lambda g: g.field_values.get((name, ""))
     labels = tuple(f.label for f in fields)
@@ -277,8 +291,32 @@ CLOCK_EVENT_REASONS: Mapping[str, ClockEventReason] = {
 }
 
 
-def _per_label(scale: float, ids: Iterable[tuple[int, str]], since: tuple[int, ...] = ()) -> tuple[FieldValue, ...]:
-    return tuple(FieldValue(fid, scale, label, since) for fid, label in ids)
+def _per_label(scale: float, ids: Iterable[tuple[int, str]], since: tuple[int, ...] = (), per_link: bool = False,
+               arch_from: int = 0, arch_below: int | None = None) -> tuple[FieldValue, ...]:  # fmt: skip
+    return tuple(FieldValue(fid, scale, label, since, per_link, arch_from, arch_below) for fid, label in ids)
+
+
+# NVLink error counters per link, by the error label.  Before Blackwell, nvml.h's
+# NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY/_RECOVERY/_CRC (161-163), which every supported driver defines;
+# Blackwell's NVLink 5 answers them NOT_SUPPORTED and counts instead in the
+# NVML_FI_DEV_NVLINK_COUNT_* fields (206-221), first in nvidia-ml-py 12.560's nvml.h.
+NVLINK_DL_ERRORS = ((161, "replay"), (162, "recovery"), (163, "crc"))
+NVLINK5_ERRORS = (
+    (206, "malformed_packet"), (207, "buffer_overrun"), (208, "receive"), (209, "receive_remote"),
+    (210, "receive_general"), (211, "local_link_integrity"), (212, "transmit_discard"),
+    (213, "recovery_successful"), (214, "recovery_failed"), (219, "effective"), (221, "symbol"),
+)  # fmt: skip
+NVLINK5_SINCE = (560,)
+ARCH_BLACKWELL = 10  # nvml.h NVML_DEVICE_ARCH_BLACKWELL: NVLink 5
+_NVLINK_ERRORS_DOC = (
+    "Per link and kind, since the driver loaded.  Hopper and older (A100, H100, H200): replay, recovery and crc "
+    "(field values 161-163, NVML_FI_DEV_NVLINK_ERROR_DL_*).  Blackwell (B200, GB200) answers those NOT_SUPPORTED "
+    "and counts NVLink 5's instead (206-221, NVML_FI_DEV_NVLINK_COUNT_*, asked of driver 560 and newer): "
+    "malformed_packet, buffer_overrun, receive, receive_remote, receive_general, local_link_integrity, "
+    "transmit_discard, recovery_successful, recovery_failed, effective (the sum of errors in each packet) and symbol.  "
+    "A kind the card does not count has no series; dcgm-exporter's DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL "
+    "is the sum of crc over the links."
+)
 
 
 _G: Final = "gauge"
@@ -386,6 +424,11 @@ _DEFS: tuple[MetricDef, ...] = (
               labels=("link",), value=_links("tx_bytes_total"), collector=_NVL, doc=_NVLINK_DOC),
     MetricDef("gpu_nvlink_rx_bytes_total", _C, "bytes", "NVLink data bytes received, per link (NVML KiB x 1024).",
               labels=("link",), value=_links("rx_bytes_total"), collector=_NVL, doc=_NVLINK_DOC),
+    MetricDef("gpu_nvlink_errors_total", _C, "", "NVLink errors since the driver loaded, per link and kind (replay, recovery, crc before Blackwell; NVLink 5's counters on Blackwell).",
+              labels=("link", "error"),
+              fields=(*_per_label(1.0, NVLINK_DL_ERRORS, per_link=True, arch_below=ARCH_BLACKWELL),
+                      *_per_label(1.0, NVLINK5_ERRORS, NVLINK5_SINCE, per_link=True, arch_from=ARCH_BLACKWELL)),
+              collector=_NVL, doc=_NVLINK_ERRORS_DOC),
     MetricDef("gpu_nvlink_up", _G, "", "1 when the NVLink link is active, per link.",
               labels=("link",), value=_links("up"), collector=_NVL, doc=_NVLINK_DOC),
     MetricDef("gpu_ecc_errors_total", _C, "", "ECC memory errors over the device lifetime, by type (corrected, uncorrected).",

@@ -218,6 +218,9 @@ class NvLinkReading:
     rx_bytes_total: int | None = None
 
 
+LinkKey = str | tuple[str, str]  # a per-link series' label values: the link, or the link and one more
+
+
 @dataclass(frozen=True, slots=True)
 class FabricReading:
     """The GPU's place in its NVLink fabric (nvmlDeviceGetGpuFabricInfoV: NVSwitch and GB200
@@ -246,6 +249,8 @@ class GpuStatic:
     fan_count: int = 0  # from nvmlDeviceGetNumFans; -1: that call is missing, read one fan the old way
     nvlink_count: int = 0
     gpm_supported: bool = False  # nvmlGpmQueryDeviceSupport said yes
+    # nvmlDeviceGetArchitecture: nvml.h NVML_DEVICE_ARCH_* (9 Hopper, 10 Blackwell); None where unknown.
+    architecture: int | None = None
     # N of /dev/nvidiaN (nvmlDeviceGetMinorNumber): how GKE's device plugin and NVIDIA's DRA driver
     # name a GPU to the kubelet ("nvidia0", "gpu-0").  None where the driver does not say (Windows).
     minor_number: int | None = None
@@ -279,6 +284,11 @@ class GpuReading:
     # The values metrics declare as NVML field values (metric_defs.FieldValue), in base units:
     # (metric name, label value or "") -> value; a field the GPU does not have is not there.
     field_values: Mapping[tuple[str, str], float] = field(default_factory=lambda: MappingProxyType({}))
+    # The same for per-link field values (FieldValue.per_link): metric name -> {(link, label): value},
+    # the label values as the series carry them ("0", or ("0", "crc")).
+    link_field_values: Mapping[str, Mapping[str | tuple[str, str], float]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
     pcie_tx_bytes_total: int | None = None

@@ -16,6 +16,8 @@ from gpu_exporter.metric_defs import (
     EVERY_HOLDER,
     FIELD_METRICS,
     METRICS,
+    NVLINK5_ERRORS,
+    NVLINK_DL_ERRORS,
     Collector,
     FieldValue,
     MetricDef,
@@ -54,7 +56,10 @@ def test_a_declaration_follows_the_naming_conventions(d: MetricDef) -> None:
     if d.type == "histogram":
         assert d.scope == Scope.EXPORTER, "per-GPU histograms would multiply series by buckets"
     if d.value is not None:
-        assert d.scope != Scope.EXPORTER and len(d.labels) <= 1, "a reader gives a number or (label, number) pairs"
+        per_link = bool(d.fields) and d.fields[0].per_link  # ((link, label), number) pairs
+        assert d.scope != Scope.EXPORTER and len(d.labels) <= 1 + per_link, (
+            "a reader gives a number or (label, number) pairs"
+        )
 
 
 def test_every_collector_is_declared_with_its_help_and_switch() -> None:
@@ -121,7 +126,7 @@ def readers(disabled: frozenset[str] = frozenset(), version: tuple[int, ...] = (
 
 def test_the_poll_asks_exactly_the_declared_field_ids_of_the_collectors_that_are_on() -> None:
     static = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b")
-    declared = {(f.field_id, 0) for d in FIELD_METRICS for f in d.fields}
+    declared = {(f.field_id, 0) for d in FIELD_METRICS for f in d.fields if not f.per_link}
     clocks = {(f.field_id, 0) for d in FIELD_METRICS if d.collector == Collector.CLOCKS for f in d.fields}
     assert {(74, 0), (79, 0), (269, 0), (271, 0)} <= clocks
     on = reads._wanted_fields(static, readers())
@@ -136,6 +141,27 @@ def test_the_poll_asks_exactly_the_declared_field_ids_of_the_collectors_that_are
     assert {(269, 0), (270, 0), (271, 0)}.isdisjoint(reads._wanted_fields(static, readers(version=())))
     # Each value with its metric, label and scale: the perf-policy counters are ns, read as seconds.
     assert (("gpu_violation_seconds_total", 75, 1e-9, "thermal")) in readers().fields
+
+
+def test_per_link_fields_are_asked_for_every_link_of_their_generation_only() -> None:
+    """A Hopper's links are asked 161-163, a Blackwell's NVLink 5's counters and byte counters, one
+    whose architecture is unknown both; a GPU without links, none; NVLink off, none."""
+    dl = {fid for fid, _ in NVLINK_DL_ERRORS}
+    nv5 = {fid for fid, _ in NVLINK5_ERRORS} | {202, 204}
+
+    def asked(arch: int | None, links: int = 18, **kw: Any) -> dict[int, set[int]]:
+        static = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b", nvlink_count=links, architecture=arch)
+        out: dict[int, set[int]] = {}
+        for fid, scope in reads._wanted_fields(static, readers(**kw)):
+            if fid in dl | nv5:
+                out.setdefault(fid, set()).add(scope)
+        return out
+
+    assert asked(9) == {fid: set(range(18)) for fid in dl}
+    assert asked(10) == {fid: set(range(18)) for fid in nv5}
+    assert asked(None).keys() == dl | nv5
+    assert asked(10, version=(555,)) == {}  # NVLink 5's ids are in the nvml.h of 560 and later
+    assert asked(9, links=0) == {} and asked(9, disabled=frozenset({"nvlink"})) == {}
 
 
 def test_a_field_value_declaration_reads_its_slot_and_leaves_out_what_is_not_there() -> None:

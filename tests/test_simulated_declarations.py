@@ -108,11 +108,19 @@ def test_each_metric_left_out_is_declared_and_needs_what_a_simulated_node_lacks(
 def test_every_declared_field_value_is_on_every_gpu(polls: list[NodeSnapshot]) -> None:
     """Each (metric, label) a field-value declaration names, on every simulated GPU that answers: the
     simulated driver (580.82) has every declared id, and the simulated cards report them all."""
-    declared = {(d.name, f.label) for d in FIELD_METRICS for f in d.fields}
+    declared = {(d.name, f.label) for d in FIELD_METRICS for f in d.fields if not f.per_link}
     assert {("gpu_violation_seconds_total", "power"), ("gpu_clock_event_seconds_total", "hw_thermal")} <= declared
+    # Per link, those of the GPU's NVLink generation (the simulated H100s are Hopper: 161-163).
+    hopper = {(d.name, f.label) for d in FIELD_METRICS for f in d.fields if f.per_link and f.arch_from <= 9}
+    assert ("gpu_nvlink_errors_total", "crc") in hopper
     for s in polls:
         for g in s.gpus:
             assert not g.up or set(g.field_values) == declared, g.index
+            if g.up and g.static is not None:
+                per_link = {(name, key[1]) for name, m in g.link_field_values.items() for key in m}
+                links = {key[0] for m in g.link_field_values.values() for key in m}
+                assert per_link == (hopper if g.static.nvlink_count else set()), g.index
+                assert links == {str(n) for n in range(g.static.nvlink_count)}, g.index
 
 
 def test_the_policies_the_simulator_models_are_declared() -> None:

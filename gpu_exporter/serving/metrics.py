@@ -123,7 +123,7 @@ def _values(d: MetricDef, labels: list[str], reading: Any) -> Iterator[Series]:
         return
     for key, v in got:  # type: ignore[union-attr]
         if v is not None:
-            yield d, [*labels, key], float(v)
+            yield d, [*labels, *key] if isinstance(key, tuple) else [*labels, key], float(v)
 
 
 def gpu_series(snapshot: NodeSnapshot, opts: RenderOptions | None = None) -> Iterator[Series]:

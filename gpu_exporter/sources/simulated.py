@@ -33,12 +33,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..metric_defs import CLOCK_EVENT_REASONS, FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED, FIELD_METRICS
+from ..metric_defs import (
+    CLOCK_EVENT_REASONS,
+    FABRIC_ISSUES,
+    FABRIC_REGISTRATION_FAILED,
+    FIELD_METRICS,
+    NVLINK_DL_ERRORS,
+)
 from ..snapshot import (
     Activity,
     FabricReading,
     GpuReading,
     GpuStatic,
+    LinkKey,
     MigReading,
     NvLinkReading,
     ProcessReading,
@@ -106,6 +113,7 @@ class _Model:
     fan_count: int = 0
     nvlink_count: int = 0
     gpm: bool = False  # GPM (profiling-grade activity) is Hopper and newer
+    architecture: int | None = None  # nvml.h NVML_DEVICE_ARCH_*
 
 
 _HEALTHY_FABRIC = FabricReading(
@@ -126,6 +134,7 @@ _H100 = _Model(
     thermal_rise_celsius=40.0,
     nvlink_count=18,
     gpm=True,
+    architecture=9,  # NVML_DEVICE_ARCH_HOPPER
 )
 # A PCIe card, to show a Gen4 link that really can be saturated.
 _L40S = _Model(
@@ -139,6 +148,7 @@ _L40S = _Model(
     power_limit_watts=350.0,
     power_idle_watts=35.0,
     thermal_rise_celsius=45.0,
+    architecture=8,  # NVML_DEVICE_ARCH_ADA
 )
 # A blower-cooled workstation card, so that the fan metrics have something to show.
 _RTX6000 = _Model(
@@ -153,6 +163,7 @@ _RTX6000 = _Model(
     power_idle_watts=20.0,
     thermal_rise_celsius=50.0,
     fan_count=1,
+    architecture=8,  # NVML_DEVICE_ARCH_ADA
 )
 _MODEL_OF_PROFILE = {"pcie-bound": _L40S, "idle": _RTX6000}
 
@@ -316,6 +327,7 @@ class _SimulatedGpu:
             fan_count=model.fan_count,
             nvlink_count=model.nvlink_count,
             gpm_supported=model.gpm,
+            architecture=model.architecture,
         )
         self._wiggles = {name: _Wiggle(rng) for name in ("util", "copy", "mem", "power", "rx", "tx", "nvlink", "codec")}
         self._creep_offset = rng.uniform(0, MEMORY_CREEP_PERIOD_SECONDS)
@@ -350,6 +362,18 @@ class _SimulatedGpu:
         if self.profile != "lost" or t < first:
             return {}
         return {XID_BEFORE_LOSS: int((t - first) // LOST_PERIOD_SECONDS) + 1}
+
+    def nvlink_errors(self, t: float) -> Mapping[str, Mapping[LinkKey, float]]:
+        """An H100's NVLink error counters (Hopper's replay, recovery and crc per link): all 0 but on
+        the training GPU, whose link 0 replays a flit an hour, as a slightly marginal cable does."""
+        if not self.model.nvlink_count:
+            return MappingProxyType({})
+        replays = float(int(t // 3600)) if self.profile == "training" else 0.0
+        counts: dict[LinkKey, float] = {}
+        for link in range(self.model.nvlink_count):
+            for _, kind in NVLINK_DL_ERRORS:
+                counts[str(link), kind] = replays if (link, kind) == (0, "replay") else 0.0
+        return MappingProxyType({"gpu_nvlink_errors_total": MappingProxyType(counts)})
 
     def recovery_action(self, t: float) -> float:
         """The driver's recovery action at ``t``: the "lost" GPU asks for a reset (1) between its XID
@@ -456,6 +480,7 @@ class _SimulatedGpu:
             field_values = MappingProxyType(
                 {**self._held_back, ("gpu_recovery_action", ""): self.recovery_action(elapsed)}
             )
+            link_field_values = self.nvlink_errors(elapsed)
             energy, pcie_tx_total, pcie_rx_total = self._energy_joules, int(self._pcie_tx), int(self._pcie_rx)
             nvlinks = tuple(
                 NvLinkReading(link, True, int(self._nvlink_tx[link]), int(self._nvlink_rx[link]))
@@ -511,6 +536,7 @@ class _SimulatedGpu:
             performance_state=pstate,
             clock_event_active=MappingProxyType(events),
             field_values=field_values,
+            link_field_values=link_field_values,
             pcie_tx_bytes_per_second=tx_rate,
             pcie_rx_bytes_per_second=rx_rate,
             pcie_tx_bytes_total=pcie_tx_total,

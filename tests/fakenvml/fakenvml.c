@@ -33,6 +33,32 @@
 #define MAX_MIG 8
 #define MAX_FANS 8
 #define MAX_LINKS NVML_NVLINK_MAX_LINKS
+#define NVLINK_ERRORS 14
+
+/* The NVLink error counters per link, by field id and key name: nvml.h's NVML_FI_DEV_NVLINK_ERROR_DL_*
+ * (161-163) on NVLink 4 and older, which Blackwell answers NOT_SUPPORTED (issue 36: "On Blackwell the
+ * old fields 161-163 are unsupported"), and NVLink 5's NVML_FI_DEV_NVLINK_COUNT_* (206-221), which
+ * only Blackwell has.  `nvlink5` says which generation has the counter. */
+static const struct {
+    unsigned int field;
+    const char *name;
+    int nvlink5;
+} nvlink_errors[NVLINK_ERRORS] = {
+    {NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, "replay", 0},
+    {NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, "recovery", 0},
+    {NVML_FI_DEV_NVLINK_ERROR_DL_CRC, "crc", 0},
+    {NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS, "malformed_packet", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_BUFFER_OVERRUN_ERRORS, "buffer_overrun", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS, "receive", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_RCV_REMOTE_ERRORS, "receive_remote", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_RCV_GENERAL_ERRORS, "receive_general", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS, "local_link_integrity", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_XMIT_DISCARDS, "transmit_discard", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS, "recovery_successful", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS, "recovery_failed", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS, "effective", 1},
+    {NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, "symbol", 1},
+};
 #define MAX_EVENT_SETS 64
 #define NO_INSTANCE 0xFFFFFFFFu
 #define DEFAULT_PCIE_SAMPLE_MS 20
@@ -145,8 +171,10 @@ enum {
     K_NVLINK_STATE0,
     K_NVLINK_TX0 = K_NVLINK_STATE0 + MAX_LINKS,
     K_NVLINK_RX0 = K_NVLINK_TX0 + MAX_LINKS,
+    K_NVLINK_ERR0 = K_NVLINK_RX0 + MAX_LINKS, /* [link * NVLINK_ERRORS + kind], kinds in nvlink_errors[] */
+    K_ARCH = K_NVLINK_ERR0 + MAX_LINKS * NVLINK_ERRORS, /* nvmlDeviceGetArchitecture; unset: from the name */
     /* errors */
-    K_ECC0 = K_NVLINK_RX0 + MAX_LINKS, /* [errorType * 2 + counterType] */
+    K_ECC0, /* [errorType * 2 + counterType] */
     K_ROWS_CORRECTABLE = K_ECC0 + 4,
     K_ROWS_UNCORRECTABLE,
     K_ROWS_PENDING,
@@ -272,6 +300,7 @@ static void init_keys(void)
     def_key(K_PCIE_MAX_WIDTH, KT_NUM, SCOPE_GPU, "pcie.max_width");
     def_key(K_PCIE_REPLAY, KT_NUM, SCOPE_GPU, "pcie.replay");
     def_key(K_RECOVERY_ACTION, KT_NUM, SCOPE_GPU, "recovery_action");
+    def_key(K_ARCH, KT_NUM, SCOPE_GPU, "arch");
     def_key(K_FABRIC_STATE, KT_NUM, SCOPE_GPU, "fabric.state");
     def_key(K_FABRIC_STATUS, KT_NUM, SCOPE_GPU, "fabric.status");
     def_key(K_FABRIC_HEALTH_MASK, KT_NUM, SCOPE_GPU, "fabric.health_mask");
@@ -284,6 +313,9 @@ static void init_keys(void)
         def_key(K_NVLINK_STATE0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.state", i);
         def_key(K_NVLINK_TX0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.tx_kib", i);
         def_key(K_NVLINK_RX0 + i, KT_NUM, SCOPE_GPU, "nvlink.%d.rx_kib", i);
+        for (int e = 0; e < NVLINK_ERRORS; e++)
+            def_key(K_NVLINK_ERR0 + i * NVLINK_ERRORS + e, KT_NUM, SCOPE_GPU, "nvlink.%d.errors.%s", i,
+                    nvlink_errors[e].name);
     }
     def_key(K_ECC0 + 0, KT_NUM, SCOPE_GPU, "ecc.corrected.volatile");
     def_key(K_ECC0 + 1, KT_NUM, SCOPE_GPU, "ecc.corrected.aggregate");
@@ -2076,6 +2108,54 @@ static nvmlReturn_t nvlink_absent(const struct dev *d, unsigned int link, int *d
     return b->set ? b->err : NVML_ERROR_INVALID_ARGUMENT;
 }
 
+/* The GPU's architecture: `arch` where the scenario sets it, else what its name says, as a driver
+ * knows its chip (NVML_DEVICE_ARCH_UNKNOWN, "presumably something newer", for a name not listed). */
+static nvmlReturn_t gpu_arch(const struct dev *d, unsigned int *arch)
+{
+    if (d->s[K_ARCH].set)
+        return get_uint(d, K_ARCH, arch);
+    static const struct {
+        const char *part;
+        unsigned int arch;
+    } by_name[] = {
+        {"B200", NVML_DEVICE_ARCH_BLACKWELL}, {"B100", NVML_DEVICE_ARCH_BLACKWELL},
+        {"RTX PRO 6000", NVML_DEVICE_ARCH_BLACKWELL}, {"H100", NVML_DEVICE_ARCH_HOPPER},
+        {"H200", NVML_DEVICE_ARCH_HOPPER}, {"H20", NVML_DEVICE_ARCH_HOPPER}, {"Ada", NVML_DEVICE_ARCH_ADA},
+        {"L40", NVML_DEVICE_ARCH_ADA}, {"L4", NVML_DEVICE_ARCH_ADA}, {"RTX 40", NVML_DEVICE_ARCH_ADA},
+        {"A100", NVML_DEVICE_ARCH_AMPERE}, {"A10", NVML_DEVICE_ARCH_AMPERE}, {"A30", NVML_DEVICE_ARCH_AMPERE},
+        {"A40", NVML_DEVICE_ARCH_AMPERE}, {"RTX 30", NVML_DEVICE_ARCH_AMPERE}, {"T4", NVML_DEVICE_ARCH_TURING},
+        {"V100", NVML_DEVICE_ARCH_VOLTA},
+    };
+    const char *name = d->s[K_NAME].set && d->s[K_NAME].str ? d->s[K_NAME].str : "";
+    *arch = NVML_DEVICE_ARCH_UNKNOWN;
+    for (size_t i = 0; i < sizeof by_name / sizeof by_name[0]; i++)
+        if (strstr(name, by_name[i].part)) {
+            *arch = by_name[i].arch;
+            break;
+        }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
+{
+    struct dev *d;
+    if (!arch)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    unsigned int a;
+    if (!(r = gpu_arch(d, &a)))
+        *arch = a;
+    return leave(r);
+}
+
+static int is_nvlink5(const struct dev *d)
+{
+    unsigned int a;
+    return gpu_arch(d, &a) == NVML_SUCCESS && a != NVML_DEVICE_ARCH_UNKNOWN && a >= NVML_DEVICE_ARCH_BLACKWELL;
+}
+
 /* A value written as `valueType` says; with `fields.accumulate` set, added to what the caller's
  * struct already held, as go-nvml #46 reports of a real driver ("18, 28, 38, 48 ... increase
  * linearly" through one reused array): only a caller that zeroes its array reads true values. */
@@ -2178,17 +2258,50 @@ static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now
     }
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
     case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+    case NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES:
+    case NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES: {
+        /* KiB counters (138/139) through NVLink 4; Blackwell's NVLink 5 counts bytes (202/204, "Total
+         * Tx bytes on the link in NVLink5") and, as the issue's review found, not the KiB ones. */
+        int bytes = fv->fieldId == NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES || fv->fieldId == NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES;
+        if (bytes != is_nvlink5(d)) {
+            fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            return;
+        }
         if ((fv->nvmlReturn = nvlink_absent(d, link, &disabled)) != NVML_SUCCESS)
             return;
         if (disabled) {
             put_value(d, fv, type, 0);
             return;
         }
-        k = (fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? K_NVLINK_TX0 : K_NVLINK_RX0) + (int)link;
-        break;
-    default:
-        fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        int tx = fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX || fv->fieldId == NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES;
+        fv->nvmlReturn = get_num(d, (tx ? K_NVLINK_TX0 : K_NVLINK_RX0) + (int)link, &v);
+        if (fv->nvmlReturn == NVML_SUCCESS)
+            put_value(d, fv, type, bytes ? v * 1024 : v); /* the scenario gives KiB */
         return;
+    }
+    default:
+        for (int e = 0; e < NVLINK_ERRORS; e++) {
+            if (fv->fieldId != nvlink_errors[e].field)
+                continue;
+            /* A generation's own counters answer (0 where the scenario gives none, as a healthy
+             * link's); the other generation's are NOT_SUPPORTED. */
+            if (nvlink_errors[e].nvlink5 != is_nvlink5(d)) {
+                fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+                return;
+            }
+            if ((fv->nvmlReturn = nvlink_absent(d, link, &disabled)) != NVML_SUCCESS)
+                return;
+            k = K_NVLINK_ERR0 + (int)link * NVLINK_ERRORS + e;
+            if (disabled || !d->s[k].set) {
+                put_value(d, fv, type, 0);
+                return;
+            }
+            break;
+        }
+        if (k < 0) {
+            fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            return;
+        }
     }
     fv->nvmlReturn = get_num(d, k, &v);
     if (fv->nvmlReturn == NVML_SUCCESS)

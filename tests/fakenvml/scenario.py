@@ -25,6 +25,7 @@ from .values import (
     MAX_FANS,
     MAX_NVLINKS,
     NOT_SUPPORTED,
+    NVLINK_ERROR_KINDS,
     NVML_ERRORS,
     THRESHOLDS,
     VIOLATION_POLICIES,
@@ -220,6 +221,21 @@ class Gpu(Device):
             if v is not None:
                 self.set(f"pcie.{k}", v)
         return self
+
+    def nvlink_errors(self, link: int, **counts: int | Counter | Err) -> Gpu:
+        """One link's NVLink error counters, by the kinds gpu_nvlink_errors_total declares: replay,
+        recovery, crc (fields 161-163, NVLink 4 and older) or NVLink 5's (206-221, Blackwell).  A
+        generation's counters not given answer 0; the other generation's answer NOT_SUPPORTED."""
+        for kind, v in counts.items():
+            if kind not in NVLINK_ERROR_KINDS:
+                raise ValueError(f"unknown NVLink error kind {kind!r}; known: {sorted(NVLINK_ERROR_KINDS)}")
+            self.set(f"nvlink.{link}.errors.{kind}", v)
+        return self
+
+    def arch(self, arch: int | Err) -> Gpu:
+        """nvmlDeviceGetArchitecture's answer (nvml.h NVML_DEVICE_ARCH_*: 9 Hopper, 10 Blackwell); by
+        default the fake tells it from the name, and an unknown name is NVML_DEVICE_ARCH_UNKNOWN."""
+        return self.set("arch", arch)
 
     def nvlink(
         self,

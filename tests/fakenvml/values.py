@@ -99,6 +99,12 @@ def fabric_health_mask(**fields: str) -> int:
 
 
 EVENT_XID_CRITICAL = 0x8
+# The NVLink error counters fakenvml.c keeps per link (its nvlink_errors[], whose field ids are nvml.h's
+# macros): NVLink 4's DL counters, then NVLink 5's.
+NVLINK_ERROR_KINDS = frozenset({
+    "replay", "recovery", "crc", "malformed_packet", "buffer_overrun", "receive", "receive_remote", "receive_general",
+    "local_link_integrity", "transmit_discard", "recovery_successful", "recovery_failed", "effective", "symbol",
+})  # fmt: skip
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
 CLOCKS = ("graphics", "sm", "memory", "video")
 # GPM metrics a scenario can set, in percent, by their key names in the file (gpm.<name>).

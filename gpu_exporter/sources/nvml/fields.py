@@ -26,6 +26,10 @@ FI_PCIE_TX = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197)
 FI_PCIE_RX = getattr(pynvml, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198)
 FI_NVLINK_TX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 138)  # KiB
 FI_NVLINK_RX = getattr(pynvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 139)  # KiB
+# NVLink 5's (Blackwell), where the KiB counters do not apply: bytes (nvml.h "Total Tx bytes on the
+# link in NVLink5"), first in nvidia-ml-py 12.560's nvml.h.
+FI_NVLINK5_TX = getattr(pynvml, "NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES", 202)
+FI_NVLINK5_RX = getattr(pynvml, "NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES", 204)
 _PCIE_COUNTERS = ((FI_PCIE_TX, 0), (FI_PCIE_RX, 0))
 # A field id the driver does not know (197/198 on R535, whose NVML_FI_MAX is 197) comes back per
 # entry as INVALID_ARGUMENT: as final for this driver as NOT_SUPPORTED is for this card.

@@ -14,12 +14,21 @@ from typing import Any
 
 import pynvml
 
-from ...metric_defs import CLOCK_EVENT_REASONS, FIELD_METRICS
-from ...snapshot import GpuReading, GpuStatic, NvLinkReading
+from ...metric_defs import ARCH_BLACKWELL, CLOCK_EVENT_REASONS, FIELD_METRICS, NVLINK5_SINCE
+from ...snapshot import GpuReading, GpuStatic, LinkKey, NvLinkReading
 from ..backend import StaticChanged
 from .device import Device
 from .fabric import read_fabric
-from .fields import FI_MEMORY_TEMP, FI_NVLINK_RX, FI_NVLINK_TX, FI_PCIE_RX, FI_PCIE_TX, read_fields
+from .fields import (
+    FI_MEMORY_TEMP,
+    FI_NVLINK5_RX,
+    FI_NVLINK5_TX,
+    FI_NVLINK_RX,
+    FI_NVLINK_TX,
+    FI_PCIE_RX,
+    FI_PCIE_TX,
+    read_fields,
+)
 from .mig import read_migs
 from .processes import ProcessReader
 from .profiling import GpmReader
@@ -56,8 +65,30 @@ class Readers:
             for d in FIELD_METRICS
             if d.collector is None or d.collector not in self.disabled
             for f in d.fields
-            if self.driver_version >= f.since
+            if self.driver_version >= f.since and not f.per_link
         )
+
+    @cached_property
+    def _link_fields(self) -> tuple[tuple[str, int, float, str, int, int | None], ...]:
+        return tuple(
+            (d.name, f.field_id, f.scale, f.label, f.arch_from, f.arch_below)
+            for d in FIELD_METRICS
+            if d.collector is None or d.collector not in self.disabled
+            for f in d.fields
+            if self.driver_version >= f.since and f.per_link
+        )
+
+    def link_fields(self, arch: int | None) -> tuple[tuple[str, int, float, str], ...]:
+        """The same for the per-link field values (asked once per link), for a GPU of ``arch``."""
+        return tuple(
+            (name, fid, scale, label)
+            for name, fid, scale, label, lo, hi in self._link_fields
+            if arch is None or (lo <= arch and (hi is None or arch < hi))
+        )
+
+    def nvlink5_bytes(self, arch: int | None) -> bool:
+        """Whether to ask NVLink 5's byte counters (fields.FI_NVLINK5_TX/RX), where 138/139 do not apply."""
+        return self.driver_version >= NVLINK5_SINCE and (arch is None or arch >= ARCH_BLACKWELL)
 
 
 # nvml.h deprecates nvmlDeviceGetTemperature ("will be removed in CUDA 14.0") for
@@ -124,8 +155,8 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
             link=link,
             up=None if (st := c(NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
             else st == N.NVML_FEATURE_ENABLED,
-            tx_bytes_total=_kib(fields.get((FI_NVLINK_TX, link))),
-            rx_bytes_total=_kib(fields.get((FI_NVLINK_RX, link))),
+            tx_bytes_total=_link_bytes(fields, FI_NVLINK_TX, FI_NVLINK5_TX, link),
+            rx_bytes_total=_link_bytes(fields, FI_NVLINK_RX, FI_NVLINK5_RX, link),
         )
         for link in range(static.nvlink_count)
     )  # fmt: skip
@@ -168,6 +199,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
                 if (v := fields.get((fid, 0))) is not None
             }
         ),
+        link_field_values=_link_field_values(fields, readers.link_fields(static.architecture), static.nvlink_count),
         clock_event_active=MappingProxyType(
             {} if reasons is None else {name: bool(reasons & bit) for name, bit in readers.clock_event_reasons}
         ),
@@ -192,12 +224,40 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
 
 
 def _wanted_fields(static: GpuStatic, readers: Readers) -> list[tuple[int, int]]:
-    """The field values a poll reads: (field id, scope id), scope being the NVLink link."""
+    """The field values a poll reads: (field id, scope id), scope being the NVLink link.  A field a
+    GPU answers NOT_SUPPORTED (NVLink 5's on a Hopper, 161-163 on a Blackwell) is not asked again
+    until the next static refresh (fields.read_fields)."""
     wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
     wanted += [(fid, 0) for fid in dict.fromkeys(fid for _, fid, _, _ in readers.fields)]
+    per_link = list(dict.fromkeys(fid for _, fid, _, _ in readers.link_fields(static.architecture)))
+    kib = static.architecture is None or static.architecture < ARCH_BLACKWELL  # NVLink 4 and older
     for link in range(static.nvlink_count):
-        wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
+        if kib:
+            wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
+        if readers.nvlink5_bytes(static.architecture):
+            wanted += [(FI_NVLINK5_TX, link), (FI_NVLINK5_RX, link)]
+        wanted += [(fid, link) for fid in per_link]
     return wanted
+
+
+def _link_bytes(fields: Mapping[tuple[int, int], int | float], kib: int, nvlink5: int, link: int) -> int | None:
+    """A link's data bytes: the KiB counter (138/139) where the GPU has it, else NVLink 5's byte
+    counter (202/204, Blackwell)."""
+    v = _kib(fields.get((kib, link)))
+    if v is None and isinstance(b := fields.get((nvlink5, link)), int):
+        v = b
+    return v
+
+
+def _link_field_values(
+    fields: Mapping[tuple[int, int], int | float], wanted: tuple[tuple[str, int, float, str], ...], links: int
+) -> Mapping[str, Mapping[LinkKey, float]]:
+    out: dict[str, dict[LinkKey, float]] = {}
+    for name, fid, scale, label in wanted:
+        for link in range(links):
+            if (v := fields.get((fid, link))) is not None:
+                out.setdefault(name, {})[(str(link), label) if label else str(link)] = v * scale
+    return MappingProxyType({k: MappingProxyType(v) for k, v in out.items()})
 
 
 def _fans(dev: Device, static: GpuStatic) -> dict[str, float]:

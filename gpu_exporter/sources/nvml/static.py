@@ -68,7 +68,14 @@ def read_static(dev: Device, uuid: str, *, clocks: bool, nvlink: bool, gpm: GpmR
         gpm_supported=gpm.supported(dev) if gpm is not None else False,
         # nvml.h: "Supported only for Linux"; elsewhere NOT_SUPPORTED, remembered like any other.
         minor_number=c("nvmlDeviceGetMinorNumber", N.nvmlDeviceGetMinorNumber),
+        architecture=_architecture(c("nvmlDeviceGetArchitecture", N.nvmlDeviceGetArchitecture)),
     )
+
+
+def _architecture(arch: int | None) -> int | None:
+    """nvml.h: NVML_DEVICE_ARCH_UNKNOWN (0xffffffff) is "anything else, presumably something newer":
+    no architecture to go by."""
+    return None if arch is None or arch == getattr(pynvml, "NVML_DEVICE_ARCH_UNKNOWN", 0xFFFFFFFF) else int(arch)
 
 
 def count_nvlinks(dev: Device) -> int:
