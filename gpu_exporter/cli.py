@@ -53,6 +53,7 @@ _SETTING_FLAGS = {
     "--web.listen-address": "HOST:PORT", "--web.config.file": "PATH", "--web.max-requests": "N",
     "--poll.interval": "DURATION", "--profiling.interval": "DURATION", "--poll.static-refresh-interval": "DURATION",
     "--poll.gpu-timeout": "DURATION", "--poll.release-for": "DURATION", "--simulate": None, "--simulate.gpus": "N",
+    "--poll.slow-interval": "DURATION",
     "--log.format": None, "--log.level": None, "--node.name": "NAME",
 }  # fmt: skip
 # flag dest -> config key: the same name, by the rule
@@ -172,7 +173,7 @@ def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: floa
     from .sources.nvml import NvmlBackend
 
     return NvmlBackend(errors, profiling_interval=profiling_interval or settings.profiling_interval,
-                       disabled=settings.collectors.disabled())  # fmt: skip
+                       disabled=settings.collectors.disabled(), slow_interval=settings.poll_slow_interval)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

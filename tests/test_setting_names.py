@@ -36,6 +36,7 @@ SAMPLES = {
     "--web.listen-address": "127.0.0.1:9999", "--web.config.file": "/etc/gpu-exporter/web.yml",
     "--web.max-requests": "7", "--poll.interval": "7s", "--poll.static-refresh-interval": "7m",
     "--poll.gpu-timeout": "7s", "--poll.release-for": "7m", "--profiling.interval": "7s", "--simulate.gpus": "9",
+    "--poll.slow-interval": "7s",
     "--log.format": "logfmt",
     "--log.level": "debug", "--node.name": "node-7", "--alerting.alertmanager-url": "http://am:9093",
     "--alerting.webhook-url": "http://hooks:8080/gpu", "--hpc-job-mapping-dir": "<tmp>",
@@ -173,6 +174,7 @@ SHOWN_DEFAULTS = {
     "--web.listen-address": ":9445", "--web.config.file": "none", "--web.max-requests": "40",
     "--poll.interval": "5s", "--profiling.interval": "10s", "--poll.static-refresh-interval": "5m",
     "--poll.gpu-timeout": "10s", "--poll.release-for": "10m", "--simulate": "off", "--simulate.gpus": "7",
+    "--poll.slow-interval": "30s",
     "--log.format": "auto",
     "--log.level": "info", "--node.name": "none",
 }  # fmt: skip

@@ -218,6 +218,11 @@ class Settings(BaseSettings):
         10.0, gt=0, le=600, validation_alias=_renamed("poll_gpu_timeout", "gpu_timeout"),
         description="how long a poll waits for one GPU before reporting it down",
     )  # fmt: skip
+    poll_slow_interval: Duration = Field(
+        30.0, ge=0, le=3600,
+        description="how often what changes slowly is re-read (ECC counts, remapped rows, NVLink link states, MIG "
+        "instances' GPM, and the driver's PCIe sample where there are no byte counters); 0: every poll",
+    )  # fmt: skip
     poll_release_for: Duration = Field(
         600.0, ge=0, le=86_400,
         description="after SIGUSR1 lets go of NVML (for a GPU reset or a driver upgrade), how long until it is taken "

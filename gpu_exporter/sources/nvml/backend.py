@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 
 import pynvml
 
@@ -49,6 +50,7 @@ class NvmlBackend:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         disabled: frozenset[str] = frozenset(),
+        slow_interval: float = 0.0,
     ) -> None:
         self._errors = errors
         self._mono = monotonic
@@ -57,7 +59,7 @@ class NvmlBackend:
         # own CPU cost of them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200)
         # dwarfs everything else a poll does, so they get their own, slower cadence.
         self._nvlink = Collector.NVLINK not in disabled
-        self._gpm = GpmReader(profiling_interval, monotonic)
+        self._gpm = GpmReader(profiling_interval, monotonic, mig_interval=slow_interval)
         self._readers = Readers(
             clocks=Collector.CLOCKS not in disabled,
             ecc=Collector.ECC not in disabled,
@@ -66,6 +68,7 @@ class NvmlBackend:
             ),
             gpm=self._gpm if Collector.PROFILING not in disabled else None,
             disabled=frozenset(disabled),
+            slow_s=slow_interval,
         )
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
@@ -171,6 +174,9 @@ class NvmlBackend:
         dev.mig_gpm = {k: v for k, v in dev.mig_gpm.items() if not v.closed}
 
     # -- per poll -------------------------------------------------------------------------------
+    def _paced_sample(self, dev: Device) -> Sample:
+        return _paced(dev, self._readers.slow_s)
+
     def read_gpu(self, static: GpuStatic) -> GpuReading:
         with self._lock:
             dev = self._devices.get(static.index)
@@ -184,13 +190,26 @@ class NvmlBackend:
         # The rate from the byte counters where they can be trusted (pcie.py), else the driver's
         # sample; the sample blocks, so it runs outside the baton, beside the other GPUs' reads.
         pcie = dev.pcie or PcieCounters()
-        rates, totals = pcie.poll(dev.pcie_counts, lambda: _pcie_sample(dev))
+        # Without byte counters (R535, GeForce) the rate is the driver's sample, two 20 ms waits: taken
+        # at the slow cadence, the last one shown meanwhile.  With counters, a check takes it fresh.
+        sample = partial(self._paced_sample, dev) if dev.pcie_counts is None else partial(_pcie_sample, dev)
+        rates, totals = pcie.poll(dev.pcie_counts, sample)
         if rates is None and totals is None:
             return reading
         tx, rx = rates or (None, None)
         total_tx, total_rx = totals or (None, None)
         return replace(reading, pcie_tx_bytes_per_second=tx, pcie_rx_bytes_per_second=rx,
                        pcie_tx_bytes_total=total_tx, pcie_rx_bytes_total=total_rx)  # fmt: skip
+
+
+def _paced(dev: Device, slow_s: float) -> Sample:
+    now = dev.monotonic()
+    last = dev.pcie_sampled
+    if last is not None and now - last[0] < slow_s:
+        return last[1]
+    taken = _pcie_sample(dev)
+    dev.pcie_sampled = (now, taken)
+    return taken
 
 
 def _pcie_sample(dev: Device) -> Sample:

@@ -22,7 +22,8 @@ from .errors import DRIVER_GONE, REMEMBERED, SENTINELS, error_name, unavailable
 
 if TYPE_CHECKING:
     from ..gpm import SamplePair
-    from .pcie import PcieCounters
+    from .pcie import PcieCounters, Sample
+    from .reads import Slow
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +53,7 @@ class Device:
         # timestamp"), which NTP or an admin can step by an hour either way.
         self.monotonic = monotonic
         self.pcie: PcieCounters | None = None
+        self.pcie_sampled: tuple[float, Sample] | None = None  # (monotonic, the sample): the paced one
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
         self.process_users: dict[int, str | None] = {}  # pid -> user, looked up once per process
@@ -62,6 +64,7 @@ class Device:
         self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)
         # (gi, MIG uuid) -> (GPU instance profile id, placement start), read once per instance (mig.py).
         self.gpu_instances: dict[tuple[int, str], tuple[int | None, int | None]] = {}
+        self.slow: Slow | None = None  # reads.Slow: ECC, rows and link states as last read
         self.fabric_refused = 0  # fabric struct versions this driver refused (fabric.py), newest first
         self.lost = False
         # A query answered RESET_REQUIRED since the poll began (read_quick clears it): the reading

@@ -93,9 +93,14 @@ _SCOPE: dict[str, Scope] = {"nvmlGpmSampleGet": "gpu", "nvmlGpmMigSampleGet": "m
 class GpmReader:
     """Activity of GPUs and MIG GPU instances, one sample pair each, re-sampled every ``interval``."""
 
-    def __init__(self, interval: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float, monotonic: Callable[[], float] = time.monotonic, mig_interval: float = 0.0
+    ) -> None:
         self._interval = interval
         self._mono = monotonic
+        # A MIG GPU instance's pair at the slow cadence, if longer: seven instances would otherwise
+        # cost seven sample-and-metrics pairs (1.2 ms each on an H200) every profiling interval.
+        self._mig_interval = max(interval, mig_interval)
 
     def supported(self, dev: Device) -> bool:
         support = dev.call("nvmlGpmQueryDeviceSupport", pynvml.nvmlGpmQueryDeviceSupport)
@@ -117,7 +122,7 @@ class GpmReader:
         key = (gi, uuid, profile)
         pair = dev.mig_gpm.get(key)
         if pair is None and "nvmlGpmMigSampleGet" not in dev.unsupported:
-            pair = self._new_pair(dev)
+            pair = self._new_pair(dev, self._mig_interval)
             if pair is not None:
                 dev.mig_gpm[key] = pair
         return self._activity(
@@ -146,9 +151,9 @@ class GpmReader:
             except pynvml.NVMLError as e:
                 dev.errors("nvmlGpmSampleFree", error_name(e.value))
 
-    def _new_pair(self, dev: Device) -> SamplePair[Any] | None:
+    def _new_pair(self, dev: Device, interval: float | None = None) -> SamplePair[Any] | None:
         try:
-            return SamplePair(_GPM_CALLS, self._mono, self._interval)
+            return SamplePair(_GPM_CALLS, self._mono, self._interval if interval is None else interval)
         except pynvml.NVMLError as e:
             self._failed(dev, "nvmlGpmSampleAlloc", e)
             return None

@@ -50,6 +50,10 @@ class Readers:
     # declared field values (metric_defs.FieldValue) a poll asks for.
     disabled: frozenset[str] = frozenset()
     driver_version: tuple[int, ...] = ()
+    # What changes slowly is read at most this often (seconds; 0: every poll), and shown from the last
+    # read meanwhile: ECC counts, remapped rows and NVLink link states (one call per link, 18 on an
+    # H100), and the driver's PCIe sample where there are no byte counters (two 20 ms samples).
+    slow_s: float = 0.0
 
     @cached_property
     def clock_event_reasons(self) -> tuple[tuple[str, int], ...]:
@@ -142,19 +146,12 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     gen = c("nvmlDeviceGetCurrPcieLinkGeneration", N.nvmlDeviceGetCurrPcieLinkGeneration)
     width = c("nvmlDeviceGetCurrPcieLinkWidth", N.nvmlDeviceGetCurrPcieLinkWidth)
     replay = c("nvmlDeviceGetPcieReplayCounter", N.nvmlDeviceGetPcieReplayCounter)
-    ecc = {
-        kind: n
-        for kind, etype in (("corrected", N.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                            ("uncorrected", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
-        if readers.ecc and (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
-                   N.NVML_AGGREGATE_ECC)) is not None
-    }  # fmt: skip
-    rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows) if readers.ecc else None
+    slow = _slow(dev, static, readers)
+    ecc, rows, states = slow.ecc, slow.rows, slow.nvlink_up
     nvlinks = tuple(
         NvLinkReading(
             link=link,
-            up=None if (st := c(NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
-            else st == N.NVML_FEATURE_ENABLED,
+            up=states[link] if link < len(states) else None,
             tx_bytes_total=_link_bytes(fields, FI_NVLINK_TX, FI_NVLINK5_TX, link),
             rx_bytes_total=_link_bytes(fields, FI_NVLINK_RX, FI_NVLINK5_RX, link),
         )
@@ -221,6 +218,43 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         migs=read_migs(dev, proc, gpm) if mig_mode else (),
         activity=activity,
     )
+
+
+@dataclass(frozen=True)
+class Slow:
+    """What ``Readers.slow_s`` paces, as last read."""
+
+    ecc: Mapping[str, int]
+    rows: tuple[int, int, int, int] | None
+    nvlink_up: tuple[bool | None, ...]
+    read_at: float
+
+
+def _slow(dev: Device, static: GpuStatic, readers: Readers) -> Slow:
+    """ECC, remapped rows and link states: read again when ``slow_s`` has passed since the last read
+    (and always after a static refresh, which may have found other links), else as last read."""
+    now = dev.monotonic()
+    last = dev.slow
+    if last is not None and now - last.read_at < readers.slow_s and len(last.nvlink_up) == static.nvlink_count:
+        return last
+    N = pynvml
+    c = dev.call
+    ecc = {
+        kind: n
+        for kind, etype in (("corrected", N.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                            ("uncorrected", N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+        if readers.ecc and (n := c(f"nvmlDeviceGetTotalEccErrors({kind})", N.nvmlDeviceGetTotalEccErrors, etype,
+                   N.NVML_AGGREGATE_ECC)) is not None
+    }  # fmt: skip
+    rows = c("nvmlDeviceGetRemappedRows", N.nvmlDeviceGetRemappedRows) if readers.ecc else None
+    states = tuple(
+        None
+        if (st := c(NVLINK_STATE[link], N.nvmlDeviceGetNvLinkState, link)) is None
+        else st == N.NVML_FEATURE_ENABLED
+        for link in range(static.nvlink_count)
+    )
+    dev.slow = Slow(MappingProxyType(ecc), tuple(rows) if rows is not None else None, states, now)
+    return dev.slow
 
 
 def _wanted_fields(static: GpuStatic, readers: Readers) -> list[tuple[int, int]]:
