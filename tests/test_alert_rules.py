@@ -160,7 +160,8 @@ def short_daemon_config(dst: Path) -> Path:
     rules["GpuUnderutilized"]["window"] = "20s"
     rules["GpuXidError"] = {"window": LONG_WINDOW}
     rules["GpuEccUncorrectable"] = {"window": "20s"}
-    dst.write_text(yaml.safe_dump({"node_name": "node-a", "rules": rules}))
+    # The slow reads (ECC, rows, link states) as often as the shortened windows need them.
+    dst.write_text(yaml.safe_dump({"node_name": "node-a", "rules": rules, "poll_slow_interval": "1s"}))
     return dst
 
 

@@ -27,6 +27,7 @@ from tests.alerting_helpers import free_port
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import fake_kubelet, pod
 from tests.fakenvml.presets import h100_sxm
+from tests.fakenvml.values import fabric_health_mask
 from tests.prometheus_helpers import prometheus
 from tests.test_alert_rules import EXPECTED, GIB, parity_node, rules_of, short_daemon_config, short_rules_file
 from tests.test_deploy_k8s import EXAMPLES, NAMESPACE, kustomize, one
@@ -121,9 +122,11 @@ def alerts(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
     s.driver(580)  # the driver's own verdict (field 230) exists from 565 on
     s.gpu(4).recovery_action(4)  # GpuRecoveryRequired: drain and reset
     h100_sxm(s.add_gpu(), "parity", 6, util=95, mem_used=40 * GIB, power_mw=500_000).reset_required()
+    s.gpu(0).fabric("completed", health_mask=fabric_health_mask(DEGRADED_BW="TRUE"))  # GpuFabricUnhealthy
+    s.gpu(5).fabric("in_progress")  # GpuFabricNotReady: the fabric manager has not registered it
     s.write()
     expected = {*EXPECTED, ("GpuRowRemapFailure", "5"), ("GpuLowSmActivity", "5"), ("GpuRecoveryRequired", "4"),
-                ("GpuResetRequired", "6")}  # fmt: skip
+                ("GpuResetRequired", "6"), ("GpuFabricUnhealthy", "0"), ("GpuFabricNotReady", "5")}  # fmt: skip
     cfg = yaml.safe_load(short_daemon_config(tmp / "daemon.yml").read_text())
     with fake_kubelet(tmp) as kubelet:
         # GPU 1 (GpuMemoryHigh, GpuRowRemapPending) and GPU 2 (GpuXidError, GpuThermalThrottling)
