@@ -1442,21 +1442,24 @@ static nvmlReturn_t get_str(const struct dev *d, int k, char *buf, unsigned int 
  * reset is refused (nvidia-smi -r: "There can't be any applications using these devices (e.g. CUDA
  * application, graphics application like X server, monitoring application like other instance of
  * nvidia-smi)") and so is the module unload of a driver upgrade ("driver is in use",
- * gpu-operator #2509).  The fake stands for them with a shared flock on `<scenario>.inuse`, which
- * tests/fakenvml/runtime.py's gpu_reset() asks for exclusively, as the reset would. */
+ * gpu-operator #2509).  The fake stands for them with a shared flock on a file of the scenario's own
+ * in $TMPDIR (named by an FNV-1a hash of the scenario path, never beside the scenario, which may be
+ * a read-only checkout), which tests/fakenvml/runtime.py's gpu_reset() asks for exclusively, as the
+ * reset would. */
 static int in_use_fd = -1;
+static char in_use_path[4096];
 
 static void hold_devices(void)
 {
     if (in_use_fd >= 0 || !scenario_path)
         return;
-    size_t n = strlen(scenario_path) + sizeof ".inuse";
-    char *path = malloc(n);
-    if (!path)
-        return;
-    snprintf(path, n, "%s.inuse", scenario_path);
+    unsigned long long h = 1469598103934665603ULL;
+    for (const char *c = scenario_path; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(in_use_path, sizeof in_use_path, "%s/fakenvml-inuse-%016llx", tmp && *tmp ? tmp : "/tmp", h);
+    const char *path = in_use_path;
     in_use_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    free(path);
     if (in_use_fd >= 0 && flock(in_use_fd, LOCK_SH) != 0) {
         close(in_use_fd);
         in_use_fd = -1;
@@ -1466,6 +1469,9 @@ static void hold_devices(void)
 static void release_devices(void)
 {
     if (in_use_fd >= 0) {
+        /* The last client removes the file, so that a test run leaves none behind in $TMPDIR. */
+        if (flock(in_use_fd, LOCK_EX | LOCK_NB) == 0)
+            unlink(in_use_path);
         close(in_use_fd);
         in_use_fd = -1;
     }

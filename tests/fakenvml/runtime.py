@@ -146,11 +146,19 @@ def _clock(name: str) -> Any:
     return fn
 
 
+def in_use_path(scenario: Path) -> Path:
+    """fakenvml.c's hold_devices file for ``scenario``: $TMPDIR/fakenvml-inuse-<FNV-1a of the path>."""
+    h = 1469598103934665603
+    for byte in str(scenario).encode():
+        h = ((h ^ byte) * 1099511628211) % 2**64
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"fakenvml-inuse-{h:016x}"
+
+
 def gpu_reset(scenario: Path) -> str | None:
     """What ``nvidia-smi -r`` would say on the node of ``scenario``: None where the reset would go
     ahead, else its refusal, as when any process has NVML initialised on the fake (fakenvml.c's
     hold_devices: the driver's device files held open).  The reset itself changes nothing."""
-    path = Path(f"{scenario}.inuse")
+    path = in_use_path(scenario)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
