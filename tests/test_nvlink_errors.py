@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.exporter_helpers import ErrorLog, make_poller, samples_of
+from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value
 from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import h100_sxm
+from tests.fakenvml.presets import h100_sxm, preset
 
 GIB = 2**30
 B200 = "NVIDIA B200"
@@ -107,3 +107,20 @@ def test_a_gpu_of_unknown_architecture_is_asked_both_and_keeps_what_answers(scen
                             for link in range(2) for k in ("replay", "recovery", "crc")}  # fmt: skip
     # 11 NVLink 5 kinds and 2 byte counters, on 2 links, refused once each: not at every poll.
     assert refused_fields(errors) - refused == 26
+
+
+def test_the_blackwell_presets_through_the_exporter(scenario: Scenario, nvml: Any) -> None:
+    """The HGX B200 and GB200 NVL72 tray presets: NVLink 5 errors and bytes on all 18 links of every
+    GPU, a registered healthy fabric, and the GB200's global fabric manager connected."""
+    for name, gpus in (("b200-8x-training", 8), ("gb200-nvl72-tray", 4)):
+        preset(name, scenario.path).write()
+        (_, s), errors = polls()
+        for gpu in map(str, range(gpus)):
+            got = errors_of(s, gpu)
+            assert {link for link, _ in got} == {str(n) for n in range(18)} and ("0", "crc") not in got, name
+            tx = [v for (n, ls), v in s.items() if n == "gpu_nvlink_tx_bytes_total" and ("gpu", gpu) in ls]
+            assert len(tx) == 18 and min(tx) > 0, name
+            assert value(s, "gpu_fabric_state", gpu=gpu) == 3 and value(s, "gpu_fabric_health", gpu=gpu) == 1
+        gfm = value(s, "gpu_fabric_issue", gpu="0", issue="fabric_manager_disconnected")
+        assert gfm == (0 if name.startswith("gb200") else None), name
+        assert not [k for k in errors.counts if k[1] not in ("not_supported",)], errors.counts

@@ -71,6 +71,41 @@ def h100_sxm(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: in
     return g
 
 
+def b200(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: int, name: str = "NVIDIA B200",
+         memory_mib: int = 183_359, power_limit_mw: int = 1_000_000) -> Gpu:  # fmt: skip
+    """A B200 (Blackwell, HGX B200 board) as its R570/R580 driver reports it: 180 GB HBM3e, Gen5 x16, 18
+    NVLink 5 links that count bytes and NVLink 5's errors (fields 202/204, 206-221; not 138/139 or
+    161-163), GPM, MIG up to 7, a registered NVSwitch fabric, 1000 W."""
+    g.identity(name, gpu_uuid(tag, i)).arch(10)  # NVML_DEVICE_ARCH_BLACKWELL
+    g.pci(f"00000000:{0x1B + 0x10 * i:02X}:00.0", device_id=0x290110DE).serial(f"1654924{1000 + i:06d}")
+    g.minor_number(i)
+    g.utilization(util, max(0, util - 40)).memory(memory_mib * MIB, mem_used, reserved=1024 * MIB).codec(0, 0)
+    g.temperature(50 + util // 8, memory=58 + util // 8).thresholds(shutdown=95, slowdown=92, mem_max=98, gpu_max=90)
+    g.power(power_mw, power_limit_mw).energy(Counter(7_200_000_000 + i * 1_000_000, power_mw))
+    g.clocks(graphics=1965, sm=1965, memory=3996, video=1770, max_graphics=1965, max_sm=1965, max_memory=3996,
+             max_video=1770)  # fmt: skip
+    g.pstate(0).clocks_event_reasons().recovery_action(0)
+    g.fabric("completed", health_mask=HEALTHY_FABRIC, health_summary="healthy")
+    g.pcie(gen=5, max_gen=5, width=16, max_width=16, tx_kbps=2_400_000, rx_kbps=4_100_000, replay=0)
+    g.nvlinks(18)
+    for link in range(18):
+        g.nvlink(link, True, tx_kib=Counter(0, 2_200_000), rx_kib=Counter(0, 2_100_000))
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()
+    g.mig_mode(False, max_devices=7)
+    g.gpm_supported().gpm(**h100_activity(util))
+    g.process_utilization(166)
+    return g
+
+
+def gb200(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: int) -> Gpu:
+    """One of a GB200 NVL72 compute tray's four B200s: 186 GB, 1200 W, its NVLink fabric spanning the
+    rack, so the global fabric manager's state is reported too (GFM_STATE, nvml.h 13.595 and later)."""
+    b200(g, tag, i, util=util, mem_used=mem_used, power_mw=power_mw, name="NVIDIA GB200", memory_mib=189_471,
+         power_limit_mw=1_200_000)  # fmt: skip
+    return g.fabric("completed", health_summary="healthy", clique_id=32766,
+                    health_mask=HEALTHY_FABRIC | fabric_health_mask(GFM_STATE="CONNECTED"))  # fmt: skip
+
+
 def a100_sxm(g: Gpu, tag: str, i: int, *, util: int = 70, mem_used: int = 40 * GIB) -> Gpu:
     """An A100 SXM4 80GB: 12 NVLink links (NVLink 3), HBM2e with a memory sensor, no GPM (before
     Hopper), passively cooled, instantaneous power (nvml.h: "On GA100 and older architectures,
@@ -312,6 +347,25 @@ def four_cards() -> Scenario:
     return s
 
 
+def b200_training() -> Scenario:
+    s = Scenario(SCENARIO_DIR / "b200-8x-training.scn", comment="8x B200 (HGX B200, NVLink 5), driver 580, training.")
+    s.driver(580)
+    for i in range(8):
+        b200(s.add_gpu(), "b200", i, util=93 + i % 5, mem_used=150 * GIB + i * 41 * MIB, power_mw=880_000 + 9_000 * i)
+    return s
+
+
+def gb200_tray() -> Scenario:
+    s = Scenario(
+        SCENARIO_DIR / "gb200-nvl72-tray.scn",
+        comment="One GB200 NVL72 compute tray: four B200s on the rack's multi-node NVLink fabric, driver 580.",
+    )
+    s.driver(580)
+    for i in range(4):
+        gb200(s.add_gpu(), "gb200", i, util=90 + i, mem_used=170 * GIB, power_mw=1_050_000 + 10_000 * i)
+    return s
+
+
 def scale_16() -> Scenario:
     s = Scenario(SCENARIO_DIR / "scale-16x.scn", comment="16 GPUs with 4 processes each, for scale tests.")
     for i in range(16):
@@ -330,6 +384,8 @@ PRESETS: dict[str, Callable[[], Scenario]] = {
     "h100-8x-mig": h100_mig,
     "four-cards": four_cards,
     "scale-16x": scale_16,
+    "b200-8x-training": b200_training,
+    "gb200-nvl72-tray": gb200_tray,
 }
 
 
