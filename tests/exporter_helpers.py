@@ -42,11 +42,12 @@ def make_poller(
     static_refresh_s: float = 300.0, gpu_timeout_s: float = 10.0, profiling_interval: float = 0.1
 ) -> tuple[Poller, ErrorLog]:
     """A poller on the NVML backend; GPM and process utilization are re-read at every poll 100 ms
-    apart unless ``profiling_interval`` says otherwise.  Its backend's clocks are the fake driver's,
+    apart unless ``profiling_interval`` says otherwise, and the slow reads (ECC, links, fabric) at every
+    poll, so that a test's change shows at the next.  Its backend's clocks are the fake driver's,
     so that its spans follow ``advance_clock`` and its wall clock ``step_wall_clock``."""
     errors = ErrorLog()
     backend = NvmlBackend(errors, profiling_interval=profiling_interval, monotonic=driver_monotonic,
-                          wall=driver_wall_clock)  # fmt: skip
+                          wall=driver_wall_clock, slow_interval=0.0)  # fmt: skip
     poller = Poller(backend, errors=errors, static_refresh_s=static_refresh_s, gpu_timeout_s=gpu_timeout_s)
     return poller, errors
 

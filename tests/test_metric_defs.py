@@ -152,7 +152,8 @@ def test_per_link_fields_are_asked_for_every_link_of_their_generation_only() -> 
     def asked(arch: int | None, links: int = 18, **kw: Any) -> dict[int, set[int]]:
         static = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b", nvlink_count=links, architecture=arch)
         out: dict[int, set[int]] = {}
-        for fid, scope in reads._wanted_fields(static, readers(**kw)):
+        r = readers(**kw)  # the byte counters every poll, the error counters at the slow cadence
+        for fid, scope in reads._wanted_fields(static, r) + reads._wanted_link_fields(static, r):
             if fid in dl | nv5:
                 out.setdefault(fid, set()).add(scope)
         return out

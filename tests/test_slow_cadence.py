@@ -1,6 +1,7 @@
 """Issue 36, item 7: what changes slowly is read at the rate it changes, not at every poll.
 
-ECC counts, remapped rows and NVLink link states (18 calls on an H100), and where the driver has no
+ECC counts, remapped rows, NVLink link states (18 calls on an H100) and error counters (54 field
+values), the fabric's state, and where the driver has no
 PCIe byte counters (R535) its throughput sample (two 20 ms waits), are read at most every
 ``poll_slow_interval`` (30 s by default) and shown from the last read meanwhile.  Counted with the
 fake's call counter, on the driver's clock moved on by ``advance_clock``.
@@ -19,7 +20,8 @@ from tests.fakenvml.presets import h100_sxm
 from tests.fakenvml.runtime import advance_clock, call_count, driver_monotonic, driver_wall_clock
 
 GIB = 2**30
-SLOW = ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows")
+SLOW = ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetGpuFabricInfoV")  # fmt: skip
 
 
 def poller(slow_s: float) -> Poller:
@@ -52,7 +54,8 @@ def test_ecc_rows_and_link_states_are_read_every_30_s_not_every_poll(scenario: S
         assert per_poll(p, 5) == {fn: 0 for fn in (*SLOW, "nvmlDeviceGetPcieThroughput")}
         # The sixth poll is 30 s after the first read: each once (ECC twice: corrected, uncorrected).
         assert per_poll(p, 1) == {"nvmlDeviceGetNvLinkState": 18, "nvmlDeviceGetTotalEccErrors": 2,
-                                  "nvmlDeviceGetRemappedRows": 1, "nvmlDeviceGetPcieThroughput": 0}  # fmt: skip
+                                  "nvmlDeviceGetRemappedRows": 1, "nvmlDeviceGetGpuFabricInfoV": 1,
+                                  "nvmlDeviceGetPcieThroughput": 0}  # fmt: skip
         # Meanwhile the values stay on /metrics (from the last read), and a change shows at the next read.
         scenario.gpu(0).ecc(corrected=7, uncorrected=0)
         scenario.write()
@@ -60,6 +63,8 @@ def test_ecc_rows_and_link_states_are_read_every_30_s_not_every_poll(scenario: S
         s = samples_of(p.poll())
         assert value(s, "gpu_ecc_errors_total", gpu="0", type="corrected") == 0
         assert value(s, "gpu_nvlink_up", gpu="0", link="17") == 1
+        assert value(s, "gpu_nvlink_errors_total", gpu="0", link="17", error="crc") == 0
+        assert value(s, "gpu_fabric_state", gpu="0") == 3
         advance_clock(30)
         assert value(samples_of(p.poll()), "gpu_ecc_errors_total", gpu="0", type="corrected") == 7
     finally:

@@ -335,14 +335,16 @@ FABRIC_ADVICE: dict[str, str] = {
 
 
 def fabric_unhealthy(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    # Only the issues reported now: one that goes (or a GPU that stops answering) has no check, and
+    # the engine resolves what has none, as it would clear it; a healthy fabric costs no check at all.
     issues = g.fabric.issues if g.up and g.fabric is not None else {}
-    for issue, present in sorted(issues.items()):
+    for issue in sorted(i for i, present in issues.items() if present):
         what = FABRIC_ADVICE.get(issue, f"fabric issue {issue}")
         yield Check(
-            "GpuFabricUnhealthy", "critical", fire=present, clear=not present,
+            "GpuFabricUnhealthy", "critical", fire=True, clear=False,
             summary=f"{_gpu(g)}: NVLink fabric issue {issue}: {what}",
             description=f"The driver reports NVLink fabric issue {issue} on {_gpu(g)} ({g.uuid}): {what}.",
-            value=1.0 if present else 0.0, extra_labels=(("issue", issue),),
+            value=1.0, extra_labels=(("issue", issue),),
             for_seconds=cfg.GpuFabricUnhealthy.for_,
         )  # fmt: skip
 
@@ -352,14 +354,15 @@ FABRIC_STATES = {1: "not started", 2: "in progress"}  # nvml.h NVML_GPU_FABRIC_S
 
 def fabric_not_ready(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
     state = g.fabric.state if g.up and g.fabric is not None else None
-    on = state is not None and state < 3
+    if state is None or state >= 3:
+        return  # registered, or no fabric: no check, so an alert of before resolves
     yield Check(
-        "GpuFabricNotReady", "critical", fire=on, clear=not on,
+        "GpuFabricNotReady", "critical", fire=True, clear=False,
         summary=f"{_gpu(g)} has not joined its NVLink fabric (registration {FABRIC_STATES.get(state or 0, state)}): "
                 "CUDA cannot use it until nvidia-fabricmanager (or the NVLink subnet manager) registers it",
         description=f"{_gpu(g)} ({g.uuid}): fabric registration state {state}; CUDA applications on it fail "
                     "with error 802 (system not yet initialized) until it completes.",
-        value=None if state is None else float(state), for_seconds=cfg.GpuFabricNotReady.for_,
+        value=float(state), for_seconds=cfg.GpuFabricNotReady.for_,
     )  # fmt: skip
 
 

@@ -50,7 +50,7 @@ class NvmlBackend:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         disabled: frozenset[str] = frozenset(),
-        slow_interval: float = 0.0,
+        slow_interval: float = 30.0,  # the setting poll_slow_interval's default
     ) -> None:
         self._errors = errors
         self._mono = monotonic

@@ -46,6 +46,7 @@ class Device:
         self.mig_missing: set[str] = set()
         self.unsupported_fields: set[tuple[int, int]] = set()
         self.fields: Any = None  # fields.FieldArray: this GPU's one field-value array, reused
+        self.slow_fields: Any = None  # and the slow cadence's (reads.Slow)
         # The PCIe byte counters (tx, rx, when read in monotonic us) of this poll, None where missing,
         # and what the rate is taken from across polls (pcie.PcieCounters, carried over refreshes).
         self.pcie_counts: tuple[int | None, int | None, int, int] | None = None  # tx, rx, read at, bits

@@ -92,18 +92,24 @@ def _get_field_values(handle: Any, fa: FieldArray) -> FieldArray:
     return fa
 
 
-def read_fields(dev: Device, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], int | float]:
+def read_fields(dev: Device, wanted: list[tuple[int, int]], slow: bool = False) -> dict[tuple[int, int], int | float]:
     """(field id, scope) -> value, of the ``wanted`` ones this GPU has, in one call; sets
-    ``dev.pcie_counts`` when the PCIe byte counters are among them."""
+    ``dev.pcie_counts`` when the PCIe byte counters are among them.  ``slow``: the slow cadence's
+    own array (the per-link error counters), which has no PCIe counters and leaves them be."""
     key = tuple(w for w in wanted if w not in dev.unsupported_fields)
-    dev.pcie_counts = None
+    if not slow:
+        dev.pcie_counts = None
     if not key:
         return {}
-    # One array per GPU, kept while the wanted fields stay the same: no per-poll allocation,
-    # and plain ctypes, as nvidia-ml-py's hooked structs cost a Python call per field read.
-    fa = dev.fields
+    # One array per GPU and cadence, kept while the wanted fields stay the same: no per-poll
+    # allocation, and plain ctypes, as nvidia-ml-py's hooked structs cost a Python call per field read.
+    fa = dev.slow_fields if slow else dev.fields
     if fa is None or fa.fields != key:
-        fa = dev.fields = FieldArray(key)
+        fa = FieldArray(key)
+        if slow:
+            dev.slow_fields = fa
+        else:
+            dev.fields = fa
     function = "nvmlDeviceGetFieldValues"
     if dev.call(function, _get_field_values, fa) is None:
         return {}

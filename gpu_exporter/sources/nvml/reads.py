@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 
 from ...metric_defs import ARCH_BLACKWELL, CLOCK_EVENT_REASONS, FIELD_METRICS, NVLINK5_SINCE
-from ...snapshot import GpuReading, GpuStatic, LinkKey, NvLinkReading
+from ...snapshot import FabricReading, GpuReading, GpuStatic, LinkKey, NvLinkReading
 from ..backend import StaticChanged
 from .device import Device
 from .fabric import read_fabric
@@ -168,7 +168,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         processes = proc.utilization(dev, processes)
     gpm = readers.gpm if static.gpm_supported else None
     activity = gpm.gpu_activity(dev) if gpm else None
-    fabric = read_fabric(dev, readers.driver_version)
+    fabric = slow.fabric
     return GpuReading(
         index=static.index,
         uuid=static.uuid,
@@ -196,7 +196,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
                 if (v := fields.get((fid, 0))) is not None
             }
         ),
-        link_field_values=_link_field_values(fields, readers.link_fields(static.architecture), static.nvlink_count),
+        link_field_values=slow.link_field_values,
         clock_event_active=MappingProxyType(
             {} if reasons is None else {name: bool(reasons & bit) for name, bit in readers.clock_event_reasons}
         ),
@@ -227,12 +227,15 @@ class Slow:
     ecc: Mapping[str, int]
     rows: tuple[int, int, int, int] | None
     nvlink_up: tuple[bool | None, ...]
+    link_field_values: Mapping[str, Mapping[LinkKey, float]]
+    fabric: FabricReading | None
     read_at: float
 
 
 def _slow(dev: Device, static: GpuStatic, readers: Readers) -> Slow:
-    """ECC, remapped rows and link states: read again when ``slow_s`` has passed since the last read
-    (and always after a static refresh, which may have found other links), else as last read."""
+    """ECC, remapped rows, link states, link error counters and the fabric: read again when ``slow_s``
+    has passed since the last read (and always after a static refresh, which may have found other
+    links), else as last read."""
     now = dev.monotonic()
     last = dev.slow
     if last is not None and now - last.read_at < readers.slow_s and len(last.nvlink_up) == static.nvlink_count:
@@ -253,7 +256,10 @@ def _slow(dev: Device, static: GpuStatic, readers: Readers) -> Slow:
         else st == N.NVML_FEATURE_ENABLED
         for link in range(static.nvlink_count)
     )
-    dev.slow = Slow(MappingProxyType(ecc), tuple(rows) if rows is not None else None, states, now)
+    links = read_fields(dev, _wanted_link_fields(static, readers), slow=True) if static.nvlink_count else {}
+    link_values = _link_field_values(links, readers.link_fields(static.architecture), static.nvlink_count)
+    fabric = read_fabric(dev, readers.driver_version)
+    dev.slow = Slow(MappingProxyType(ecc), tuple(rows) if rows is not None else None, states, link_values, fabric, now)
     return dev.slow
 
 
@@ -263,15 +269,21 @@ def _wanted_fields(static: GpuStatic, readers: Readers) -> list[tuple[int, int]]
     until the next static refresh (fields.read_fields)."""
     wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
     wanted += [(fid, 0) for fid in dict.fromkeys(fid for _, fid, _, _ in readers.fields)]
-    per_link = list(dict.fromkeys(fid for _, fid, _, _ in readers.link_fields(static.architecture)))
     kib = static.architecture is None or static.architecture < ARCH_BLACKWELL  # NVLink 4 and older
     for link in range(static.nvlink_count):
         if kib:
             wanted += [(FI_NVLINK_TX, link), (FI_NVLINK_RX, link)]
         if readers.nvlink5_bytes(static.architecture):
             wanted += [(FI_NVLINK5_TX, link), (FI_NVLINK5_RX, link)]
-        wanted += [(fid, link) for fid in per_link]
     return wanted
+
+
+def _wanted_link_fields(static: GpuStatic, readers: Readers) -> list[tuple[int, int]]:
+    """The per-link field values (error counters), asked at the slow cadence in an array of their own:
+    54 values on a Hopper, 198 on a Blackwell, which counting at every poll would cost more than the
+    rest of the poll's field values together."""
+    per_link = list(dict.fromkeys(fid for _, fid, _, _ in readers.link_fields(static.architecture)))
+    return [(fid, link) for link in range(static.nvlink_count) for fid in per_link]
 
 
 def _link_bytes(fields: Mapping[tuple[int, int], int | float], kib: int, nvlink5: int, link: int) -> int | None:
