@@ -163,7 +163,9 @@ def settings_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     return cli
 
 
-def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: float | None = None) -> Backend:
+def make_backend(
+    settings: Settings, errors: ErrorSink, profiling_interval: float | None = None, slow_interval: float | None = None
+) -> Backend:
     if settings.simulate:
         from .alerting.engine import node_name
         from .sources.simulated import SimulatedBackend
@@ -172,8 +174,9 @@ def make_backend(settings: Settings, errors: ErrorSink, profiling_interval: floa
         return SimulatedBackend(settings.simulate_gpus, node=node_name(settings.node_name))
     from .sources.nvml import NvmlBackend
 
+    slow = settings.poll_slow_interval if slow_interval is None else slow_interval
     return NvmlBackend(errors, profiling_interval=profiling_interval or settings.profiling_interval,
-                       disabled=settings.collectors.disabled(), slow_interval=settings.poll_slow_interval)  # fmt: skip
+                       disabled=settings.collectors.disabled(), slow_interval=slow)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -262,10 +265,11 @@ def run_once(settings: Settings, fmt: str) -> int:
         load_web_config(settings.web_config_file)  # what the daemon would refuse, --once refuses too
     except WebConfigError as e:
         return once_unknown(str(e), fmt, settings.node_name)
-    # One look takes its two GPM samples 200 ms apart, whatever the daemon's profiling interval; it
-    # joins Slurm jobs and containers as the daemon does, but asks no kubelet for pods.
-    polling = build_polling(settings, lambda errors: make_backend(settings, errors, profiling_interval=MIN_INTERVAL_S),
-                            pods=False)  # fmt: skip
+    # One look takes its two GPM samples 200 ms apart (a MIG instance's too), whatever the daemon's
+    # profiling and slow intervals; it joins Slurm jobs and containers as the daemon does, but asks
+    # no kubelet for pods.
+    polling = build_polling(settings, lambda errors: make_backend(settings, errors, profiling_interval=MIN_INTERVAL_S,
+                                                                  slow_interval=0.0), pods=False)  # fmt: skip
     poller = polling.poller
     try:
         snapshot = poller.poll()
