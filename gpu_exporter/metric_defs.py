@@ -176,7 +176,9 @@ _GPM_DOC = (
 )
 _MIG_GPM_DOC = (
     "Per GPU instance (nvmlGpmMigSampleGet): sampled once per instance and shown on the MIG device with "
-    "its lowest compute instance id, so a sum over MIG devices counts each instance once."
+    "its lowest compute instance id, so a sum over MIG devices counts each instance once.  The mean over "
+    "poll_slow_interval (30 s) or the profiling interval, whichever is longer: seven instances' pairs at every "
+    "profiling interval would cost more than the rest of the poll."
 )
 _NVLINK_DOC = (
     "Only the links the driver says the GPU has (field NVML_FI_DEV_NVLINK_LINK_COUNT): 12 on an A100, 18 on "
