@@ -57,6 +57,10 @@ def test_a_reload_keeps_the_receivers_it_leaves_alone_and_replaces_the_rest() ->
         (fresh, same_hook) = n.apply(alerting(alertmanagers=[{"url": AM1}], webhooks=[{"url": HOOK}], queue_size=5))
         assert fresh is not am1 and fresh.alive and not am1.alive and same_hook is hook
         assert am1.name in series.names  # the same name goes on counting: its series stay
+        # Another Alertmanager in its place: a receiver of its own, never the old one sent elsewhere.
+        (other,) = n.apply(alerting(alertmanagers=[{"url": AM2}], queue_size=5))
+        assert other is not fresh and isinstance(other, AlertmanagerReceiver) and other.settings.url == AM2
+        assert other.alive and not fresh.alive
     finally:
         n.stop()
 
