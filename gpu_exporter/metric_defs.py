@@ -91,7 +91,8 @@ class FieldValue:
     per_link: bool = False
     # The GPU architectures (nvml.h NVML_DEVICE_ARCH_*) it is asked of, from and below: a field that
     # one generation replaced is not asked of the other, which would answer NOT_SUPPORTED on every
-    # link.  A GPU whose architecture is unknown is asked all of them.
+    # link, nor one an older generation cannot have (C2C before Hopper), whose refusal its driver
+    # would count.  A GPU whose architecture is unknown is asked all of them.
     arch_from: int = 0
     arch_below: int | None = None
 
@@ -309,6 +310,12 @@ NVLINK5_ERRORS = (
     (213, "recovery_successful"), (214, "recovery_failed"), (219, "effective"), (221, "symbol"),
 )  # fmt: skip
 NVLINK5_SINCE = (560,)
+# NVLink-C2C's error counters (the link of a GH200's or GB200's GPU to its Grace CPU), device-wide:
+# nvml.h's NVML_FI_DEV_C2C_LINK_ERROR_INTR ("CRC Error Counter"), _REPLAY and _REPLAY_B2B, 231-233.
+# The nvml.h of CUDA 12.8 (driver 570) and nvidia-ml-py 12.570 skip the ids; 12.575's define them.
+C2C_ERRORS = ((231, "crc"), (232, "replay"), (233, "replay_b2b"))
+C2C_SINCE = (575,)
+ARCH_HOPPER = 9  # nvml.h NVML_DEVICE_ARCH_HOPPER: the first with NVLink-C2C (GH200)
 ARCH_BLACKWELL = 10  # nvml.h NVML_DEVICE_ARCH_BLACKWELL: NVLink 5
 _NVLINK_ERRORS_DOC = (
     "Per link and kind, since the driver loaded.  Hopper and older (A100, H100, H200): replay, recovery and crc "
@@ -431,6 +438,14 @@ _DEFS: tuple[MetricDef, ...] = (
               fields=(*_per_label(1.0, NVLINK_DL_ERRORS, per_link=True, arch_below=ARCH_BLACKWELL),
                       *_per_label(1.0, NVLINK5_ERRORS, NVLINK5_SINCE, per_link=True, arch_from=ARCH_BLACKWELL)),
               collector=_NVL, doc=_NVLINK_ERRORS_DOC),
+    MetricDef("gpu_c2c_errors_total", _C, "", "NVLink-C2C (GPU to Grace CPU) link errors since the driver loaded, by kind (crc, replay, replay_b2b).",
+              labels=("error",), fields=_per_label(1.0, C2C_ERRORS, C2C_SINCE, arch_from=ARCH_HOPPER), collector=_NVL,
+              doc="Grace Hopper (GH200) and Grace Blackwell (GB200) GPUs, driver 575 and newer (field values 231-233, "
+                  "NVML_FI_DEV_C2C_LINK_ERROR_INTR, _REPLAY, _REPLAY_B2B: CRC errors, replays, back-to-back replays; "
+                  "one count per GPU, read as DCGM reads its DCGM_FI_DEV_C2C_LINK_ERROR_* fields, 1400-1402).  Every other "
+                  "GPU has no series: one before Hopper is not asked (its driver answers INVALID_ARGUMENT), a Hopper or "
+                  "Blackwell without Grace answers NOT_SUPPORTED and is not asked again until the next static refresh.  A rising crc or replay_b2b count on a GPU whose jobs slow down "
+                  "points at the C2C link."),
     MetricDef("gpu_nvlink_up", _G, "", "1 when the NVLink link is active, per link.",
               labels=("link",), value=_links("up"), collector=_NVL, doc=_NVLINK_DOC),
     MetricDef("gpu_ecc_errors_total", _C, "", "ECC memory errors over the device lifetime, by type (corrected, uncorrected).",

@@ -36,7 +36,7 @@ from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import FakePod, fake_kubelet, pod
 from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import GIB, MIB, h100_activity, mig_uuid, preset
+from tests.fakenvml.presets import GIB, MIB, gpu_uuid, h100_activity, h100_sxm, mig_uuid, preset
 from tests.prometheus_helpers import Prometheus, prometheus
 from tests.timing import LATE_S
 
@@ -48,6 +48,7 @@ DASHBOARDS = GRAFANA / "dashboards"
 OVERVIEWS = ("gpu-fleet.json", "gpu-node.json")
 COST = "gpu-cost.json"  # Cost and waste: money in the currency its `currency` variable picks
 NAMES = (*OVERVIEWS, COST)
+GH200 = "NVIDIA GH200 480GB"  # a Grace Hopper: NVLink-C2C to its CPU
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 FILTER_VARIABLES = ("node", "gpu", "namespace", "pod")
 # Series Prometheus makes itself for each target: they carry the target's labels (node, from the
@@ -558,7 +559,8 @@ FAST_RULES = {
 
 def node_with_everything(path: Path) -> Scenario:
     """A node that fills every panel: five H100s (busy, idle-but-allocated, throttled, degraded,
-    lost), and an A100 in MIG mode (3g.40gb + 2g.20gb + 1g.10gb, a process on each) as GPU 5."""
+    lost), an A100 in MIG mode (3g.40gb + 2g.20gb + 1g.10gb, a process on each) as GPU 5, and a
+    Grace Hopper as GPU 6, whose NVLink-C2C link to its CPU replays."""
     s = preset("h100-8x-training", path)
     s.driver_version = "580.82.07"  # the first driver with the clock event reason counters (fields 269-271)
     s.gpus = s.gpus[:5]
@@ -581,6 +583,8 @@ def node_with_everything(path: Path) -> Scenario:
         inst.gpm(sm_util=30 + 20 * m, sm_occupancy=12, any_tensor_util=20, dram_bw_util=15, graphics_util=60,
                  fp64_util=0, fp32_util=3, fp16_util=1)  # fmt: skip
     s.gpus.append(mig)
+    h100_sxm(s.add_gpu(), "gh200", 6, util=80, mem_used=50 * GIB, power_mw=550_000)
+    s.gpu(6).identity(GH200, gpu_uuid("gh200", 6)).c2c(replay=Counter(3, 0.5))
     return s
 
 
@@ -674,7 +678,7 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             "alerting": {"resend_interval": "1s", "webhooks": [{"url": hook.url, "name": "ops"}]},
             "kubernetes": {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
                            "refresh_interval": "200ms", "timeout": f"{LATE_S:.0f}s"},
-            "pricing": {"currency": "USD", "models": {"H100": 2.5}, "energy_per_kwh": 0.2},
+            "pricing": {"currency": "USD", "models": {"H100": 2.5, "GH200": 3.5}, "energy_per_kwh": 0.2},
             "slurm": {"job_mapping_dir": str(tmp_path / "job-map")},
         }))  # fmt: skip
         with run_daemon(s.path, "--config", str(cfg), "--poll.interval", "1s") as d, \
@@ -694,9 +698,9 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             for dash in dashes.values():
                 found = {var: {r["metric"].get(label) for r in prom.query(substitute(selector, VALUES))} - {None}
                          for var, (selector, label) in variable_selectors(dash).items()}  # fmt: skip
-                gpus = {str(i) for i in range(6)}
+                gpus = {str(i) for i in range(7)}
                 wanted = {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}
-                extra = {"currency": {"USD"}, "model": {"NVIDIA H100 80GB HBM3"}}
+                extra = {"currency": {"USD"}, "model": {"NVIDIA H100 80GB HBM3", GH200}}
                 assert found == wanted | {k: v for k, v in extra.items() if k in found}
 
 

@@ -27,7 +27,8 @@ UUID = "GPU-11111111-2222-3333-4444-555555555555"
 def full_node(scenario: Scenario, live_pid: int) -> None:
     # R580 from 580.82 on, the first driver whose nvml.h has the clock event reason counters 269-271.
     scenario.driver(580).driver_version, scenario.nvml_version = "580.82.07", "13.580.82.07"
-    g = scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", UUID).pci("00000000:18:00.0").serial("1652324000123")
+    # A Grace Hopper, so that NVLink-C2C's counters are there too (an H100 on HGX has no C2C).
+    g = scenario.add_gpu().identity("NVIDIA GH200 480GB", UUID).pci("00000000:18:00.0").serial("1652324000123")
     g.minor_number(4)  # /dev/nvidia4: not the index (a GPU the container does not see, or a renumbering)
     g.utilization(87, 41).memory(80 * GIB, 60 * GIB, reserved=512 * MIB).codec(12, 7)
     g.temperature(66, memory=71).thresholds(shutdown=92, slowdown=89, mem_max=95, gpu_max=87)
@@ -45,6 +46,7 @@ def full_node(scenario: Scenario, live_pid: int) -> None:
     g.nvlink(0, True, tx_kib=1000, rx_kib=2000).nvlink(1, False, tx_kib=3000, rx_kib=4000)
     g.ecc(corrected=5, uncorrected=1).remapped_rows(correctable=3, uncorrectable=1, pending=True, failure=False)
     g.mig_mode(False).recovery_action(2)  # the driver asks for a node reboot
+    g.c2c(crc=2, replay=Counter(40, 0), replay_b2b=1)
     # A fabric registered, degraded, wrongly configured; two fields the driver does not report.
     g.fabric("completed", health_summary="limited_capacity", health_mask=fabric_health_mask(
         DEGRADED_BW="TRUE", ROUTE_RECOVERY="FALSE", INCORRECT_CONFIGURATION="INSUFFICIENT_NVLINKS",
@@ -113,6 +115,7 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
         ("gpu_violation_seconds_total", "policy"): {"power": 12.5, "thermal": 0.25, "sync_boost": 0,
                                                     "board_limit": 1e-9, "low_utilization": 3e9},
         ("gpu_clock_event_seconds_total", "reason"): {"sw_thermal": 1.5, "hw_thermal": 0.25},
+        ("gpu_c2c_errors_total", "error"): {"crc": 2, "replay": 40, "replay_b2b": 1},
         ("gpu_fabric_issue", "issue"): {"degraded_bandwidth": 1, "route_recovery": 0, "incorrect_configuration": 1,
                                         "fabric_manager_disconnected": 0, "registration_failed": 0},
     }  # fmt: skip
@@ -135,7 +138,7 @@ def test_every_metric_value_and_unit(scenario: Scenario, nvml: Any, live_process
     reasons = {k: value(s, "gpu_clock_event_active", **g, reason=k) for k in ("sw_power_cap", "hw_thermal", "gpu_idle")}
     assert reasons == {"sw_power_cap": 1, "hw_thermal": 1, "gpu_idle": 0}
     info = [dict(ls) for (n, ls) in s if n == "gpu_info"]
-    assert info == [{"gpu": "0", "uuid": UUID, "name": "NVIDIA H100 80GB HBM3", "pci_bus_id": "00000000:18:00.0",
+    assert info == [{"gpu": "0", "uuid": UUID, "name": "NVIDIA GH200 480GB", "pci_bus_id": "00000000:18:00.0",
                      "driver_version": "580.82.07", "cuda_version": "13.0", "serial": "1652324000123",
                      "mig_mode": "disabled", "device": "nvidia4"}]  # fmt: skip
     procs = {

@@ -20,6 +20,7 @@ from tests.fakenvml.values import NVML_CLOCK_EVENT_REASONS
 BUILDERS: dict[str, Callable[..., Gpu]] = {
     "gpu_violation_seconds_total": Gpu.violations,
     "gpu_clock_event_seconds_total": Gpu.clock_event_counters,
+    "gpu_c2c_errors_total": Gpu.c2c,
 }
 
 
@@ -29,7 +30,7 @@ def test_every_labelled_field_metric_has_a_builder() -> None:
 
 def test_the_fake_serves_each_declared_label_at_its_declared_field_id(scenario: Scenario, nvml: Any) -> None:
     scenario.driver(580).driver_branch = 580  # the clock event reason counters (269-271) exist from R580
-    g = scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", "GPU-f")
+    g = scenario.add_gpu().identity("NVIDIA GH200 480GB", "GPU-f")  # a Grace Hopper: C2C's counters too
     expected: dict[int, int] = {}
     for d in FIELD_METRICS:
         if d.name in BUILDERS:

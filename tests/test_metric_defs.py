@@ -140,7 +140,26 @@ def test_the_poll_asks_exactly_the_declared_field_ids_of_the_collectors_that_are
     assert {(269, 0), (270, 0), (271, 0)}.isdisjoint(old) and (74, 0) in old
     assert {(269, 0), (270, 0), (271, 0)}.isdisjoint(reads._wanted_fields(static, readers(version=())))
     # Each value with its metric, label and scale: the perf-policy counters are ns, read as seconds.
-    assert (("gpu_violation_seconds_total", 75, 1e-9, "thermal")) in readers().fields
+    assert (("gpu_violation_seconds_total", 75, 1e-9, "thermal")) in readers().fields(None)
+
+
+def test_c2c_is_asked_of_hopper_and_newer_and_of_an_unknown_architecture_only() -> None:
+    """NVLink-C2C came with Grace Hopper: an Ampere or Ada is not asked 231-233 (its driver answers
+    INVALID_ARGUMENT, which would count as an NVML error at every static refresh); a Hopper, a
+    Blackwell and a GPU whose architecture is unknown are, from driver 575 on."""
+    c2c = {(231, 0), (232, 0), (233, 0)}
+
+    def asked(arch: int | None, version: tuple[int, ...] = (999,)) -> bool:
+        static = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b", architecture=arch)
+        wanted = set(reads._wanted_fields(static, readers(version=version)))
+        assert wanted & c2c in (set(), c2c)
+        return c2c <= wanted
+
+    assert [asked(a) for a in (7, 8, 9, 10, None)] == [False, False, True, True, True]
+    assert not asked(9, (570, 172)) and asked(9, (575, 51))
+    assert not asked(9, ()), "a driver whose version is unknown is asked no id it may not have"
+    hopper = GpuStatic(index=0, uuid="GPU-x", name="n", pci_bus_id="b", architecture=9)
+    assert c2c.isdisjoint(reads._wanted_fields(hopper, readers(frozenset({"nvlink"})))), "NVLink collector off"
 
 
 def test_per_link_fields_are_asked_for_every_link_of_their_generation_only() -> None:

@@ -1,4 +1,4 @@
-"""Issue 36: NVLink error counters per link, read where each generation has them.
+"""Issue 36: NVLink error counters per link, read where each generation has them, and NVLink-C2C's.
 
 Hopper and older count replay, recovery and CRC errors in fields 161-163 (nvml.h
 NVML_FI_DEV_NVLINK_ERROR_DL_*); Blackwell answers those NOT_SUPPORTED and counts NVLink 5's in
@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value
-from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import h100_sxm, preset
+from tests.fakenvml import Counter, Err, Scenario
+from tests.fakenvml.presets import a100_sxm, h100_sxm, preset
+from tests.fakenvml.runtime import advance_clock
 
 GIB = 2**30
 B200 = "NVIDIA B200"
@@ -124,3 +125,66 @@ def test_the_blackwell_presets_through_the_exporter(scenario: Scenario, nvml: An
         gfm = value(s, "gpu_fabric_issue", gpu="0", issue="fabric_manager_disconnected")
         assert gfm == (0 if name.startswith("gb200") else None), name
         assert not [k for k in errors.counts if k[1] not in ("not_supported",)], errors.counts
+
+
+def c2c_of(samples: Any, gpu: str = "0") -> dict[str, float]:
+    return {
+        dict(ls)["error"]: v for (n, ls), v in samples.items() if n == "gpu_c2c_errors_total" and ("gpu", gpu) in ls
+    }
+
+
+def test_a_grace_gpus_c2c_link_counts_its_errors(scenario: Scenario, nvml: Any) -> None:
+    """GB200 (the preset): NVLink-C2C's CRC, replay and back-to-back replay counters per GPU, 0 where
+    the link is clean, growing as the driver counts."""
+    tray = preset("gb200-nvl72-tray", scenario.path)
+    tray.gpus[1].c2c(crc=Counter(7, 10))
+    tray.write()
+    poller, errors = make_poller()
+    try:
+        first = samples_of(poller.poll())
+        advance_clock(2)
+        second = samples_of(poller.poll())
+    finally:
+        poller.close()
+    assert c2c_of(first, "0") == {"crc": 0, "replay": 0, "replay_b2b": 0}
+    assert c2c_of(first, "3") == {"crc": 0, "replay": 9, "replay_b2b": 0}
+    assert c2c_of(second, "1")["crc"] - c2c_of(first, "1")["crc"] == 20
+    assert not [k for k in errors.counts if k[1] != "not_supported"], errors.counts
+
+
+def test_a_gpu_without_c2c_has_no_series_and_is_asked_once(scenario: Scenario, nvml: Any) -> None:
+    """An H100 (Hopper, no Grace) answers NOT_SUPPORTED, once, not at every poll; an A100 is not
+    asked, as its driver would answer INVALID_ARGUMENT (what Datadog's agent found older
+    architectures do), which the NVML-errors alert counts.  Neither shows a 0."""
+    scenario.driver(580)
+    h100_sxm(scenario.add_gpu(), "noc2c", 0, util=90, mem_used=40 * GIB, power_mw=500_000)
+    a100_sxm(scenario.add_gpu(), "noc2c", 1)
+    scenario.write()
+    (first, *rest), errors = polls(3)
+    for s in (first, *rest):
+        assert c2c_of(s, "0") == {} and c2c_of(s, "1") == {}
+    # The H100's three, and the perf-policy ids (74-79) both presets leave out: had the A100 been asked
+    # C2C's, 3 more (or 3 invalid_argument).
+    assert errors.counts[("nvmlDeviceGetFieldValues", "not_supported")] == 3 + 6 + 6, errors.counts
+    assert ("nvmlDeviceGetFieldValues", "invalid_argument") not in errors.counts, errors.counts
+
+
+def test_a_driver_whose_nvml_h_skips_the_c2c_ids_is_not_asked(scenario: Scenario, nvml: Any) -> None:
+    """Driver 570's nvml.h has no 231-233 (it jumps from 230 to 235): a GB200 on it is not asked, so
+    there is neither a series nor a refusal; on 580 the same GPU counts."""
+    tray = preset("gb200-nvl72-tray", scenario.path)
+    tray.driver(570).write()
+    (s, _), errors = polls()
+    assert c2c_of(s) == {} and ("nvmlDeviceGetFieldValues", "invalid_argument") not in errors.counts
+    tray.driver(580).write()
+    (s, _), _ = polls()
+    assert c2c_of(s) == {"crc": 0, "replay": 0, "replay_b2b": 0}
+
+
+def test_a_c2c_counter_that_errors_is_left_out_not_zero(scenario: Scenario, nvml: Any) -> None:
+    tray = preset("gb200-nvl72-tray", scenario.path)
+    tray.gpus[2].c2c(replay=Err("UNKNOWN"))
+    tray.write()
+    (s, _), errors = polls()
+    assert c2c_of(s, "2") == {"crc": 0, "replay_b2b": 0} and c2c_of(s, "1")["replay"] == 3
+    assert errors.counts[("nvmlDeviceGetFieldValues", "unknown")] == 2, errors.counts

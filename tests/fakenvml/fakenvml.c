@@ -59,6 +59,11 @@ static const struct {
     {NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS, "effective", 1},
     {NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, "symbol", 1},
 };
+/* NVLink-C2C's error counters (nvml.h 13.3: NVML_FI_DEV_C2C_LINK_ERROR_INTR "C2C Link CRC Error
+ * Counter", _REPLAY, _REPLAY_B2B "Back to Back Replay"), 231-233 in order, asked device-wide (scope 0)
+ * as DCGM's DCGM_FI_DEV_C2C_LINK_ERROR_* (1400-1402) and Datadog's agent (pkg/collector/corechecks/gpu,
+ * fields.go) read them. */
+static const char *const c2c_errors[] = {"crc", "replay", "replay_b2b"};
 #define MAX_EVENT_SETS 64
 #define NO_INSTANCE 0xFFFFFFFFu
 #define DEFAULT_PCIE_SAMPLE_MS 20
@@ -158,6 +163,10 @@ enum {
     K_PCIE_MAX_WIDTH,
     K_PCIE_REPLAY,
     K_RECOVERY_ACTION, /* field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230): nvmlDeviceGpuRecoveryAction_t */
+    /* NVLink-C2C, the GPU's link to its Grace CPU (GH200, GB200): unset enabled = no C2C */
+    K_C2C_ENABLED,
+    K_C2C_ERR0, /* fields 231-233, in the order of c2c_errors[] */
+    K_C2C_ERR_LAST = K_C2C_ERR0 + 2,
     /* nvmlDeviceGetGpuFabricInfoV: unset state = NOT_SUPPORTED (no fabric) */
     K_FABRIC_STATE,
     K_FABRIC_STATUS,
@@ -301,6 +310,9 @@ static void init_keys(void)
     def_key(K_PCIE_REPLAY, KT_NUM, SCOPE_GPU, "pcie.replay");
     def_key(K_RECOVERY_ACTION, KT_NUM, SCOPE_GPU, "recovery_action");
     def_key(K_ARCH, KT_NUM, SCOPE_GPU, "arch");
+    def_key(K_C2C_ENABLED, KT_NUM, SCOPE_GPU, "c2c.enabled");
+    for (int i = 0; i <= K_C2C_ERR_LAST - K_C2C_ERR0; i++)
+        def_key(K_C2C_ERR0 + i, KT_NUM, SCOPE_GPU, "c2c.errors.%s", c2c_errors[i]);
     def_key(K_FABRIC_STATE, KT_NUM, SCOPE_GPU, "fabric.state");
     def_key(K_FABRIC_STATUS, KT_NUM, SCOPE_GPU, "fabric.status");
     def_key(K_FABRIC_HEALTH_MASK, KT_NUM, SCOPE_GPU, "fabric.health_mask");
@@ -468,17 +480,21 @@ struct profile {
     unsigned int fi_max;         /* a field id at or above it is unknown to the driver */
     unsigned int nvlink_max;     /* NvLink link indices the driver accepts at all */
     unsigned int fabric_version; /* the newest nvmlGpuFabricInfo_v<N>_t it takes (0: none) */
+    unsigned int c2c_errors;     /* whether it defines the C2C error counters, 231-233 */
 };
 
 /* fabric_version: nvmlGpuFabricInfo_v2_t (the health mask) is in nvidia-ml-py 12.550's bindings,
  * v3_t (the health summary) first in 13.580.65's; a driver refuses a newer struct with
  * ARGUMENT_VERSION_MISMATCH, as it refuses nvmlMemory_v2 with a wrong version. */
+/* c2c_errors: 231-234 are a gap in the nvml.h of CUDA 12.8 (nvidia-nvml-dev-cu12 12.8.90, driver 570:
+ * 230, then 235) and in nvidia-ml-py 12.570.172; CUDA 12.9's and 12.575.51's define them.  575 itself
+ * is modelled by 570's profile, so a 575 scenario answers them as 570 does (unknown). */
 static const struct profile profiles[] = {
-    {535, 197, 18, 0},
-    {550, 228, 18, 2},
-    {570, 269, 18, 2},
-    {580, 274, 18, 3},
-    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS, 3},
+    {535, 197, 18, 0, 0},
+    {550, 228, 18, 2, 0},
+    {570, 269, 18, 2, 0},
+    {580, 274, 18, 3, 1},
+    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS, 3, 1},
 };
 
 /* Entry points a branch does not have yet, by the first branch whose nvidia-ml-py binds them; a
@@ -2241,6 +2257,40 @@ static void field_value(const struct dev *d, nvmlFieldValue_t *fv, long long now
         k = K_RECOVERY_ACTION;
         type = NVML_VALUE_TYPE_UNSIGNED_INT;
         break;
+    /* A GPU joined to a Grace CPU by NVLink-C2C (c2c.enabled, what nvmlDeviceGetC2cModeInfoV's
+     * isC2cEnabled says) counts from 0.  Any other answers as Datadog's agent found real drivers do
+     * (its fields.go marks exactly these three markUnsupportedOnInvalidArgument: "Some fields on older
+     * architectures return INVALID_ARGUMENT immediately instead of cleanly reporting
+     * ERROR_NOT_SUPPORTED"): INVALID_ARGUMENT before Hopper, NOT_SUPPORTED on a Hopper or newer
+     * without C2C (an H100 on PCIe or HGX).  A driver whose nvml.h skips the ids (570 and older)
+     * answers them as unknown. */
+    case NVML_FI_DEV_C2C_LINK_ERROR_INTR:
+    case NVML_FI_DEV_C2C_LINK_ERROR_REPLAY:
+    case NVML_FI_DEV_C2C_LINK_ERROR_REPLAY_B2B: {
+        unsigned int arch = NVML_DEVICE_ARCH_UNKNOWN;
+        const struct slot *on = &d->s[K_C2C_ENABLED];
+        if (!cur->profile->c2c_errors) {
+            fv->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+            return;
+        }
+        if (on->set && on->err) {
+            fv->nvmlReturn = on->err;
+            return;
+        }
+        if (!on->set || !on->base) {
+            fv->nvmlReturn = gpu_arch(d, &arch) == NVML_SUCCESS && arch != NVML_DEVICE_ARCH_UNKNOWN &&
+                                     arch < NVML_DEVICE_ARCH_HOPPER
+                                 ? NVML_ERROR_INVALID_ARGUMENT
+                                 : NVML_ERROR_NOT_SUPPORTED;
+            return;
+        }
+        k = K_C2C_ERR0 + (int)(fv->fieldId - NVML_FI_DEV_C2C_LINK_ERROR_INTR);
+        if (!d->s[k].set) {
+            put_value(d, fv, type, 0);
+            return;
+        }
+        break;
+    }
     case NVML_FI_DEV_PCIE_COUNT_TX_BYTES:
     case NVML_FI_DEV_PCIE_COUNT_RX_BYTES: {
         /* nvml.h: "Value can be wrapped".  With pcie.counter_bits = 32 the counter wraps at 2^32 and

@@ -99,9 +99,11 @@ def b200(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: int, n
 
 def gb200(g: Gpu, tag: str, i: int, *, util: int, mem_used: int, power_mw: int) -> Gpu:
     """One of a GB200 NVL72 compute tray's four B200s: 186 GB, 1200 W, its NVLink fabric spanning the
-    rack, so the global fabric manager's state is reported too (GFM_STATE, nvml.h 13.595 and later)."""
+    rack, so the global fabric manager's state is reported too (GFM_STATE, nvml.h 13.595 and later),
+    and joined to its Grace CPU by NVLink-C2C, whose link counts a few replays."""
     b200(g, tag, i, util=util, mem_used=mem_used, power_mw=power_mw, name="NVIDIA GB200", memory_mib=189_471,
          power_limit_mw=1_200_000)  # fmt: skip
+    g.c2c(replay=3 * i)
     return g.fabric("completed", health_summary="healthy", clique_id=32766,
                     health_mask=HEALTHY_FABRIC | fabric_health_mask(GFM_STATE="CONNECTED"))  # fmt: skip
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, Self
 
 from .values import (
+    C2C_ERROR_KINDS,
     CLOCK_EVENT_COUNTERS,
     CLOCK_EVENT_REASONS,
     DRIVER_PROFILES,
@@ -230,6 +231,17 @@ class Gpu(Device):
             if kind not in NVLINK_ERROR_KINDS:
                 raise ValueError(f"unknown NVLink error kind {kind!r}; known: {sorted(NVLINK_ERROR_KINDS)}")
             self.set(f"nvlink.{link}.errors.{kind}", v)
+        return self
+
+    def c2c(self, enabled: bool | Err = True, **errors: int | Counter | Err) -> Gpu:
+        """NVLink-C2C, the GPU's link to a Grace CPU (GH200, GB200): its error counters (fields 231-233,
+        R575 and newer) by kind (crc, replay, replay_b2b), 0 where not given.  A GPU without C2C answers
+        them NOT_SUPPORTED (Hopper and newer) or INVALID_ARGUMENT (older), as real drivers do."""
+        self.set("c2c.enabled", enabled if isinstance(enabled, Err) else int(enabled))
+        for kind, v in errors.items():
+            if kind not in C2C_ERROR_KINDS:
+                raise ValueError(f"unknown C2C error kind {kind!r}; known: {C2C_ERROR_KINDS}")
+            self.set(f"c2c.errors.{kind}", v)
         return self
 
     def arch(self, arch: int | Err) -> Gpu:

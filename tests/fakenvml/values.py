@@ -105,6 +105,8 @@ NVLINK_ERROR_KINDS = frozenset({
     "replay", "recovery", "crc", "malformed_packet", "buffer_overrun", "receive", "receive_remote", "receive_general",
     "local_link_integrity", "transmit_discard", "recovery_successful", "recovery_failed", "effective", "symbol",
 })  # fmt: skip
+# NVLink-C2C's error counters (fields 231-233), by the names of the fake's c2c.errors.<kind> keys.
+C2C_ERROR_KINDS = ("crc", "replay", "replay_b2b")
 THRESHOLDS = ("shutdown", "slowdown", "mem_max", "gpu_max", "acoustic_min", "acoustic_curr", "acoustic_max", "gps_curr")
 CLOCKS = ("graphics", "sm", "memory", "video")
 # GPM metrics a scenario can set, in percent, by their key names in the file (gpm.<name>).

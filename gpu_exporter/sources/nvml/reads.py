@@ -61,34 +61,40 @@ class Readers:
         return tuple((name, r.bit) for name, r in CLOCK_EVENT_REASONS.items() if self.driver_version >= r.since)
 
     @cached_property
-    def fields(self) -> tuple[tuple[str, int, float, str], ...]:
-        """(metric, field id, scale, label value) of each field value a metric declares, where its
-        collector is on and the driver's nvml.h has the id (metric_defs.FieldValue.since)."""
+    def _declared(self) -> tuple[tuple[str, int, float, str, bool, int, int | None], ...]:
+        """(metric, field id, scale, label value, per link, arch from, arch below) of each field value a
+        metric declares, where its collector is on and the driver's nvml.h has the id
+        (metric_defs.FieldValue.since)."""
         return tuple(
-            (d.name, f.field_id, f.scale, f.label)
+            (d.name, f.field_id, f.scale, f.label, f.per_link, f.arch_from, f.arch_below)
             for d in FIELD_METRICS
             if d.collector is None or d.collector not in self.disabled
             for f in d.fields
-            if self.driver_version >= f.since and not f.per_link
+            if self.driver_version >= f.since
         )
 
     @cached_property
-    def _link_fields(self) -> tuple[tuple[str, int, float, str, int, int | None], ...]:
-        return tuple(
-            (d.name, f.field_id, f.scale, f.label, f.arch_from, f.arch_below)
-            for d in FIELD_METRICS
-            if d.collector is None or d.collector not in self.disabled
-            for f in d.fields
-            if self.driver_version >= f.since and f.per_link
-        )
+    def _by_arch(self) -> dict[tuple[int | None, bool], tuple[tuple[str, int, float, str], ...]]:
+        return {}  # filled by _of, once per architecture a node has (one, mostly)
+
+    def _of(self, arch: int | None, per_link: bool) -> tuple[tuple[str, int, float, str], ...]:
+        if (got := self._by_arch.get((arch, per_link))) is None:
+            got = self._by_arch[arch, per_link] = tuple(
+                (name, fid, scale, label)
+                for name, fid, scale, label, link, lo, hi in self._declared
+                if link == per_link and (arch is None or (lo <= arch and (hi is None or arch < hi)))
+            )
+        return got
+
+    def fields(self, arch: int | None) -> tuple[tuple[str, int, float, str], ...]:
+        """(metric, field id, scale, label value) of the device-wide field values to ask of a GPU of
+        ``arch`` (nvml.h NVML_DEVICE_ARCH_*; None: unknown, asked all): a field outside its declared
+        architectures is not asked, which spares a card the refusals its driver would count."""
+        return self._of(arch, False)
 
     def link_fields(self, arch: int | None) -> tuple[tuple[str, int, float, str], ...]:
-        """The same for the per-link field values (asked once per link), for a GPU of ``arch``."""
-        return tuple(
-            (name, fid, scale, label)
-            for name, fid, scale, label, lo, hi in self._link_fields
-            if arch is None or (lo <= arch and (hi is None or arch < hi))
-        )
+        """The same for the per-link field values (asked once per link)."""
+        return self._of(arch, True)
 
     def nvlink5_bytes(self, arch: int | None) -> bool:
         """Whether to ask NVLink 5's byte counters (fields.FI_NVLINK5_TX/RX), where 138/139 do not apply."""
@@ -192,7 +198,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         field_values=MappingProxyType(
             {
                 (name, label): v * scale
-                for name, fid, scale, label in readers.fields
+                for name, fid, scale, label in readers.fields(static.architecture)
                 if (v := fields.get((fid, 0))) is not None
             }
         ),
@@ -268,7 +274,7 @@ def _wanted_fields(static: GpuStatic, readers: Readers) -> list[tuple[int, int]]
     GPU answers NOT_SUPPORTED (NVLink 5's on a Hopper, 161-163 on a Blackwell) is not asked again
     until the next static refresh (fields.read_fields)."""
     wanted = [(FI_MEMORY_TEMP, 0), (FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
-    wanted += [(fid, 0) for fid in dict.fromkeys(fid for _, fid, _, _ in readers.fields)]
+    wanted += [(fid, 0) for fid in dict.fromkeys(fid for _, fid, _, _ in readers.fields(static.architecture))]
     kib = static.architecture is None or static.architecture < ARCH_BLACKWELL  # NVLink 4 and older
     for link in range(static.nvlink_count):
         if kib:
