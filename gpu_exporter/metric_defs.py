@@ -116,6 +116,9 @@ class MetricDef:
     # Rendered for a GPU that does not answer too (from what its down reading keeps): a lost GPU's
     # XIDs are the reason it is lost, and must show beside its gpu_up 0.
     while_down: bool = False
+    # Read at the slow cadence (settings poll_slow_interval, 30 s), not at every poll: on /metrics
+    # between reads as last read, so a change shows up to that long after it happened.
+    slow: bool = False
 
     def __post_init__(self) -> None:
         if self.fields:
@@ -401,12 +404,12 @@ _DEFS: tuple[MetricDef, ...] = (
               doc="Every driver; the simulator never sets it.  GpuResetRequired fires on it."),
     MetricDef("gpu_fabric_state", _G, "", "The GPU's registration with its NVLink fabric (nvmlDeviceGetGpuFabricInfoV): 1 not started, 2 in progress, 3 completed.",
               value=lambda g: g.fabric.state if g.fabric else None,
-              doc=_FABRIC_DOC + "  Until it is 3, CUDA cannot use the fabric (jobs fail with error 802, \"system not yet initialized\", where the fabric manager is not running); GpuFabricNotReady fires after 5 min."),
+              doc=_FABRIC_DOC + "  Until it is 3, CUDA cannot use the fabric (jobs fail with error 802, \"system not yet initialized\", where the fabric manager is not running); GpuFabricNotReady fires after 5 min.", slow=True),
     MetricDef("gpu_fabric_health", _G, "", "The driver's summary of the GPU's NVLink fabric health: 1 healthy, 2 unhealthy, 3 limited capacity.",
-              value=lambda g: g.fabric.health_summary if g.fabric else None, doc=_FABRIC_DOC),
+              value=lambda g: g.fabric.health_summary if g.fabric else None, doc=_FABRIC_DOC, slow=True),
     MetricDef("gpu_fabric_issue", _G, "", "1 while the GPU's NVLink fabric reports an issue, 0 while it reports its absence, by issue (" + ", ".join((*FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED)) + ").",
               labels=("issue",), value=lambda g: g.fabric.issues.items() if g.fabric else (),
-              doc=_FABRIC_DOC + "  From the health mask, each issue where the driver reports its field (older drivers report fewer); registration_failed where the state is completed with an error status.  GpuFabricUnhealthy fires on any 1."),
+              doc=_FABRIC_DOC + "  From the health mask, each issue where the driver reports its field (older drivers report fewer); registration_failed where the state is completed with an error status.  GpuFabricUnhealthy fires on any 1.", slow=True),
     MetricDef("gpu_recovery_action", _G, "", "The recovery the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 reset the GPU, 2 reboot the node, 3 drain peer-to-peer traffic, 4 drain and reset, 5 recover the IMEX domain, 6 reset the PCIe bus, 7 reboot the system.",
               fields=(FieldValue(230, since=(565,)),), doc=_RECOVERY_DOC),
     MetricDef("gpu_pcie_tx_bytes_per_second", _G, "bytes_per_second", "PCIe transmit throughput in bytes per second: the mean since the previous poll from the byte counter where there is one, else a 20 ms driver sample.",
@@ -437,7 +440,7 @@ _DEFS: tuple[MetricDef, ...] = (
               labels=("link", "error"),
               fields=(*_per_label(1.0, NVLINK_DL_ERRORS, per_link=True, arch_below=ARCH_BLACKWELL),
                       *_per_label(1.0, NVLINK5_ERRORS, NVLINK5_SINCE, per_link=True, arch_from=ARCH_BLACKWELL)),
-              collector=_NVL, doc=_NVLINK_ERRORS_DOC),
+              collector=_NVL, doc=_NVLINK_ERRORS_DOC, slow=True),
     MetricDef("gpu_c2c_errors_total", _C, "", "NVLink-C2C (GPU to Grace CPU) link errors since the driver loaded, by kind (crc, replay, replay_b2b).",
               labels=("error",), fields=_per_label(1.0, C2C_ERRORS, C2C_SINCE, arch_from=ARCH_HOPPER), collector=_NVL,
               doc="Grace Hopper (GH200) and Grace Blackwell (GB200) GPUs, driver 575 and newer (field values 231-233, "
@@ -447,19 +450,19 @@ _DEFS: tuple[MetricDef, ...] = (
                   "Blackwell without Grace answers NOT_SUPPORTED and is not asked again until the next static refresh.  A rising crc or replay_b2b count on a GPU whose jobs slow down "
                   "points at the C2C link."),
     MetricDef("gpu_nvlink_up", _G, "", "1 when the NVLink link is active, per link.",
-              labels=("link",), value=_links("up"), collector=_NVL, doc=_NVLINK_DOC),
+              labels=("link",), value=_links("up"), collector=_NVL, doc=_NVLINK_DOC, slow=True),
     MetricDef("gpu_ecc_errors_total", _C, "", "ECC memory errors over the device lifetime, by type (corrected, uncorrected).",
               labels=("type",), value=lambda g: g.ecc_errors_total.items(), collector=_ECC,
-              doc="The aggregate count (NVML_AGGREGATE_ECC: \"persist across reboots\", the device's lifetime), not the volatile one (reset each time the driver loads) that dcgm-exporter's default DCGM_FI_DEV_ECC_DBE_VOL_TOTAL reads; its DCGM_FI_DEV_ECC_DBE_AGG_TOTAL is this.  Cards with ECC enabled (data-center cards such as A100, H100, L40S, T4); GeForce cards have none and no series."),
+              doc="The aggregate count (NVML_AGGREGATE_ECC: \"persist across reboots\", the device's lifetime), not the volatile one (reset each time the driver loads) that dcgm-exporter's default DCGM_FI_DEV_ECC_DBE_VOL_TOTAL reads; its DCGM_FI_DEV_ECC_DBE_AGG_TOTAL is this.  Cards with ECC enabled (data-center cards such as A100, H100, L40S, T4); GeForce cards have none and no series.", slow=True),
     MetricDef("gpu_remapped_rows_total", _C, "", "Memory rows remapped, by cause (correctable, uncorrectable).",
               labels=("cause",), value=lambda g: g.remapped_rows_total.items(), collector=_ECC,
-              doc="nvml.h: Ampere and newer (A100, H100, L40S); a T4 retires pages instead and has no series; not given on a GPU in MIG mode with active instances."),
+              doc="nvml.h: Ampere and newer (A100, H100, L40S); a T4 retires pages instead and has no series; not given on a GPU in MIG mode with active instances.", slow=True),
     MetricDef("gpu_row_remap_pending", _G, "", "1 when a row remap is pending and the GPU needs a reset.",
               value=lambda g: g.row_remap_pending, collector=_ECC,
-              doc="As gpu_remapped_rows_total: Ampere and newer (A100, H100, L40S), not a T4, not in MIG mode with active instances."),
+              doc="As gpu_remapped_rows_total: Ampere and newer (A100, H100, L40S), not a T4, not in MIG mode with active instances.", slow=True),
     MetricDef("gpu_row_remap_failure", _G, "", "1 when a row remap has failed.",
               value=lambda g: g.row_remap_failure, collector=_ECC,
-              doc="As gpu_remapped_rows_total: Ampere and newer (A100, H100, L40S), not a T4, not in MIG mode with active instances."),
+              doc="As gpu_remapped_rows_total: Ampere and newer (A100, H100, L40S), not a T4, not in MIG mode with active instances.", slow=True),
     MetricDef("gpu_xid_errors_total", _C, "", "XID error events seen since the exporter started, by XID code.",
               labels=("xid",), value=lambda g: ((str(x), n) for x, n in sorted(g.xid_errors_total.items())),
               while_down=True,
@@ -570,11 +573,14 @@ def gpu_metrics(scope: Scope) -> tuple[MetricDef, ...]:
     return tuple(d for d in _DEFS if d.scope == scope and d.value is not None)
 
 
+_SLOW_DOC = "  Read every poll_slow_interval (30 s), not every poll: up to that old."
+
+
 def reference_table() -> str:
     """docs/metrics.md's reference table, one row per metric."""
     rows = ["| metric | type | unit | labels | collector | meaning |", "|---|---|---|---|---|---|"]
     for d in _DEFS:
         labels = ", ".join(f"`{label}`" for label in d.all_labels)
-        meaning = f"{d.help} {d.doc}".strip().replace("|", "\\|")
+        meaning = f"{d.help} {d.doc}{_SLOW_DOC if d.slow else ''}".strip().replace("|", "\\|")
         rows.append(f"| `{d.name}` | {d.type} | {d.unit or '-'} | {labels} | {d.collector or '-'} | {meaning} |")
     return "\n".join(rows) + "\n"

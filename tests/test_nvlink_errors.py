@@ -148,7 +148,8 @@ def test_a_grace_gpus_c2c_link_counts_its_errors(scenario: Scenario, nvml: Any) 
         poller.close()
     assert c2c_of(first, "0") == {"crc": 0, "replay": 0, "replay_b2b": 0}
     assert c2c_of(first, "3") == {"crc": 0, "replay": 9, "replay_b2b": 0}
-    assert c2c_of(second, "1")["crc"] - c2c_of(first, "1")["crc"] == 20
+    # 10 a second, over the 2 s the driver's clock was moved on (and whatever real time passed too).
+    assert c2c_of(second, "1")["crc"] - c2c_of(first, "1")["crc"] >= 20
     assert not [k for k in errors.counts if k[1] != "not_supported"], errors.counts
 
 

@@ -74,10 +74,13 @@ def test_sigusr1_lets_go_of_nvml_for_a_reset_and_sigusr2_takes_it_again(scenario
         assert_mentions(body.decode(), "released", "SIGUSR2")
         (said,) = [e for e in d.log if e.get("event") == "nvml_released"]
         assert_mentions(str(said["detail"]), "SIGUSR2", "600 s")  # the default --poll.release-for
-        # Polls go on meanwhile (liveness), and none takes the driver.
-        for _ in range(3):
-            wait_for(lambda: released(d) == 1, what="still released")
-            assert gpu_reset(scenario.path) is None
+        # Polls go on meanwhile (liveness: the poll count grows), and none takes the driver.
+        polls = value(d.metrics(), "gpu_exporter_poll_duration_seconds_count")
+        assert polls is not None
+        for n in range(1, 4):
+            wait_for(lambda n=n: value(d.metrics(), "gpu_exporter_poll_duration_seconds_count") >= polls + 2 * n,
+                     what=f"{2 * n} more polls")  # fmt: skip
+            assert released(d) == 1 and gpu_reset(scenario.path) is None
         os.kill(d.proc.pid, signal.SIGUSR2)
         wait_for(lambda: gpus_up(d) == 2 and released(d) == 0, what="both GPUs up again")
         assert gpu_reset(scenario.path) is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_exporter.metric_defs import METRICS
 from gpu_exporter.settings.config import load_settings
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.poller import Poller
@@ -18,6 +19,7 @@ from tests.exporter_helpers import ErrorLog, samples_of, value
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import h100_sxm
 from tests.fakenvml.runtime import advance_clock, call_count, driver_monotonic, driver_wall_clock
+from tests.fakenvml.values import fabric_health_mask
 
 GIB = 2**30
 SLOW = ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
@@ -101,3 +103,45 @@ def test_every_poll_where_the_setting_says_0_and_30_s_by_default(scenario: Scena
         assert (got["nvmlDeviceGetNvLinkState"], got["nvmlDeviceGetTotalEccErrors"]) == (3 * 18, 3 * 2)
     finally:
         p.close()
+
+
+def test_each_metric_declared_slow_holds_its_value_until_the_slow_read(scenario: Scenario, nvml: Any) -> None:
+    """Every declaration marked ``slow`` (docs/metrics.md says such a value is up to 30 s old) shows
+    a change made in the driver not at the next poll but at the next slow read, and every metric
+    that behaves so is marked: the table of changes below covers exactly the slow declarations."""
+    scenario.driver(580)
+    g = h100_sxm(scenario.add_gpu(), "slow", 0, util=90, mem_used=40 * GIB, power_mw=500_000)
+    g.remapped_rows(correctable=0, uncorrectable=0)
+    scenario.write()
+    # What moves each slow metric, and the series that shows it: (labels, before, after).
+    moves: dict[str, tuple[dict[str, str], float, float]] = {
+        "gpu_ecc_errors_total": ({"type": "uncorrected"}, 0, 2),
+        "gpu_remapped_rows_total": ({"cause": "correctable"}, 0, 4),
+        "gpu_row_remap_pending": ({}, 0, 1),
+        "gpu_row_remap_failure": ({}, 0, 1),
+        "gpu_nvlink_up": ({"link": "5"}, 1, 0),
+        "gpu_nvlink_errors_total": ({"link": "5", "error": "replay"}, 0, 9),
+        "gpu_fabric_state": ({}, 3, 2),
+        "gpu_fabric_health": ({}, 1, 2),
+        "gpu_fabric_issue": ({"issue": "degraded_bandwidth"}, 0, 1),
+    }
+    assert moves.keys() == {n for n, d in METRICS.items() if d.slow}
+    p = poller(30.0)
+    try:
+        before = samples_of(p.poll())
+        g.ecc(corrected=0, uncorrected=2).remapped_rows(correctable=4, pending=True, failure=True)
+        g.nvlink(5, False).nvlink_errors(5, replay=9)
+        g.fabric("in_progress", health_summary="unhealthy", health_mask=fabric_health_mask(DEGRADED_BW="TRUE"))
+        g.utilization(20, 5)
+        scenario.write()
+        advance_clock(10)
+        held = samples_of(p.poll())
+        advance_clock(25)
+        read = samples_of(p.poll())
+    finally:
+        p.close()
+    for name, (labels, old, new) in moves.items():
+        got = [value(s, name, gpu="0", **labels) for s in (before, held, read)]
+        assert got == [old, old, new], name
+    # What is not slow moves at the next poll.
+    assert [value(s, "gpu_utilization_ratio", gpu="0") for s in (before, held)] == [0.9, 0.2]

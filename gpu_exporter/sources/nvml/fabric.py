@@ -37,21 +37,24 @@ def _structs(driver: tuple[int, ...]) -> list[Any]:
     return out
 
 
+_MASK = "NVML_GPU_FABRIC_HEALTH_MASK_"
+
+
+def _mask_values(field: str, names: tuple[str, ...]) -> frozenset[int]:
+    """The values of the health mask's ``field`` that the bindings name among ``names``."""
+    return frozenset(v for n in names if (v := getattr(pynvml, f"{_MASK}{field}_{n}", None)) is not None)
+
+
 def _decoders() -> tuple[tuple[str, int, int, frozenset[int], frozenset[int]], ...]:
     """(issue, shift, width mask, values meaning present, values meaning absent) for each declared
     issue whose field the bindings define."""
     out = []
-    prefix = "NVML_GPU_FABRIC_HEALTH_MASK_"
     for issue, d in FABRIC_ISSUES.items():
-        shift = getattr(pynvml, f"{prefix}SHIFT_{d.field}", None)
-        width = getattr(pynvml, f"{prefix}WIDTH_{d.field}", None)
-        if shift is None or width is None:
-            continue
-
-        def values(names: tuple[str, ...], field: str = d.field) -> frozenset[int]:
-            return frozenset(v for n in names if (v := getattr(pynvml, f"{prefix}{field}_{n}", None)) is not None)
-
-        out.append((issue, int(shift), int(width), values(d.present), values(d.absent)))
+        shift = getattr(pynvml, f"{_MASK}SHIFT_{d.field}", None)
+        width = getattr(pynvml, f"{_MASK}WIDTH_{d.field}", None)
+        if shift is not None and width is not None:
+            present, absent = _mask_values(d.field, d.present), _mask_values(d.field, d.absent)
+            out.append((issue, int(shift), int(width), present, absent))
     return tuple(out)
 
 

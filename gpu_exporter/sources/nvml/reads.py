@@ -51,8 +51,9 @@ class Readers:
     disabled: frozenset[str] = frozenset()
     driver_version: tuple[int, ...] = ()
     # What changes slowly is read at most this often (seconds; 0: every poll), and shown from the last
-    # read meanwhile: ECC counts, remapped rows and NVLink link states (one call per link, 18 on an
-    # H100), and the driver's PCIe sample where there are no byte counters (two 20 ms samples).
+    # read meanwhile: the declarations marked ``slow`` (ECC counts, remapped rows, NVLink link states,
+    # one call per link, and error counters, 54 field values on an H100, and the fabric), the driver's
+    # PCIe sample where there are no byte counters (two 20 ms samples), and MIG instances' GPM pairs.
     slow_s: float = 0.0
 
     @cached_property
