@@ -56,7 +56,10 @@ def add_gpu(r: dict[str, Any], key: dict[str, str], model: str, hours: dict[str,
     if peak is not None:
         r["memory_peak"].append((key, peak))
     if activity is not None:
-        r["activity"].append(({**key, "signal": "sm_active"}, activity))
+        # A GPU with GPM: its SM activity, and pipes, DRAM and NVLink it barely used.
+        for signal, v in (("sm_active", activity), ("dram_active", 0.0), ("tensor_active", 0.0), ("fp64_active", 0.0),
+                          ("fp32_active", 0.0), ("fp16_active", 0.0), ("nvlink_tx", 0.0)):  # fmt: skip
+            r["activity"].append(({**key, "signal": signal}, v))
 
 
 def rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str | None, float]]:
@@ -389,7 +392,7 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
         assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "user", "gpus", "gpu_hours",
                           "busy_hours", "allocated_idle_hours", "cost", "wasted_cost", "unpriced_hours"}  # fmt: skip
     (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
-    assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "kind", "suggested", "reason",
+    assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "gpus", "kind", "suggested", "reason",
                         "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source", "seen_hours",
                         "no_saving_figure"}  # fmt: skip
 
@@ -717,3 +720,51 @@ def test_a_card_is_suggested_in_words_naming_the_holder_and_signal_and_a_whole_c
             price=3.0, peak=79 * GIB, activity=0.05)  # fmt: skip
     doc = build(W, whole, CATALOGUE)
     assert doc["recommendations"] == [] and "whole card (79.0 of 80.0 GiB)" in doc["gpus"][0]["notes"][0]
+
+
+def job_of(r: dict[str, Any], job: str, gpus: int, model: str = H100, *, nvlink: float = 0.0, node: str = "n1",
+           first: int = 0, holder: dict[str, str] | None = None) -> None:  # fmt: skip
+    """A Slurm job on ``gpus`` GPUs of a node, busy all the range at 20% SM and 1% more on each next GPU,
+    with 10 GiB, priced 2.50, each GPU sending ``nvlink`` bytes/s over NVLink."""
+    for i in range(first, first + gpus):
+        key = {"node": node, "instance": f"{node}:9445", "gpu": str(i), "uuid": f"GPU-{node}-{i}"}
+        add_gpu(r, key, model, {"busy": W.hours}, price=2.5, holder=holder or {"hpc_job": job, "user": "alice"},
+                peak=10 * GIB, activity=0.2 + 0.01 * i)  # fmt: skip
+        r["activity"] = [(k, nvlink if k["signal"] == "nvlink_tx" and k["uuid"] == key["uuid"] else v)
+                         for k, v in r["activity"]]  # fmt: skip
+
+
+def test_a_job_on_eight_gpus_is_advised_once_for_all_of_them_with_its_interconnect() -> None:
+    """Issue 37: job 4242 on 8 H100s, 270 GB/s each way over NVLink, was told GPU by GPU to move to an
+    L40S. It is one recommendation for 8 GPUs, naming the job, the count and the NVLink the candidate
+    has, sized for its busiest GPU (27% SM: 267 TFLOPS, which an A100's 312 carries; its NVLink 300 GB/s
+    each way carries the 270), and saving for all 8."""
+    r = empty()
+    job_of(r, "4242", 8, nvlink=270e9)
+    prices = PricingSettings(currency="USD", models={"A100": 1.2, "L40S": 0.9})
+    doc = build(W, r, CATALOGUE, Options(pricing=prices))
+    (rec,) = doc["recommendations"]
+    assert (rec["gpus"], rec["gpu"], rec["holder"]) == (8, "0, 1, 2, 3, 4, 5, 6, 7", "job 4242 of alice")
+    assert rec["suggested"] == "A100 40GB"
+    assert rec["saving_per_month"] == pytest.approx((2.5 - 1.2) * 8 * 730)
+    assert_mentions(rec["reason"], "8 GPUs", "8 x A100 40GB", "NVLink, 300 GB/s each way", "27% SM activity",
+                    "NVLink 270 GB/s each way")  # fmt: skip
+    # Without its NVLink traffic the same job fits a slice of its own H100s (2g.20gb: 283 TFLOPS, 0.71).
+    quiet = empty()
+    job_of(quiet, "4242", 8)
+    (rec,) = build(W, quiet, CATALOGUE, Options(pricing=PricingSettings(currency="USD", models={"L40S": 0.9})))[
+        "recommendations"
+    ]
+    assert rec["gpus"] == 8 and "MIG" in rec["suggested"], rec
+
+
+def test_a_users_gpus_and_a_job_of_mixed_cards_are_not_sized_as_one() -> None:
+    """A user's processes are not a job: two GPUs of alice's are advised each on its own. A job on an
+    H100 and an A100 cannot be one card's worth of advice: it gets none."""
+    r = empty()
+    job_of(r, "", 2, holder={"user": "alice"})
+    assert [x["gpus"] for x in build(W, r, CATALOGUE)["recommendations"]] == [1, 1]
+    mixed = empty()
+    job_of(mixed, "77", 1)
+    job_of(mixed, "77", 1, "NVIDIA A100-SXM4-80GB", first=1)
+    assert build(W, mixed, CATALOGUE)["recommendations"] == []

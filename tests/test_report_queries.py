@@ -102,7 +102,8 @@ def test_the_report_reads_only_metrics_gpu_exporter_exports() -> None:
     names = {v.name for expr in every_query('node="n2"') for v in selectors(pp.parse(expr))}
     assert names == {"gpu_state_seconds_total", "gpu_price_per_hour", "gpu_info", "gpu_memory_total_bytes",
                      "gpu_memory_used_max_bytes", "gpu_sm_active_ratio", "gpu_utilization_ratio",
-                     "gpu_dram_active_ratio"}  # fmt: skip
+                     "gpu_dram_active_ratio", "gpu_tensor_active_ratio", "gpu_fp64_active_ratio",
+                     "gpu_fp32_active_ratio", "gpu_fp16_active_ratio", "gpu_nvlink_tx_bytes_total"}  # fmt: skip
     assert names <= set(METRICS)
 
 
@@ -357,12 +358,14 @@ def test_the_queries_word_for_word() -> None:
         "memory_peak": ("memory peaks (highest)", "instant", f"max by (node, instance, gpu, uuid) (max_over_time("
                                                              f"max_over_time(gpu_memory_used_max_bytes{{{n2}}}{tile}"
                                                              f"{sub}))"),
-        "activity": ("activity while held (p95)", "instant",
-                     "max by (node, instance, gpu, uuid, signal) (quantile_over_time(0.95, ((label_replace("
-                     f'avg_over_time(gpu_sm_active_ratio{{{n2}}}{tile}, "signal", "sm_active", "", "") or '
-                     f'label_replace(avg_over_time(gpu_utilization_ratio{{{n2}}}{tile}, "signal", "utilization", '
-                     f'"", "") or label_replace(avg_over_time(gpu_dram_active_ratio{{{n2}}}{tile}, "signal", '
-                     '"dram_active", "", "")) and on (job, instance, gpu, uuid) (stddev_over_time('
+        # Each step's highest poll (bursts), of each signal: SM, GPU-Util, DRAM, the four pipes, NVLink.
+        "activity": ("activity while held (p95 of bursts)", "instant",
+                     "max by (node, instance, gpu, uuid, signal) (quantile_over_time(0.95, (("
+                     + " or ".join(f'label_replace(max_over_time(gpu_{m}_ratio{{{n2}}}{tile}, "signal", "{m}", "", "")'
+                                   for m in ("sm_active", "utilization", "dram_active", "tensor_active", "fp64_active",
+                                             "fp32_active", "fp16_active"))
+                     + f' or label_replace(sum without (link) (rate(gpu_nvlink_tx_bytes_total{{{n2}}}{tile}), '
+                     '"signal", "nvlink_tx", "", "")) and on (job, instance, gpu, uuid) (stddev_over_time('
                      f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0)){sub}))'),
         "holders_now": ("holders now", "instant",
                         "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, "

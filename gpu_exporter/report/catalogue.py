@@ -1,8 +1,12 @@
 """The catalogue of cards and MIG profiles right-sizing can suggest (``catalogue.yaml``, or a user's).
 
-Throughput is one measure across the catalogue (``fp16_tflops``: dense FP16/BF16 tensor with FP32
-accumulate, no sparsity), so that cards compare; the shipped file cites the source of each figure
-and carries no prices (a card is suggested only at a price the user gives)."""
+Each card's rate per pipe, dense (no sparsity) at boost clock: ``fp16_tflops`` the FP16/BF16 tensor
+cores with FP32 accumulate (the one every card has, and the measure of compute before GPM tells the
+pipes apart), ``fp64_tflops``, ``fp32_tflops`` and ``fp16_vector_tflops`` the non-tensor pipes
+GPM reports, where NVIDIA states them; its memory bandwidth; and its NVLink bandwidth.  A rate the
+file leaves out is unknown, never 0: a job that uses that pipe is not sent to the card.  The
+shipped file cites the source of each figure and carries no prices (a card is suggested only at a
+price the user gives)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 GIB = 1024**3
+# The pipes a job's demand is judged on: GPM's tensor, FP64, FP32 and FP16 (non-tensor) activity.
+PIPES = ("tensor", "fp64", "fp32", "fp16")
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
@@ -26,7 +32,7 @@ class CatalogueError(Exception):
 class _Mig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     profile: str = Field(pattern=r"^\d+g\.\d+gb$")
-    slices: int = Field(ge=1, le=7, description="compute slices of the 7 a GPU has")
+    slices: int = Field(ge=1, le=7, description="compute slices of the card's compute_slices")
     memory_gib: Positive
 
 
@@ -36,12 +42,26 @@ class _Card(BaseModel):
     match: list[str] = Field(min_length=1, description="regular expressions, searched in NVML's GPU name")
     memory_gib: Positive
     fp16_tflops: Positive = Field(description="dense FP16/BF16 tensor TFLOPS with FP32 accumulate, no sparsity")
-    fp32_tflops: Positive | None = Field(None, description="not used: kept so that older catalogues still load")
+    fp64_tflops: Positive | None = Field(None, description="FP64 (non-tensor) TFLOPS; absent: unknown")
+    fp32_tflops: Positive | None = Field(None, description="FP32 (non-tensor) TFLOPS; absent: unknown")
+    fp16_vector_tflops: Positive | None = Field(None, description="FP16 (non-tensor) TFLOPS; absent: unknown")
     memory_bandwidth_gbps: Positive
+    nvlink_gbps: float = Field(0.0, ge=0, allow_inf_nan=False,
+                               description="NVLink bandwidth per GPU as NVIDIA states it (both directions "
+                                           "together); 0: no NVLink")  # fmt: skip
     price_per_hour: float | None = Field(None, ge=0, allow_inf_nan=False, description="in the file's currency")
     consumer: bool = Field(False, description="a GeForce card: suggested only with --allow-consumer-cards")
     source: str | None = Field(None, description="where the figures come from")
+    rates: str | None = Field(None, description="where the per-pipe rates and NVLink come from")
     mig: list[_Mig] = Field(default_factory=list)
+    compute_slices: int = Field(7, ge=1, le=7, description="MIG compute slices the card has (7; 4 on an A30)")
+
+    @model_validator(mode="after")
+    def _slices_fit(self) -> _Card:
+        if wide := [m.profile for m in self.mig if m.slices > self.compute_slices]:
+            raise ValueError(f"mig profiles {wide} have more slices than the card's compute_slices "
+                             f"({self.compute_slices})")  # fmt: skip
+        return self
 
     @field_validator("match")
     @classmethod
@@ -70,18 +90,30 @@ class Offer:
     fp16_tflops: float
     memory_bandwidth_gbps: float
     price_per_hour: float | None  # the catalogue's own, in its currency: only a user's catalogue has one
-    slices: int = 7  # of the card's 7: fewer for a MIG profile
+    slices: int = 7  # of the card's ``of_slices``: fewer for a MIG profile
     mig: bool = False
     consumer: bool = False
+    # The non-tensor pipes' TFLOPS (None: unknown), and NVLink's bandwidth each way in GB/s (0: none;
+    # a MIG slice has none, as MIG allows no peer-to-peer traffic between GPUs).
+    fp64_tflops: float | None = None
+    fp32_tflops: float | None = None
+    fp16_vector_tflops: float | None = None
+    nvlink_gbps_each_way: float = 0.0
+    of_slices: int = 7  # the compute slices of the whole card (4 on an A30)
+
+    def rate(self, pipe: str) -> float | None:
+        """TFLOPS of one of PIPES; None where the catalogue does not say."""
+        return {"tensor": self.fp16_tflops, "fp64": self.fp64_tflops, "fp32": self.fp32_tflops,
+                "fp16": self.fp16_vector_tflops}[pipe]  # fmt: skip
 
     @property
     def share(self) -> float:
-        return self.slices / 7
+        return self.slices / self.of_slices
 
     @property
     def whole_card(self) -> bool:
         """The card itself, or a MIG profile of all of it: the same hardware at the same price."""
-        return self.slices == 7
+        return self.slices == self.of_slices
 
 
 @dataclass(frozen=True)
@@ -118,6 +150,10 @@ def _problem(err: Any, raw: Any) -> str:
     return ": ".join(x for x in (where, key, msg) if x)
 
 
+def _part(rate: float | None, share: float) -> float | None:
+    return None if rate is None else rate * share
+
+
 def load_catalogue(path: Path | None = None) -> Catalogue:
     where = path or "catalogue.yaml (shipped)"
     try:
@@ -146,13 +182,18 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
         raise CatalogueError(f"catalogue {where}: cards {twice} are listed twice")
     for c in doc.cards:
         offers.append(Offer(c.name, c.name, c.memory_gib * GIB, c.fp16_tflops, c.memory_bandwidth_gbps,
-                            c.price_per_hour, consumer=c.consumer))  # fmt: skip
+                            c.price_per_hour, consumer=c.consumer, fp64_tflops=c.fp64_tflops,
+                            fp32_tflops=c.fp32_tflops, fp16_vector_tflops=c.fp16_vector_tflops,
+                            nvlink_gbps_each_way=c.nvlink_gbps / 2, of_slices=c.compute_slices))  # fmt: skip
         for m in c.mig:
-            # A slice has its share of the SMs and of the memory, and the bandwidth of its memory slices.
+            # A slice has its share of the SMs (so of every pipe) and of the memory, the bandwidth of its
+            # memory slices, and no NVLink.
+            share = m.slices / c.compute_slices
             offers.append(Offer(
-                f"{c.name} MIG {m.profile}", c.name, m.memory_gib * GIB, c.fp16_tflops * m.slices / 7,
-                c.memory_bandwidth_gbps * min(1.0, m.memory_gib / c.memory_gib),
-                None if c.price_per_hour is None else c.price_per_hour * m.slices / 7, m.slices, True, c.consumer,
+                f"{c.name} MIG {m.profile}", c.name, m.memory_gib * GIB, c.fp16_tflops * share,
+                c.memory_bandwidth_gbps * min(1.0, m.memory_gib / c.memory_gib), _part(c.price_per_hour, share),
+                m.slices, True, c.consumer, _part(c.fp64_tflops, share), _part(c.fp32_tflops, share),
+                _part(c.fp16_vector_tflops, share), of_slices=c.compute_slices,
             ))  # fmt: skip
     patterns = tuple((c.name, tuple(re.compile(p, re.IGNORECASE) for p in c.match)) for c in doc.cards)
     return Catalogue(doc.currency.upper() if doc.currency else None, tuple(offers), patterns)

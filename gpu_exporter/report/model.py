@@ -19,7 +19,7 @@ from typing import Any
 
 from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
-from .catalogue import Catalogue
+from .catalogue import PIPES, Catalogue
 from .client import Labels
 from .cost import GpuKey, cost_rows, currencies, hours_rows, pick_currency, plan
 from .cost import gpu_key as _gpu_key
@@ -27,6 +27,8 @@ from .holders import Holder, holder_of
 from .prices import PriceList
 from .queries import Window
 from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage
+
+JOB_KINDS = ("job", "pod", "container")  # holders sized as a whole where they hold several GPUs (not a user)
 
 SCHEMA = "gpu-exporter.report/v1"
 HOURS_DIGITS = 6
@@ -182,6 +184,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
 
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
+    jobs: dict[str, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
     for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, _index(kg[1].gpu), kg[1].uuid)):
         hours = sum(g.hours.values())
         price = sum(g.cost.values()) / hours if g.priced and hours > 0 else None
@@ -193,10 +196,13 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         activity = g.signals.get("utilization") if activity is None else activity
         # The one to reclaim it from: who holds it now, else who held it idle longest.
         now = {h: g.idle_holders.get(h, 0.0) for h in g.holders_now}
+        # Each pipe's activity where the GPU has GPM (a pipe it does not report stays unknown).
+        pipes = ({p: g.signals[f"{p}_active"] for p in PIPES if f"{p}_active" in g.signals}
+                 if "sm_active" in g.signals else None)  # fmt: skip
         usage = Usage(g.node, g.gpu, g.uuid, g.model, top, _most(now) or _most(g.idle_holders), g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
-                      g.mig_mode)  # fmt: skip
+                      g.mig_mode, pipes, g.signals.get("nvlink_tx"))  # fmt: skip
         rows.append({
             "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
             "cost": _m(sum(g.cost.values())) if g.priced else None,
@@ -208,16 +214,19 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "holder": top, "targets": [dict(t) for t in sorted(g.targets)],
             "notes": [*_over_the_range(total[key], w), *sizer.notes(usage)],
         })  # fmt: skip
+        # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
+        # reclaim stands.
+        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.split(" ", 1)[0] in JOB_KINDS:
+            jobs.setdefault(top, []).append(usage)
+            continue
         advice = sizer.advise(usage)
         if advice is not None:
-            recommendations.append({
-                "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "holder": top, "current_model": g.model,
-                "kind": advice.kind, "suggested": advice.suggested, "reason": advice.reason,
-                "saving_per_month": _m(advice.saving_per_month),
-                "suggested_price_per_hour": _m(advice.suggested_price_per_hour), "slowdown": round(advice.slowdown, 2),
-                "price_source": advice.price_source, "seen_hours": _h(usage.seen_hours),
-                "no_saving_figure": _no_figure(advice, usage),
-            })  # fmt: skip
+            recommendations.append(_recommendation(advice, usage, g.model))
+    for members in jobs.values():
+        job = members[0] if len(members) == 1 else Sizer.together(members)
+        advice = None if job is None else sizer.advise(job)
+        if job is not None and advice is not None:
+            recommendations.append(_recommendation(advice, job, job.model))
     # The largest saving first; advice without a monthly figure after, slower cards last.
     recommendations.sort(key=lambda r: (r["kind"] == "slower", r["saving_per_month"] is None,
                                         -float(r["saving_per_month"] or 0), r["node"], _index(r["gpu"])))  # fmt: skip
@@ -292,6 +301,18 @@ def _over_the_range(hours: float, w: Window) -> list[str]:
         f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one exporter scraped twice under "
         "names no label tells apart (two addresses in one job?); its hours are scaled down to the range"
     ]
+
+
+def _recommendation(advice: Advice, u: Usage, model: str | None) -> dict[str, Any]:
+    """One recommendation as the report shows it; ``gpus`` is how many GPUs it is for (a job's)."""
+    return {
+        "node": u.node, "gpu": u.gpu, "uuid": u.uuid, "holder": u.holder, "current_model": model,
+        "gpus": u.count, "kind": advice.kind, "suggested": advice.suggested, "reason": advice.reason,
+        "saving_per_month": _m(advice.saving_per_month),
+        "suggested_price_per_hour": _m(advice.suggested_price_per_hour), "slowdown": round(advice.slowdown, 2),
+        "price_source": advice.price_source, "seen_hours": _h(u.seen_hours),
+        "no_saving_figure": _no_figure(advice, u),
+    }  # fmt: skip
 
 
 def _no_figure(advice: Advice, u: Usage) -> str | None:

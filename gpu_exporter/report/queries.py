@@ -244,6 +244,11 @@ def _union(parts: list[tuple[str, str, str]]) -> str:
     return " or ".join(f'label_replace({expr}, "{label}", "{value}", "", "")' for label, value, expr in parts)
 
 
+# The activity series the report reads (gpu_<name>_ratio), by their signal label.
+ACTIVITY_SIGNALS = ("sm_active", "utilization", "dram_active", "tensor_active", "fp64_active", "fp32_active",
+                    "fp16_active")  # fmt: skip
+
+
 def queries(w: Window, matchers: str) -> list[Query]:
     """What the report asks whatever the prices say (the hours and the timeline follow, once the prices
     tell where to cut the range and the targets whether any GPU was seen twice: ``hours``, ``timeline``).
@@ -255,12 +260,14 @@ def queries(w: Window, matchers: str) -> list[Query]:
     # which the engines answer differently where a counter starts (a new holder) or restarts; and one
     # pass over the samples, where max > min would take two.
     held = f"stddev_over_time({t.range(state, HELD)}) > 0"
-    # The activity while held, per signal: SM activity where the GPU has GPM, else GPU-Util (as
-    # GpuUnderutilized reads it), and DRAM bandwidth used. One held test per step serves all three.
+    # The activity while held, per signal, at its bursts: each step's highest poll (a poll's value is
+    # already a mean over seconds), whose p95 over the range is what the bursts reach, where the mean
+    # of each step would smooth an endpoint's bursts into its idle.  SM activity where the GPU has
+    # GPM, else GPU-Util (as GpuUnderutilized reads it); DRAM bandwidth used; each pipe's activity;
+    # and NVLink's data sent, all links together.  One held test per step serves them all.
     signals = _union([
-        ("signal", "sm_active", f"avg_over_time({t.range('gpu_sm_active_ratio')})"),
-        ("signal", "utilization", f"avg_over_time({t.range('gpu_utilization_ratio')})"),
-        ("signal", "dram_active", f"avg_over_time({t.range('gpu_dram_active_ratio')})"),
+        *(("signal", name, f"max_over_time({t.range(f'gpu_{name}_ratio')})") for name in ACTIVITY_SIGNALS),
+        ("signal", "nvlink_tx", f"sum without (link) (rate({t.range('gpu_nvlink_tx_bytes_total')}))"),
     ])  # fmt: skip
     step_price = f"last_over_time({_sel(price, matchers)}[{t.open}])"
     return [
@@ -277,7 +284,7 @@ def queries(w: Window, matchers: str) -> list[Query]:
               f"max by ({GPU}) ({t.tiled('max_over_time', 'max_over_time', 'gpu_memory_total_bytes')})"),
         Query("memory_peak", "memory peaks (highest)",
               f"max by ({GPU}) ({t.tiled('max_over_time', 'max_over_time', 'gpu_memory_used_max_bytes')})"),
-        Query("activity", "activity while held (p95)",
+        Query("activity", "activity while held (p95 of bursts)",
               f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signals}) and on ({JOIN}) ({held}))"
               f"[{t.span}:{t.s}]))"),
         # Who holds each GPU at the end of the range: the one to reclaim it from (a GPU's holders by

@@ -10,9 +10,16 @@ never on the requested range:
    cost of the held-but-idle hours, per month.
 3. **a cheaper card or MIG slice**, for a job on a card of the catalogue, out of MIG mode:
    - its memory holds the highest memory use seen over the range (not a percentile) x 1.2;
-   - it does the work at least as fast: the compute the job used (the p95 of its activity while
-     held x its card's throughput) fits within the candidate's throughput, and where the GPU
-     reports DRAM activity, the bandwidth it used fits within the candidate's;
+   - it does the work at least as fast, judged on the bursts (the p95 over the range of each
+     step's highest poll while held): the compute the job used (its SM activity, else GPU-Util, x
+     its card's tensor rate), each pipe it used (GPM's tensor, FP64, FP32 and FP16 activity x its
+     card's rate for that pipe) and the memory bandwidth it used (DRAM activity x its card's) each
+     fit within the candidate's.  Unknown is not zero: without GPM, every pipe and the bandwidth
+     are taken to be as busy as GPU-Util says the card was, and a card whose rate for a pipe the
+     job uses is unknown is not suggested;
+   - where the job moved data between GPUs over NVLink (1 GB/s or more each way), the candidate has
+     NVLink at least that fast (so never a MIG slice, which has no peer-to-peer traffic); where the
+     GPU's NVLink traffic is unknown, at least the NVLink of its card;
    - it has a price the user gave (``prices``), lower than what this GPU costs now: never the
      same card, its full-card MIG profile, or a card at the same or a higher price;
    - GeForce cards only with ``allow_consumer``.
@@ -32,9 +39,10 @@ where the highest use is the whole card, no card is suggested and a note says wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from .catalogue import GIB, Catalogue, Offer
+from .catalogue import GIB, PIPES, Catalogue, Offer
 from .prices import Price, PriceList
 
 HEADROOM = 1.2
@@ -43,6 +51,10 @@ FULL_CARD = 0.95  # the highest memory use at this share of the card is "the who
 RELEASE_SHARE = 0.9  # of the time up, idle and held by nobody
 RECLAIM_SHARE = 0.5  # of the time held, idle
 MIN_HISTORY_HOURS = 24.0
+USED = 0.01  # a pipe busy less than this (1%) at its bursts is not used: GPM's noise floor
+NVLINK_USED = 1e9  # bytes/s each way: below this a job moved no data over NVLink worth keeping
+PIPE_NAMES = {"tensor": "tensor", "fp64": "FP64", "fp32": "FP32", "fp16": "FP16"}
+COMPUTE, BANDWIDTH = "compute", "bandwidth"  # the needs besides the pipes
 CARD, MIG, RELEASE, RECLAIM, SLOWER = "card", "mig", "release", "reclaim", "slower"
 OWN_PRICE = "this GPU's price"
 RESERVED_NOTE = (
@@ -73,6 +85,14 @@ class Usage:
     activity_signal: str  # "SM activity" or "GPU utilization"
     dram_p95: float | None = None  # DRAM bandwidth used / peak, while held, where the GPU has GPM
     mig_mode: bool = False
+    # Each GPM pipe's activity at its bursts while held (PIPES; None: the GPU has no GPM; a pipe left
+    # out is unknown: both are taken to be as busy as ``activity_p95``).
+    pipes: Mapping[str, float] | None = None
+    # NVLink data sent at its bursts while held, bytes/s (None: unknown, no NVLink counters).
+    nvlink_bytes_per_second: float | None = None
+    # The GPUs of one holder sized together (``job``): each needs what the busiest needed, and the
+    # advice is for all of them; ``gpu`` then names them all.
+    count: int = 1
 
     @property
     def held_hours(self) -> float:
@@ -117,6 +137,60 @@ def _pct(part: float, whole: float) -> str:
     return f"{part / whole * 100:.0f}%"
 
 
+def _capacity(offer: Offer, need: str) -> float | None:
+    if need == COMPUTE:
+        return offer.fp16_tflops
+    return offer.memory_bandwidth_gbps if need == BANDWIDTH else offer.rate(need)
+
+
+def _gpu_order(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+def _slowdown(needs: list[tuple[float, str]], offer: Offer) -> float | None:
+    """How many times as long the work would take on ``offer``: its worst need over capacity (None
+    where a capacity the work needs is unknown)."""
+    worst = 0.0
+    for amount, need in needs:
+        cap = _capacity(offer, need)
+        if cap is None:
+            return None
+        worst = max(worst, amount / cap)
+    return worst
+
+
+def _pipes_text(u: Usage) -> str:
+    used = [f"{PIPE_NAMES[p]} {u.pipes[p] * 100:.0f}%" for p in PIPES if u.pipes and u.pipes.get(p, 0.0) >= USED]
+    return f", pipes {', '.join(used)}" if used else ""
+
+
+def _nvlink_text(u: Usage) -> str:
+    if u.nvlink_bytes_per_second is None or u.nvlink_bytes_per_second < NVLINK_USED:
+        return ""
+    return f", NVLink {u.nvlink_bytes_per_second / 1e9:.0f} GB/s each way"
+
+
+def _links_text(u: Usage, offer: Offer) -> str:
+    """The candidate's interconnect, where the job moved data over NVLink."""
+    if u.nvlink_bytes_per_second is None or u.nvlink_bytes_per_second < NVLINK_USED:
+        return ""
+    return f" (NVLink, {offer.nvlink_gbps_each_way:.0f} GB/s each way)"
+
+
+def _assumed_text(u: Usage, current: Offer) -> str:
+    """The assumptions made where a signal is missing, in words."""
+    said = []
+    if u.pipes is None or u.dram_p95 is None:
+        missing = "pipe and DRAM activity" if u.pipes is None and u.dram_p95 is None else (
+            "pipe activity" if u.pipes is None else "DRAM activity")  # fmt: skip
+        said.append(f"the GPU gives no {missing}, so the work is taken to keep every pipe and the memory bandwidth "
+                    f"as busy as its {u.activity_p95 or 0:.0%} {u.activity_signal}")  # fmt: skip
+    if u.nvlink_bytes_per_second is None and current.nvlink_gbps_each_way > 0:
+        said.append(f"its NVLink traffic is unknown, so only cards with NVLink at least as fast as "
+                    f"{article(current.name)} {current.name}'s are considered")  # fmt: skip
+    return f"; {'; '.join(said)}" if said else ""
+
+
 class Sizer:
     def __init__(self, catalogue: Catalogue, prices: PriceList, *, min_saving: float = 0.0,
                  min_saving_ratio: float = 0.2, min_history_hours: float = MIN_HISTORY_HOURS,
@@ -138,11 +212,51 @@ class Sizer:
     def advise(self, u: Usage) -> Advice | None:
         if u.up_hours <= 0:
             return None
-        if u.idle_hours >= RELEASE_SHARE * u.up_hours:
+        kind = self.waste(u)
+        if kind == RELEASE:
             return self._release(u)
-        if u.held_hours > 0 and u.allocated_idle_hours >= RECLAIM_SHARE * u.held_hours:
+        if kind == RECLAIM:
             return self._reclaim(u)
         return self._size(u)
+
+    @staticmethod
+    def waste(u: Usage) -> str | None:
+        """RELEASE or RECLAIM where the GPU sat idle long enough for either (its advice, or none where
+        not worth it, is that and never a card), else None: it is sized (with a job's other GPUs)."""
+        if u.idle_hours >= RELEASE_SHARE * u.up_hours:
+            return RELEASE
+        if u.held_hours > 0 and u.allocated_idle_hours >= RECLAIM_SHARE * u.held_hours:
+            return RECLAIM
+        return None
+
+    @staticmethod
+    def together(members: list[Usage]) -> Usage | None:
+        """The GPUs one holder held (a job, a pod, a container) as one GPU that needs what the busiest
+        of them needed, each measure the highest of any (unknown where one is unknown), ``count`` of
+        them, so that the advice is for all of them or none.  GPUs of different models, or held by
+        different holders, are not sized together: None."""
+        if len({(m.model, m.mig_mode) for m in members}) != 1 or len({m.holder for m in members}) != 1:
+            return None
+        first = min(members, key=lambda m: m.seen_hours)  # the hours of the one seen least: the least history
+
+        def highest(values: list[float | None]) -> float | None:
+            return None if any(v is None for v in values) else max(v for v in values if v is not None)
+
+        pipes = None if any(m.pipes is None for m in members) else {
+            p: v for p in PIPES if (v := highest([m.pipes.get(p) if m.pipes else None for m in members])) is not None
+        }  # fmt: skip
+        gpus = sorted(members, key=lambda m: (m.node, _gpu_order(m.gpu)))
+        prices = [m.price_per_hour for m in members]
+        job = replace(
+            first, gpu=", ".join(m.gpu for m in gpus), node=", ".join(dict.fromkeys(m.node for m in gpus)),
+            uuid=", ".join(m.uuid for m in gpus), count=len(members),
+            # The cheapest of them: the saving is never more than the dearest would make it.
+            price_per_hour=None if any(p is None for p in prices) else min(p for p in prices if p is not None),
+            memory_peak_bytes=highest([m.memory_peak_bytes for m in members]),
+            activity_p95=highest([m.activity_p95 for m in members]), dram_p95=highest([m.dram_p95 for m in members]),
+            pipes=pipes, nvlink_bytes_per_second=highest([m.nvlink_bytes_per_second for m in members]),
+        )  # fmt: skip
+        return job
 
     # -- release and reclaim --------------------------------------------------------------------------
     def _release(self, u: Usage) -> Advice | None:
@@ -186,8 +300,9 @@ class Sizer:
         if self.notes(u):
             return None
         need_memory = u.memory_peak_bytes * HEADROOM
-        need_tflops = u.activity_p95 * current.fp16_tflops
-        need_bandwidth = None if u.dram_p95 is None else u.dram_p95 * current.memory_bandwidth_gbps
+        needs = self._needs(u, current)
+        if needs is None:
+            return None
         fast: list[tuple[tuple[float, float, str], Offer, Price]] = []
         slow: list[tuple[tuple[float, float, float, str], Offer, Price, float]] = []
         for offer in self.catalogue.offers:
@@ -195,6 +310,8 @@ class Sizer:
                 continue
             if offer.mig and offer.whole_card:
                 continue  # all of a card as one slice: the card itself is the offer
+            if not self._links_hold(u, current, offer):
+                continue
             if offer.card == current.name:
                 if offer.whole_card:
                     continue  # the same card, or all of it as one MIG slice: nothing saved
@@ -204,29 +321,34 @@ class Sizer:
             # Rounded, so that float noise never makes a card at the same price look cheaper.
             if p is None or round(p.per_hour, 9) >= round(price, 9):
                 continue
-            slowdown = max(
-                need_tflops / offer.fp16_tflops,
-                need_bandwidth / offer.memory_bandwidth_gbps if need_bandwidth is not None else 0.0,
-            )
+            slowdown = _slowdown(needs, offer)
+            if slowdown is None:
+                continue  # a rate the job needs is unknown for this card: neither as fast nor a known slowdown
             if round(slowdown, 9) <= 1:
                 fast.append(((round(p.per_hour, 9), offer.memory_bytes, offer.name), offer, p))
             elif offer.card != current.name:  # a slower slice of its own card is the same card, busier
                 slow.append(((round(p.per_hour * slowdown, 9), slowdown, offer.memory_bytes, offer.name), offer, p,
                              slowdown))  # fmt: skip
         who = u.holder or "an unattributed process"
-        used = (f"{who} used at most {u.memory_peak_bytes / GIB:.1f} GiB and {u.activity_p95 * 100:.0f}% "
-                f"{u.activity_signal}{self._dram(u)} (p95 while held) on {u.model} (GPU {u.gpu} on {u.node}) "
-                f"over {hours_text(u.seen_hours)}")  # fmt: skip
+        n = u.count
+        where = f"GPU {u.gpu} on {u.node}" if n == 1 else f"{n} GPUs: {u.gpu} on {u.node}"
+        used = (f"{who} used at most {u.memory_peak_bytes / GIB:.1f} GiB{' per GPU' if n > 1 else ''} on {u.model} "
+                f"({where}) over {hours_text(u.seen_hours)}, its bursts reaching {u.activity_p95 * 100:.0f}% "
+                f"{u.activity_signal}{self._dram(u)}{_pipes_text(u)}{_nvlink_text(u)} (p95 of each step's highest "
+                f"while held{', the busiest of its GPUs' if n > 1 else ''}){_assumed_text(u, current)}")  # fmt: skip
+        each = "" if n == 1 else " each"
         if fast:
             _, offer, p = min(fast, key=lambda x: x[0])
-            saving = (price - p.per_hour) * HOURS_PER_MONTH if self._monthly(u) else None
+            saving = (price - p.per_hour) * n * HOURS_PER_MONTH if self._monthly(u) else None
             if not self._worth(saving, (price - p.per_hour) / price):
                 return None
             room = (f" with {(offer.memory_bytes / u.memory_peak_bytes - 1) * 100:.0f}% headroom"
                     if u.memory_peak_bytes else "")  # fmt: skip
-            reason = (f"{used}; {article(offer.name)} {offer.name} holds that{room} and is at least as fast, at "
-                      f"{money(p.per_hour, self.currency)}/h ({p.source}) instead of {money(price, self.currency)}/h; "
-                      f"moving it {self._saves(u, saving, price)}")  # fmt: skip
+            cards = f"{article(offer.name)} {offer.name}" if n == 1 else f"{n} x {offer.name}"
+            reason = (f"{used}; {cards}{_links_text(u, offer)} {'holds' if n == 1 else 'hold'} that{room} and "
+                      f"{'is' if n == 1 else 'are'} at least as fast, at {money(p.per_hour, self.currency)}/h{each} "
+                      f"({p.source}) instead of {money(price, self.currency)}/h{each}; moving it "
+                      f"{self._saves(u, saving, price)}")  # fmt: skip
             return Advice(MIG if offer.mig else CARD, offer.name, reason, saving, p.per_hour, 1.0, p.source)
         if not (self.allow_slower and slow):
             return None
@@ -234,12 +356,44 @@ class Sizer:
         if cost_of_work >= round(price, 9):
             return None
         work = u.busy_hours or u.held_hours
-        reason = (f"{used}; no cheaper card is as fast. {article(offer.name).capitalize()} {offer.name} would hold it "
-                  f"but is slower: the work of {hours_text(work)} would take about {slowdown:.1f}x as long "
-                  f"({hours_text(work * slowdown)}), at {money(p.per_hour, self.currency)}/h ({p.source}) instead of "
-                  f"{money(price, self.currency)}/h: {money(p.per_hour * work * slowdown, self.currency)} instead of "
-                  f"{money(price * work, self.currency)} for the same work (price x time)")  # fmt: skip
+        cards = f"{article(offer.name).capitalize()} {offer.name} would" if n == 1 else f"{n} x {offer.name} would"
+        reason = (f"{used}; no cheaper card is as fast. {cards} hold it but {'is' if n == 1 else 'are'} slower: the "
+                  f"work of {hours_text(work)} would take about {slowdown:.1f}x as long "
+                  f"({hours_text(work * slowdown)}), "
+                  f"at {money(p.per_hour, self.currency)}/h{each} ({p.source}) instead of "
+                  f"{money(price, self.currency)}/h{each}: {money(p.per_hour * work * slowdown * n, self.currency)} "
+                  f"instead of {money(price * work * n, self.currency)} for the same work (price x time)")  # fmt: skip
         return Advice(SLOWER, offer.name, reason, None, p.per_hour, slowdown, p.source)
+
+    def _needs(self, u: Usage, current: Offer) -> list[tuple[float, str]] | None:
+        """What the work needs of a card, each as (amount, the card's capacity for it): the compute its
+        activity says (x the tensor rate, the measure before GPM told pipes apart), each pipe it used
+        and the memory bandwidth.  Where GPM gives no pipe or DRAM activity, each is taken to be as busy
+        as the activity signal.  None: the work used a pipe whose rate on its own card is unknown, so
+        what it needs cannot be told."""
+        assert u.activity_p95 is not None
+        level = u.activity_p95
+        needs = [(level * current.fp16_tflops, COMPUTE)]
+        for pipe in PIPES:
+            busy = level if u.pipes is None else u.pipes.get(pipe, level)  # a pipe not reported: as busy
+            rate = current.rate(pipe)
+            if busy < USED:
+                continue
+            if rate is None:
+                if u.pipes is None:
+                    continue  # assumed, on a card whose rate is unknown: nothing to scale
+                return None
+            needs.append((busy * rate, pipe))
+        dram = level if u.dram_p95 is None else u.dram_p95
+        needs.append((dram * current.memory_bandwidth_gbps, BANDWIDTH))
+        return needs
+
+    def _links_hold(self, u: Usage, current: Offer, offer: Offer) -> bool:
+        """The candidate carries the NVLink traffic the job had (each way); unknown traffic, that of
+        its card's NVLink."""
+        if u.nvlink_bytes_per_second is None:
+            return offer.nvlink_gbps_each_way >= current.nvlink_gbps_each_way
+        return u.nvlink_bytes_per_second < NVLINK_USED or offer.nvlink_gbps_each_way * 1e9 >= u.nvlink_bytes_per_second
 
     # -- shared ------------------------------------------------------------------------------------------
     def _dram(self, u: Usage) -> str:
