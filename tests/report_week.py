@@ -17,6 +17,10 @@ Node n3 (no prices): GPU 0, an L4 idle all week; GPU 1, an H100 that pod ml/unpr
 at 5%, 6 GiB.
 Node n4 (USD): GPU 0, H100 at 3.00, pod ml/gpm-f: busy all week at 15% SM activity (95% GPU-Util),
 9 GiB; its SM activity is missing for the first 12 h (GPM not ready).
+
+Where a GPU has SM activity (GPM) it has its pipes' too, as the exporter gives them: the tensor pipe
+half as busy as the SMs, FP32 2%, FP64 and FP16 idle; and each H100 sends 40 MB/s over NVLink (two
+links), the chatter of a job that does not use it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ T0 = START - HOUR  # an hour of history before the week
 H100 = "NVIDIA H100 80GB HBM3"
 L4 = "NVIDIA L4"
 HELD = ("busy", "allocated_idle")
+NVLINK_CHATTER = 20e6  # bytes/s each H100 link sends: far below the 1 GB/s that counts as using NVLink
 
 
 @dataclass
@@ -171,6 +176,17 @@ def history() -> str:
                 series.setdefault(f"gpu_sm_active_ratio{{{_labels({**base, **pods})}}}", []).append(f"{seg.sm} {t}")
             if seg.dram is not None and not missing:
                 series.setdefault(f"gpu_dram_active_ratio{{{_labels({**base, **pods})}}}", []).append(f"{seg.dram} {t}")
+            if seg.sm is not None and not missing:
+                for pipe, busy in (("tensor", seg.sm / 2), ("fp64", 0.0), ("fp32", 0.02), ("fp16", 0.0)):
+                    series.setdefault(f"gpu_{pipe}_active_ratio{{{_labels({**base, **pods})}}}", []).append(
+                        f"{busy} {t}"
+                    )
+            if g.name == H100:
+                for link in ("0", "1"):
+                    sent = NVLINK_CHATTER * (t - T0)  # counted since the driver loaded, an hour before the week
+                    series.setdefault(f"gpu_nvlink_tx_bytes_total{{{_labels({**base, 'link': link})}}}", []).append(
+                        f"{sent:.0f} {t}"
+                    )
         for name, samples in series.items():
             lines += [f"{name} {s}\n" for s in samples]
     return "".join(lines) + "# EOF\n"
