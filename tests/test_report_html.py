@@ -53,8 +53,15 @@ def results() -> dict[str, Any]:
         out["memory_peak"].append((key, peak))
         if activity is not None:
             # An H100 with GPM: its pipes, DRAM and NVLink as well (unknown ones would be taken as busy).
-            for signal, v in (("sm_active", activity), ("dram_active", 0.05), ("tensor_active", activity / 2),
-                              ("fp64_active", 0.0), ("fp32_active", 0.0), ("fp16_active", 0.0), ("nvlink_tx", 0.0)):
+            for signal, v in (
+                ("sm_active", activity),
+                ("dram_active", 0.05),
+                ("tensor_active", activity / 2),
+                ("fp64_active", 0.0),
+                ("fp32_active", 0.0),
+                ("fp16_active", 0.0),
+                ("nvlink_tx", 0.0),
+            ):
                 out["activity"].append(({**key, "signal": signal}, v))
     steps = [START + 3600 * (i + 1) for i in range(168)]
     out["timeline"] = [
