@@ -279,6 +279,7 @@ TARGETS: dict[str, Target] = {
                 "tests/test_web_connections.py",
                 "tests/test_web_tls.py",
                 "tests/test_web_floods.py",
+                "tests/test_web_tls_fallback.py",  # the public TLS path: what the table and a connection do for it
             )
         ),
         daemon_tests=(*WEB_SOCKET_TESTS, "tests/test_web_tls.py"),
@@ -308,7 +309,8 @@ TARGETS: dict[str, Target] = {
     # first bytes lost, a stalled handshake not told apart, a Python it was never checked on.
     "web_tls": Target(
         "gpu_exporter/web/tls.py",
-        tests=("tests/test_web_tls_adapter.py", "tests/test_web_tls.py"),
+        # ...and the public path it falls back to where that protocol changed (issue 34, item 9).
+        tests=("tests/test_web_tls_adapter.py", "tests/test_web_tls.py", "tests/test_web_tls_fallback.py"),
         daemon_tests=WEB_SOCKET_TESTS,
     ),
     # The server itself: which answer a request gets (405, 503, 429, 401, 404, a page), whether the
@@ -321,6 +323,7 @@ TARGETS: dict[str, Target] = {
             "tests/test_web_rate_limit.py",
             "tests/test_web_tls.py",
             "tests/test_web_tls_adapter.py",
+            "tests/test_web_tls_fallback.py",
         ),
         # The server in a process of its own first: whether it holds the process at its end.
         daemon_tests=(

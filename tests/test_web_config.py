@@ -533,3 +533,15 @@ def test_certificate_names_as_go_writes_them() -> None:
     assert certificate_names(cert) == {"a.example", "2001:db8::1", "192.0.2.1", "<invalid>", "a@example.org",
                                        "spiffe://x/y"}  # fmt: skip
     assert certificate_names(None) == set() and certificate_names({}) == set()
+
+
+def test_a_web_config_that_cannot_be_read_is_named_as_the_web_config_file(tmp_path: Path) -> None:
+    """What the admin must look at: which file, and that it is the web config (not the exporter's)."""
+    missing = tmp_path / "web.yml"
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(missing)
+    assert_mentions(str(e.value), "web config file", str(missing))
+    missing.write_bytes(b"tls_server_config: \xff\n")
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(missing)
+    assert_mentions(str(e.value), "web config file", "UTF-8")

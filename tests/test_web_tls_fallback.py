@@ -225,3 +225,17 @@ def test_a_public_handshake_cannot_be_given_bytes_already_read() -> None:
             handshake.start(b"\x16\x03\x01")
 
     asyncio.run(scene())
+
+
+@pytest.mark.usefixtures("fallback")
+def test_the_handshake_deadline_is_the_handshake_timeout_not_the_shutdown_grace(tmp_path: Path, ca: trustme.CA) -> None:
+    """start_tls takes two deadlines: a client slower to start its handshake than the close grace (2 s),
+    well within the handshake timeout, is served, not cut at the grace."""
+    from gpu_exporter.web.connection import CLOSE_GRACE
+
+    with tls_server(tmp_path, ca, handshake_timeout=NEVER_S) as srv, \
+            socket.create_connection(("127.0.0.1", srv.port), timeout=NEVER_S) as raw:  # fmt: skip
+        time.sleep(CLOSE_GRACE + 0.5)  # the client thinks before its ClientHello
+        with client_context(ca).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert tls.recv(65536).startswith(OK)
