@@ -768,3 +768,16 @@ def test_a_users_gpus_and_a_job_of_mixed_cards_are_not_sized_as_one() -> None:
     job_of(mixed, "77", 1)
     job_of(mixed, "77", 1, "NVIDIA A100-SXM4-80GB", first=1)
     assert build(W, mixed, CATALOGUE)["recommendations"] == []
+
+
+def test_a_jobs_recommendation_is_titled_with_its_count_in_every_format() -> None:
+    from gpu_exporter.report.render import as_html, as_markdown, as_table
+
+    r = empty()
+    job_of(r, "4242", 4, nvlink=270e9)
+    doc = build(W, r, CATALOGUE, Options(pricing=PricingSettings(currency="USD", models={"A100": 1.2})))
+    for text in (as_table(doc), as_markdown(doc)):
+        assert_mentions(text, "4 GPUs (0, 1, 2, 3) on n1", "4 x A100 40GB")
+    # The HTML's bars compare what the 4 cost now with what 4 would cost: 4 x 2.50 and 4 x 1.20 a month.
+    html = as_html(doc)
+    assert_mentions(html, f"{4 * 2.5 * 730:,.0f} USD/month", f"{4 * 1.2 * 730:,.0f} USD/month")

@@ -166,6 +166,9 @@ def saving_text(r: dict[str, Any], currency: str | None) -> str:
 
 
 def _title(r: dict[str, Any]) -> str:
+    n = r.get("gpus", 1)
+    if n > 1:  # a job's GPUs, advised together
+        return f"{n} GPUs ({r['gpu']}) on {r['node']}: {r['current_model'] or '?'} -> {n} x {r['suggested']}"
     return f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} -> {r['suggested']}"
 
 
@@ -320,11 +323,13 @@ def _rec_bars(r: dict[str, Any], i: int, cur: str | None) -> str:
     without a price, a saving without a monthly figure, or a slower card (whose saving is no rate)."""
     if r["saving_per_month"] is None or r["kind"] == "slower":
         return ""
-    now = r["saving_per_month"] + (r["suggested_price_per_hour"] or 0.0) * HOURS_PER_MONTH
+    n = r.get("gpus", 1)  # a job's GPUs: the saving is for all of them, and so are both bars
+    now = r["saving_per_month"] + (r["suggested_price_per_hour"] or 0.0) * HOURS_PER_MONTH * n
     if r["kind"] in ("release", "reclaim"):
         return ""  # the saving is the waste's cost, not the difference of two prices: the sentence says it
-    bars = _svg_bars([(f"now: {r['current_model']}", [(COLOURS["idle"], now)]),
-                      (r["suggested"], [(COLOURS["busy"], now - r["saving_per_month"])])],
+    count = f"{n} x " if n > 1 else ""
+    bars = _svg_bars([(f"now: {count}{r['current_model']}", [(COLOURS["idle"], now)]),
+                      (f"{count}{r['suggested']}", [(COLOURS["busy"], now - r["saving_per_month"])])],
                      "{:,.0f} " + (cur or "") + "/month", f"rec-{i}", width=640, label_w=240)  # fmt: skip
     return f'<div class="bars">{bars}</div>'
 
