@@ -24,7 +24,16 @@ import re
 LABEL_MAX = 256
 _HASH_CHARS = 12
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Control characters, line and paragraph separators, and every format character (Unicode's Cf):
+# the bidi embeddings, overrides and isolates (U+202A-E, U+2066-9: "U+202E" makes "gpj.exe" read
+# "exe.jpg"), the zero-width ones (U+200B-F, U+2060-4, U+FEFF) and the rest of Cf, which a
+# terminal shows as nothing or lets reorder what follows.  The ranges are Unicode 15's Cf;
+# tests/test_hostile_names.py holds them to this Python's unicodedata.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+    "\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
 # What changes meaning inside a Markdown table cell (GitHub's flavour): emphasis, code, links,
 # strikethrough, the cell separator, and raw HTML or entities.
 _MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&])")
@@ -61,7 +70,7 @@ def label(value: str, limit: int = LABEL_MAX) -> str:
 def _escape_control(m: re.Match[str]) -> str:
     c = m.group(0)
     return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
-        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
     )
 
 

@@ -182,6 +182,7 @@ def test_once_prints_names_without_driving_the_terminal(scenario: Scenario, nvml
         )
         g.add_process(proc.pid, GIB)
         g.add_process(999_999_123, GIB, name="/bin/evil\x1b[8m")  # NVML's name for a pid /proc does not show
+        g.add_process(999_999_124, GIB, name="/bin/\u202egpj.exe")  # a right-to-left override: shown as "exe.jpg"
         scenario.write()
         deadline = time.monotonic() + NEVER_S
         while b"\x1b" not in Path(f"/proc/{proc.pid}/comm").read_bytes():
@@ -196,7 +197,22 @@ def test_once_prints_names_without_driving_the_terminal(scenario: Scenario, nvml
     table = as_table(snap, findings(snap))
     assert "\x1b" not in table and "\x07" not in table
     assert "x\\x1b[2J\\x1b]0;t\\x07\\nA" in table and "evil\\x1b[8m" in table
+    assert "\u202e" not in table and "\\u202egpj.exe" in table
     assert table.splitlines()[-1].startswith("Findings")  # no injected line after the findings
+
+
+def test_every_format_character_is_escaped_for_a_terminal() -> None:
+    """Issue 38: bidi controls (U+202E reverses what follows) and zero-width characters are Unicode's
+    format characters (Cf); each is written as an escape, as a control character is, and nothing else
+    printable is touched."""
+    import sys
+    import unicodedata
+
+    cf = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    assert "\u202e" in cf and "\u200b" in cf and "\u2066" in cf and "\ufeff" in cf
+    assert [c for c in cf if untrusted.for_terminal(c) == c] == []
+    assert untrusted.for_terminal("a\u202eb\U000e0041") == "a\\u202eb\\U000e0041"
+    assert untrusted.for_terminal("日本語 café ß ✓ 🚀") == "日本語 café ß ✓ 🚀"
 
 
 def test_terminal_and_markdown_escapes() -> None:
