@@ -73,18 +73,38 @@ def test_a_line_that_is_not_a_job_id_is_skipped_and_said_once(tmp_path: Path) ->
         reader.read()
     path = str(tmp_path / "0")
     detail = "a line of a job mapping file must be one job ID"
-    assert logs == [  # each once, with where it is and what it holds, cut and inert
+    assert logs == [  # each once, with where it is and how long, never what it holds (issue 38)
         {"event": "slurm_job_mapping_line_skipped", "log_level": "warning", "path": path, "line": 2,
-         "content": "hello world", "detail": detail},
+         "length": 11, "detail": detail},
         {"event": "slurm_job_mapping_line_skipped", "log_level": "warning", "path": path, "line": 3,
-         "content": "\x1b]0;pwned\x07", "detail": detail},
+         "length": 10, "detail": detail},
         {"event": "slurm_job_mapping_line_skipped", "log_level": "warning", "path": path, "line": 5,
-         "content": "other", "detail": detail},
+         "length": 5, "detail": detail},
     ]  # fmt: skip
-    write(tmp_path, "0", "x" * 200 + "\n")
+
+
+def test_a_file_linked_out_of_the_directory_is_not_read_and_its_lines_never_logged(tmp_path: Path) -> None:
+    """Issue 38: a mapping file that is a link to a root-only file put a password-hash line in the log
+    and an ID-shaped line in an hpc_job label.  A link is not followed: no jobs from it, said as a link,
+    and nothing of what it points to is logged; a regular file beside it is read as before."""
+    secret = tmp_path / "shadow"
+    secret.write_text("4242\nroot:$6$saltsalt$hash:19000:0:99999:7:::\n")
+    d = tmp_path / "map"
+    d.mkdir()
+    (d / "0").symlink_to(secret)
+    write(d, "1", "4243\n")
+    reader = settled(str(d))
+    with capture_logs() as logs:
+        jobs = reader.read()
+    assert dict(jobs) == {(1, None): ("4243",)}
+    (said,) = [e for e in logs if e["event"] == "slurm_job_mapping_file_unreadable"]
+    assert said["path"] == str(d / "0") and "symbolic link" in said["error"]
+    assert "saltsalt" not in repr(logs), logs
+    # A line that is not a job ID in a regular file: its place and length, not its text.
+    write(d, "1", "root:$6$saltsalt$hash\n")
     with capture_logs() as logs:
         reader.read()
-    assert len(logs[0]["content"]) == 80 and logs[0]["content"].startswith("x" * 60)
+    assert "saltsalt" not in repr(logs) and any(e.get("length") == 21 for e in logs), logs
 
 
 def test_a_missing_directory_is_said_and_gives_no_jobs_until_it_appears(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ partition are therefore what the owner said of its own job, never of another's.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -155,7 +156,9 @@ class JobMappingDir:
     def _jobs(self, path: str) -> tuple[str, ...]:
         for _ in range(READ_TRIES):
             # Non-blocking: a FIFO put there by mistake must not hold the poller until someone writes.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # Not following a link: one to a file outside the directory (/etc/shadow) would put its
+            # lines into hpc_job labels; open() refuses it with ELOOP, said as a link below.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
             with open(fd, "rb") as f:
                 before = os.fstat(fd)
                 if not stat.S_ISREG(before.st_mode):
@@ -177,9 +180,9 @@ class JobMappingDir:
             if not text:
                 continue
             if not JOB_ID.fullmatch(text):
+                # Where and how long, never what: the line may be anything a linked or misplaced file holds.
                 self._say("slurm_job_mapping_line_skipped", f"{path}:{number}", path=path, line=number,
-                          content=untrusted.label(text, 80),
-                          detail="a line of a job mapping file must be one job ID")  # fmt: skip
+                          length=len(text), detail="a line of a job mapping file must be one job ID")  # fmt: skip
                 continue
             if text not in jobs and len(jobs) < MAX_JOBS_PER_FILE:
                 jobs.append(text)
@@ -217,6 +220,8 @@ class JobMappingDir:
 
 
 def _why(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "a symbolic link: job mapping files are read only as themselves, never through a link"
     return e.strerror or str(e)
 
 
