@@ -4,6 +4,7 @@ options (--allow-slower and the rest; a flag given wins), and the daemon accepts
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import yaml
 
 from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.report.catalogue import load_catalogue
-from gpu_exporter.report.command import UsageError, _options, build_parser, main
+from gpu_exporter.report.command import UsageError, _options, build_parser, main, write
 from gpu_exporter.report.prices import PRICING, PriceList
 from gpu_exporter.report.settings import ReportConfigError
 from gpu_exporter.report.settings import load as load_report
@@ -85,3 +86,29 @@ def test_an_unreadable_config_file_exits_2(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read config file" in capsys.readouterr().err
     with pytest.raises(UsageError, match="--min-history"):
         _options(build_parser().parse_args([*URL, "--min-history", "often"]))
+
+
+def test_output_never_follows_a_link_someone_else_planted(tmp_path: Path) -> None:
+    """Issue 38: a link that `nobody` put in a sticky directory made root's `report --output` replace a
+    root-only file (left 0644). A link owned by someone else is refused, naming it and its owner, and
+    what it points to is untouched; the caller's own link is followed; a plain path is replaced."""
+    if os.geteuid() != 0:
+        pytest.skip("giving the link to nobody needs root (CI runs as root)")
+    secret = tmp_path / "shadow"
+    secret.write_text("root:hash\n")
+    secret.chmod(0o600)
+    planted = tmp_path / "report.txt"
+    planted.symlink_to(secret)
+    os.lchown(planted, 65534, 65534)  # nobody's
+    with pytest.raises(UsageError) as e:
+        write("the report\n", planted)
+    assert str(planted) in str(e.value) and "uid 65534" in str(e.value)
+    assert secret.read_text() == "root:hash\n" and (secret.stat().st_mode & 0o777) == 0o600
+    mine = tmp_path / "mine.txt"
+    mine.symlink_to(tmp_path / "target.txt")
+    write("via my link\n", mine)
+    assert (tmp_path / "target.txt").read_text() == "via my link\n" and mine.is_symlink()
+    plain = tmp_path / "plain.txt"
+    write("plain\n", plain)
+    write("again\n", plain)
+    assert plain.read_text() == "again\n"

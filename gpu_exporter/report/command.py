@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -319,11 +320,29 @@ def why_empty(client: PromClient, w: Window, matchers: str, selector: str | None
                      "gpu_state_seconds_total series)?")  # fmt: skip
 
 
+def _target(output: Path) -> Path:
+    """The file to replace: ``output`` itself, or where it links to if the link is the caller's own.
+    A link someone else put there (in /tmp, say) is refused, as install(1) and editors do: followed,
+    root's report would replace whatever root-only file it names."""
+    try:
+        st = os.lstat(output)
+    except FileNotFoundError:
+        return output
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
+    if not stat.S_ISLNK(st.st_mode):
+        return output
+    if st.st_uid != os.geteuid():
+        raise UsageError(f"refusing to write {output}: it is a symbolic link owned by uid {st.st_uid}, not by you "
+                         f"(uid {os.geteuid()}); remove it, or name the file it points to")  # fmt: skip
+    return output.resolve()
+
+
 def write(text: str, output: Path | None) -> None:
     if output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    output = output.resolve()
+    output = _target(output)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
