@@ -208,7 +208,7 @@ def test_a_long_query_shows_progress_on_stderr() -> None:
     done = [line for line in lines if re.match(rf"gpu-exporter report: \[\d+/{n}\] ", line)]
     assert len(done) == n and done[-1].startswith(f"gpu-exporter report: [{n}/{n}]"), out.stderr
     # The query it waits for, by name:
-    assert any("still waiting" in line and "activity while held (p95)" in line for line in lines), out.stderr
+    assert any("still waiting" in line and "activity while held (p95 of bursts)" in line for line in lines), out.stderr
     assert "GPU cost and waste" in out.stdout and "still waiting" not in out.stdout
 
 

@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from ..settings.durations import parse_duration
+from ..settings.yamlfile import MAX_SECRET_BYTES, read_bounded
 from .xid_catalogue import operator_xids
 
 DAY = 86_400.0
@@ -368,7 +369,7 @@ def _secret_text(value: str, what: str) -> str:
 
 def _read_secret_file(path: Path, what: str) -> str:
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path, MAX_SECRET_BYTES)
     except OSError as e:
         raise ValueError(f"cannot read the {what} file {str(path)!r}: {e.strerror or e}") from None
     try:

@@ -24,6 +24,8 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
+from ..settings.yamlfile import MAX_SECRET_BYTES, read_bounded
+
 Labels = dict[str, str]
 
 RETRIES = 3  # after the first try: four in all
@@ -65,7 +67,7 @@ def redact(url: str) -> str:
 
 def _secret(path: Path, what: str) -> str:
     try:
-        return path.read_text().strip()
+        return read_bounded(path, MAX_SECRET_BYTES).decode("utf-8").strip()
     except OSError as e:
         raise QueryError(f"cannot read the {what} file {path}: {e.strerror or e}") from e
     except UnicodeDecodeError as e:

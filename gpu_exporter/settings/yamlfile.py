@@ -5,11 +5,18 @@ the file and stay short, whatever is in it.
 - YAML aliases may not expand to more than ``MAX_VALUES`` values: a 400-byte "billion laughs"
   file would otherwise become 9^9 values when validated or printed.
 - Values quoted in messages go through ``short()``, so no message grows with the input.
+- Every file a person names (these, certificates, ``*_file`` secrets) is read by ``read_bounded``:
+  only a regular file, opened without blocking and read no further than a bound, so a named pipe,
+  a device or a 512 MiB file in its place is refused at once instead of hanging or bloating the
+  daemon.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import reprlib
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,11 @@ import yaml
 
 MAX_VALUES = 100_000
 MAX_MESSAGE = 2000
+# The most a config, web config, certificate or secret file may hold: each is a few KiB at most.
+MAX_FILE_BYTES = 1 << 20
+MAX_SECRET_BYTES = 1 << 16  # a token, a password or a URL in a *_file
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
 
 _repr = reprlib.Repr()
 _repr.maxstring = 80
@@ -38,10 +50,32 @@ def clip(message: str, limit: int = MAX_MESSAGE) -> str:
     return message if len(message) <= limit else message[: limit - 20] + " ... (cut short)"
 
 
+def read_bounded(path: Path | str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``, if it holds at most ``limit``; else OSError saying
+    what it is instead (its strerror: "a named pipe, not a regular file", "larger than 1048576 bytes").
+    Opened non-blocking, so a FIFO without a writer is refused at once rather than waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= limit and (chunk := os.read(fd, min(1 << 16, limit + 1 - got))):
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    if got > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return b"".join(chunks)
+
+
 def read_mapping(path: Path, what: str) -> dict[str, Any] | None:
     """The mapping in a YAML file, None if it is empty; YamlFileError saying what is wrong."""
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path)
     except OSError as e:
         raise YamlFileError(f"cannot read {what} {path}: {e.strerror or e}") from e
     try:

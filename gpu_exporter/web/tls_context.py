@@ -37,6 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
+from ..settings.yamlfile import read_bounded
 from .ciphers import CURVES, FLOOR, TLS12_SUITES, TLS13_SUITES, VERSIONS
 
 _SECTION = "tls_server_config"
@@ -256,8 +257,9 @@ def _client_ca(ctx: ssl.SSLContext, t: TlsServerConfig, base: Path, warnings: li
     if t.client_ca_file:
         ca = _resolve(base, t.client_ca_file)
         try:
-            ctx.load_verify_locations(cafile=str(ca))
-        except (OSError, ssl.SSLError) as e:
+            # Read here, bounded and only as a regular file (a FIFO in its place would hang OpenSSL).
+            ctx.load_verify_locations(cadata=read_bounded(ca).decode("ascii"))
+        except (OSError, ssl.SSLError, ValueError) as e:  # ValueError: not PEM text
             raise TlsConfigError(f"cannot load client CA file {ca}: {_reason(e)}") from None
         return [ca]
     try:
@@ -275,12 +277,14 @@ def _reason(e: Exception) -> str:
 
 @contextlib.contextmanager
 def _pem(path: Path | None, inline: str | None) -> Iterator[str]:
-    """A path OpenSSL can read: the file itself, or the inline text in an anonymous in-memory file."""
+    """A path OpenSSL can read: an anonymous in-memory file holding the file's bytes (read here, bounded
+    and only if it is a regular file: a named pipe put in its place would hang OpenSSL's own read) or
+    the inline text."""
     if path is not None:
-        yield str(path)
-        return
-    assert inline is not None
-    data = inline.encode()
+        data = read_bounded(path)
+    else:
+        assert inline is not None
+        data = inline.encode()
     if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
         fd = os.memfd_create("gpu-exporter-pem", os.MFD_CLOEXEC)
         try:
