@@ -366,3 +366,74 @@ def test_a_nan_or_infinite_answer_is_left_out_never_a_figure() -> None:
         client = PromClient(ClientOptions(url))
         assert client.instant("x", 1) == [({"gpu": "1"}, 3.0)]
         assert client.range("x", 1, 4, 1) == [({"gpu": "0"}, [(2.0, 2.5)])]
+
+
+# -- issue 38: a store that lies ---------------------------------------------------------------------------
+def lying(value: object = "1", *, result: object = None, metric: object = None, twice: bool = False,
+          error: bytes | None = None) -> Answer:  # fmt: skip
+    """A store whose every sample is ``value`` (or whose result or labels are the given shape), for one
+    GPU: the hours query and every other one get it alike."""
+
+    def answer(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        if error is not None:
+            return 400, error
+        kind = path.rsplit("/", 1)[-1]
+        labels = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "state": "busy", "name": "NVIDIA L4"} \
+            if metric is None else metric  # fmt: skip
+        if kind == "query":
+            rows = [{"metric": labels, "value": [1.0, value]}] * (2 if twice else 1)
+            data = {"resultType": "vector", "result": rows if result is None else result}
+        else:
+            rows = [{"metric": labels, "values": [[1.0, value]]}] * (2 if twice else 1)
+            data = {"resultType": "matrix", "result": rows if result is None else result}
+        return 200, json.dumps({"status": "success", "data": data}).encode()
+
+    return answer
+
+
+def test_impossible_values_are_left_out_and_said_and_the_json_stays_json() -> None:
+    """A negative value gave "Cost $-148"; 1e308 put Infinity, which is not JSON, into --format json."""
+    for value in ("-148", "1e308"):
+        with api(lying(value)) as (url, _):
+            out = report(url, "--format", "json")
+        assert out.returncode in (0, 3), out.stderr  # 3: nothing to show, once the lies are left out
+        json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+        assert "-148" not in out.stdout and "impossible" in out.stderr, out.stderr
+
+
+def test_a_value_that_is_not_a_number_is_the_stores_fault_exit_1() -> None:
+    with api(lying("abc")) as (url, _):
+        out = report(url)
+    assert out.returncode == 1 and "not a number" in out.stderr and "'abc'" in out.stderr, out.stderr
+
+
+def test_a_series_answered_twice_is_counted_once() -> None:
+    with api(lying("3600", twice=True)) as (url, _):
+        twice = report(url, "--format", "json")
+    with api(lying("3600")) as (url, _):
+        once = report(url, "--format", "json")
+    assert twice.returncode == once.returncode
+    assert json.loads(twice.stdout)["totals"] == json.loads(once.stdout)["totals"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [lying(result={"a": 1}), lying(result=[1, 2]), lying(metric=["node"]), lying(metric={"node": 7}),
+     lying(value=None), lying(value=[1, 2]), lying(result=[{"metric": {}}]), lying(result=[{"values": 3}]),
+     lambda h, p: (200, b'{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}'),
+     lambda h, p: (200, b'{"status":"success","data":[]}')],
+    ids=["result-dict", "result-numbers", "metric-list", "label-number", "value-null", "value-list",
+         "no-value", "values-number", "scalar", "data-list"],
+)  # fmt: skip
+def test_an_answer_of_the_wrong_shape_is_a_clear_error_not_a_traceback(answer: Answer) -> None:
+    with api(answer) as (url, _):
+        out = report(url)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("gpu-exporter report: "), out.stderr
+
+
+def test_a_stores_error_text_cannot_drive_the_terminal() -> None:
+    with api(lying(error=b'{"status":"error","errorType":"bad_data","error":"\\u001b]0;pwned\\u0007\\u001b[2J"}')) \
+            as (url, _):  # fmt: skip
+        out = report(url)
+    assert out.returncode == 1 and "\x1b" not in out.stderr and "\\x1b]0;pwned" in out.stderr, out.stderr

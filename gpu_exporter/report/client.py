@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..settings.yamlfile import MAX_SECRET_BYTES, read_bounded
+from ..untrusted import for_terminal
 
 Labels = dict[str, str]
 
@@ -102,6 +103,7 @@ class PromClient:
         self.base = urllib.parse.urlunsplit(parsed._replace(netloc=netloc)).rstrip("/")
         self.shown = self.shown.rstrip("/")
         self.timeout, self.retries, self.sleep = opts.timeout, opts.retries, sleep
+        self.impossible = 0  # values left out as no store could mean them (negative, past MAX_VALUE)
         self.headers = {"Accept": "application/json", "User-Agent": "gpu-exporter-report"}
         self.headers.update(self._auth(opts, userinfo if parsed.username else None))
         for name, value in opts.headers:
@@ -188,16 +190,93 @@ class PromClient:
         a figure that cannot be known is no figure, never 0, and never NaN in the report."""
         data = self._post("query", {"query": expr, "time": f"{at:.3f}"})
         if data.get("resultType") != "vector":
-            raise QueryError(f"expected a vector from {expr!r}, got {data.get('resultType')}")
-        rows = [(r["metric"], float(r["value"][1])) for r in data["result"]]
-        return [(labels, v) for labels, v in rows if math.isfinite(v)]
+            raise QueryError(f"expected a vector from {expr!r}, got {_shown(data.get('resultType'))}")
+        rows = [(_labels(r), _value(_point(r, "value"))) for r in _results(data)]
+        return [(labels, v) for labels, v in _unique(rows) if self._sane(v)]
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, list[tuple[float, float]]]]:
         # nocache: VictoriaMetrics would otherwise align the start to its cache's grid.
         data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                           "step": f"{step:g}", "nocache": "1"})  # fmt: skip
-        series = [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
-        return [(labels, [(t, v) for t, v in points if math.isfinite(v)]) for labels, points in series]
+        if data.get("resultType") != "matrix":
+            raise QueryError(f"expected a matrix from {expr!r}, got {_shown(data.get('resultType'))}")
+        series = []
+        for r in _results(data):
+            points = r.get("values")
+            if not isinstance(points, list):
+                raise QueryError(f"a series without its values: {_shown(r)}")
+            series.append((_labels(r), [(_time(p), _value(p)) for p in points]))
+        return [(labels, [(t, v) for t, v in points if self._sane(v)]) for labels, points in _unique(series)]
+
+    def _sane(self, v: float) -> bool:
+        """A finite value the report can count; an impossible one (negative, or past MAX_VALUE) is
+        counted in ``impossible`` and left out, as a NaN is (without being counted: a 0/0 is common)."""
+        if not math.isfinite(v):
+            return False
+        if 0.0 <= v <= MAX_VALUE:
+            return True
+        self.impossible += 1
+        return False
+
+
+# Every figure the report asks for is a count of hours or bytes, a price, a ratio or a rate: never
+# negative, and never near 1e308 (whose sum overflows to infinity, which is not JSON).  A store that
+# answers one lies or is broken: such a value is left out, as a NaN is.
+MAX_VALUE = 1e18
+
+
+def _shown(v: object) -> str:
+    """What a store sent, for a message: short, and inert in a terminal."""
+    return for_terminal(repr(v)[:120])
+
+
+def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
+    result = data.get("result")
+    if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
+        raise QueryError(f"a result that is not a list of series: {_shown(result)}")
+    return result
+
+
+def _labels(r: dict[str, Any]) -> Labels:
+    metric = r.get("metric", {})
+    if not isinstance(metric, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
+        raise QueryError(f"a series whose labels are not names and strings: {_shown(metric)}")
+    return metric
+
+
+def _point(r: dict[str, Any], key: str) -> Any:
+    if key not in r:
+        raise QueryError(f"a sample without its {key}: {_shown(r)}")
+    return r[key]
+
+
+def _time(p: Any) -> float:
+    if not isinstance(p, list | tuple) or len(p) != 2:
+        raise QueryError(f"a sample that is not [time, value]: {_shown(p)}")
+    try:
+        return float(p[0])
+    except (TypeError, ValueError):
+        raise QueryError(f"a sample's time that is not a number: {_shown(p[0])}") from None
+
+
+def _value(p: Any) -> float:
+    _time(p)
+    try:
+        return float(p[1])
+    except (TypeError, ValueError):
+        raise QueryError(f"a sample's value that is not a number: {_shown(p[1])}") from None
+
+
+def _unique(series: list[tuple[Labels, Any]]) -> list[tuple[Labels, Any]]:
+    """One series per label set: a store that sends the same one twice would count its hours twice."""
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    out = []
+    for labels, x in series:
+        key = tuple(sorted(labels.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append((labels, x))
+    return out
 
 
 def _wait(retry_after: str | None, attempt: int) -> float:
@@ -221,8 +300,10 @@ def _reason(reason: object) -> str:
 
 
 def _error_text(raw: bytes) -> str:
+    """A store's own words for what went wrong, short and inert in a terminal (a store can send ESC)."""
     try:
         doc = json.loads(raw)
-        return f"{doc.get('errorType', 'error')}: {doc.get('error', raw[:200].decode(errors='replace'))}"
+        text = f"{doc.get('errorType', 'error')}: {doc.get('error', raw[:200].decode(errors='replace'))}"
     except (ValueError, AttributeError):
-        return raw[:200].decode(errors="replace").strip() or "(empty answer)"
+        text = raw[:200].decode(errors="replace").strip() or "(empty answer)"
+    return for_terminal(text[:300])

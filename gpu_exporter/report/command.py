@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from ..settings.durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
-from .client import PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
+from .client import MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
 from .cost import pick_currency, plan, seen_twice
 from .csv_export import as_csv
 from .focus import VERSION as FOCUS_VERSION
@@ -466,6 +466,9 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         return 2
     if doc["status"] != OK:
         say.say(doc["status_reason"])
+    if client.impossible:
+        say.say(f"{client.impossible} values from the store were impossible (negative, or past {MAX_VALUE:g}) and are "
+                "left out: is it a gpu-exporter store, and is its data intact?")  # fmt: skip
     try:
         text = EXPORTS[args.format](w, results, doc) if args.format in EXPORTS else RENDERERS[args.format](doc)
         write(text, args.output)
