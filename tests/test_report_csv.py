@@ -145,6 +145,7 @@ class _Store:
     """Just enough of a client for ``main``: the probes find nothing (no scrape interval to guess from)."""
 
     shown = "a canned store"
+    impossible = 0  # values it left out
 
     def __init__(self, *_: object) -> None:
         pass
