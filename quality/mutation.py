@@ -77,6 +77,9 @@ TARGETS: dict[str, Target] = {
                 "tests/test_rule_properties.py",
                 "tests/test_gpm_rules.py",
                 "tests/test_alert_payloads.py",
+                # The driver's verdict (issue 36): the fabric's and the recovery action's rules, on the fake.
+                "tests/test_fabric.py",
+                "tests/test_recovery_action.py",
             )
         ),
         daemon_tests=("tests/test_exporter_once.py",),

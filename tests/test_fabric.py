@@ -154,3 +154,11 @@ def test_no_fabric_no_series(scenario: Scenario, nvml: Any) -> None:
     before = call_count(CALL)
     (snap,), errors = polls()
     assert call_count(CALL) == before and snap.gpus[0].fabric is None
+
+
+def test_every_issue_a_reading_can_carry_has_its_advice() -> None:
+    """GpuFabricUnhealthy says what to do for each issue: none falls back to its bare name."""
+    from gpu_exporter.alerting.rules import FABRIC_ADVICE
+    from gpu_exporter.metric_defs import FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED
+
+    assert {*FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED} <= FABRIC_ADVICE.keys()

@@ -24,6 +24,7 @@ from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.alerting.window import IncreaseTracker, SampleWindow
 from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import Activity, GpuReading, GpuStatic, NodeSnapshot, PodRef, ProcessReading
+from tests import assert_mentions
 from tests.memory_helpers import allocations
 
 GIB = 1024**3
@@ -274,6 +275,10 @@ def test_ecc_uncorrectable_fires_on_increase_not_on_a_lifetime_count() -> None:
 def test_row_remap_alerts() -> None:
     _, sent = run([gpu(row_remap_pending=True, row_remap_failure=True)] * 2)
     assert fired(sent) == {"GpuRowRemapPending/warning", "GpuRowRemapFailure/critical"}
+    # The fix, as an admin types it: let go of NVML first (a held handle refuses the reset), then reset.
+    (pending,) = {dict(a.annotations)["description"] for batch in sent for a in batch
+                  if a.label_dict["alertname"] == "GpuRowRemapPending" and a.state == FIRING}  # fmt: skip
+    assert_mentions(pending, "row remap is pending", "reset the GPU", "SIGUSR1 to gpu-exporter", "nvidia-smi -r -i <gpu>")
 
 
 def test_a_lost_gpu_resolves_its_other_alerts() -> None:
