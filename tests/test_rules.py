@@ -278,7 +278,9 @@ def test_row_remap_alerts() -> None:
     # The fix, as an admin types it: let go of NVML first (a held handle refuses the reset), then reset.
     (pending,) = {dict(a.annotations)["description"] for batch in sent for a in batch
                   if a.label_dict["alertname"] == "GpuRowRemapPending" and a.state == FIRING}  # fmt: skip
-    assert_mentions(pending, "row remap is pending", "reset the GPU", "SIGUSR1 to gpu-exporter", "nvidia-smi -r -i <gpu>")
+    assert_mentions(
+        pending, "row remap is pending", "reset the GPU", "SIGUSR1 to gpu-exporter", "nvidia-smi -r -i <gpu>"
+    )
 
 
 def test_a_lost_gpu_resolves_its_other_alerts() -> None:
