@@ -88,7 +88,8 @@ class Usage:
     # Each GPM pipe's activity at its bursts while held (PIPES; None: the GPU has no GPM; a pipe left
     # out is unknown: both are taken to be as busy as ``activity_p95``).
     pipes: Mapping[str, float] | None = None
-    # NVLink data sent at its bursts while held, bytes/s (None: unknown, no NVLink counters).
+    # NVLink data sent while held, bytes/s: the p95 of each step's mean rate (None: unknown, no NVLink
+    # counters).
     nvlink_bytes_per_second: float | None = None
     # The GPUs of one holder sized together (``job``): each needs what the busiest needed, and the
     # advice is for all of them; ``gpu`` then names them all.
