@@ -36,7 +36,7 @@ from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fake_kubelet import FakePod, fake_kubelet, pod
 from tests.fakenvml import Counter, Scenario
-from tests.fakenvml.presets import GIB, MIB, gpu_uuid, h100_activity, h100_sxm, mig_uuid, preset
+from tests.fakenvml.presets import GIB, MIB, h100_activity, mig_uuid, preset
 from tests.prometheus_helpers import Prometheus, prometheus
 from tests.timing import LATE_S
 
@@ -558,14 +558,15 @@ FAST_RULES = {
 
 
 def node_with_everything(path: Path) -> Scenario:
-    """A node that fills every panel: five H100s (busy, idle-but-allocated, throttled, degraded,
-    lost), an A100 in MIG mode (3g.40gb + 2g.20gb + 1g.10gb, a process on each) as GPU 5, and a
-    Grace Hopper as GPU 6, whose NVLink-C2C link to its CPU replays."""
+    """A node that fills every panel: H100s busy, throttled, degraded and lost, a Grace Hopper
+    idle-but-allocated as GPU 1 (whose NVLink-C2C link to its CPU replays), and an A100 in MIG mode
+    (3g.40gb + 2g.20gb + 1g.10gb, a process on each) as GPU 5."""
     s = preset("h100-8x-training", path)
     s.driver_version = "580.82.07"  # the first driver with the clock event reason counters (fields 269-271)
     s.gpus = s.gpus[:5]
     s.gpu(0).memory(81559 * MIB, int(81559 * MIB * 0.985), reserved=512 * MIB).fans(45, 47)  # GpuMemoryHigh
     s.gpu(1).utilization(3, 0).gpm(**h100_activity(3))  # a process holds 70 GiB: allocated but idle
+    s.gpu(1).identity(GH200, str(s.gpu(1).values["uuid"])).c2c(replay=Counter(3, 0.5))
     s.gpu(2).clocks_event_reasons("hw_thermal").clocks(graphics=1200, sm=1200).temperature(88, memory=93)
     s.gpu(2).violations(thermal=Counter(10**12, 6e8), power=Counter(5 * 10**11, 1e8))  # held back 60% and 10%
     s.gpu(2).clock_event_counters(hw_thermal=Counter(10**11, 3e8), sw_thermal=Counter(0, 0))  # slowed 30%
@@ -583,8 +584,6 @@ def node_with_everything(path: Path) -> Scenario:
         inst.gpm(sm_util=30 + 20 * m, sm_occupancy=12, any_tensor_util=20, dram_bw_util=15, graphics_util=60,
                  fp64_util=0, fp32_util=3, fp16_util=1)  # fmt: skip
     s.gpus.append(mig)
-    h100_sxm(s.add_gpu(), "gh200", 6, util=80, mem_used=50 * GIB, power_mw=550_000)
-    s.gpu(6).identity(GH200, gpu_uuid("gh200", 6)).c2c(replay=Counter(3, 0.5))
     return s
 
 
@@ -698,7 +697,7 @@ def test_every_query_returns_data_from_prometheus_scraping_the_daemon(fake_nvml_
             for dash in dashes.values():
                 found = {var: {r["metric"].get(label) for r in prom.query(substitute(selector, VALUES))} - {None}
                          for var, (selector, label) in variable_selectors(dash).items()}  # fmt: skip
-                gpus = {str(i) for i in range(7)}
+                gpus = {str(i) for i in range(6)}
                 wanted = {"node": {"node-a"}, "gpu": gpus, "namespace": {"ml"}, "pod": {"trainer-0"}}
                 extra = {"currency": {"USD"}, "model": {"NVIDIA H100 80GB HBM3", GH200}}
                 assert found == wanted | {k: v for k, v in extra.items() if k in found}

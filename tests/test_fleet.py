@@ -90,7 +90,7 @@ def test_three_nodes_with_the_readme_config(fake_nvml_lib: Path, tmp_path: Path)
             "alerting": {"resend_interval": "1s", "webhooks": [{"url": hook.url, "name": "ops"}]},
             "kubernetes": {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
                            "refresh_interval": "200ms", "timeout": "500ms"},
-            "pricing": {"currency": "USD", "models": {"H100": 2.5}, "energy_per_kwh": 0.2},
+            "pricing": {"currency": "USD", "models": {"H100": 2.5, "GH200": 3.5}, "energy_per_kwh": 0.2},
             "slurm": {"job_mapping_dir": str(tmp_path)},  # a Slurm node too: the holder panels have data
         }))  # fmt: skip
         common = ("--poll.interval", "1s")
