@@ -258,9 +258,10 @@ def test_a_header_read_from_a_file_is_sent_and_never_shown(tmp_path: Path) -> No
         (("--min-history", "0h"), "--min-history must be more than 0"),
         (("--min-saving-ratio", "2"), "--min-saving-ratio is a share of the cost, from 0 to 1 (got 2)"),
         (("--min-saving", "nan"), "--min-saving must be a number of 0 or more (got nan)"),
+        (("--prometheus.max-answer-mib", "0"), "--prometheus.max-answer-mib must be from 1 to 65536 (got 0)"),
     ],
     ids=["no-equals", "bad-name", "own-header", "line-break", "unreadable-file", "zero-timeout", "negative-timeout",
-         "zero-history", "ratio-over-1", "nan-saving"],
+         "zero-history", "ratio-over-1", "nan-saving", "zero-answer-size"],
 )  # fmt: skip
 def test_bad_client_options_exit_2_naming_them_before_any_query(args: tuple[str, ...], message: str) -> None:
     """Issue 25: --prometheus.timeout 0s gave "[Errno 115] Operation now in progress"."""

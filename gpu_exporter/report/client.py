@@ -4,16 +4,26 @@ VictoriaMetrics serve it: instant and range queries by POST, with the options Pr
 Mimir or Cortex tenant), and bounded retries with backoff where the store says to come back later.
 
 Secrets never reach a message: the password of a URL's userinfo is taken out of the URL before
-anything names it, and header values are never printed.
+anything names it, and header values are never printed.  Nor do they reach another server: a
+redirect is followed only within the store's own origin (scheme, host and port), since urllib
+would carry ``Authorization`` and the tenant header to wherever a store points.
+
+A store that lies cannot hold the report or its memory: one try of a query, from connecting to the
+last byte, has ``timeout`` in all (a socket timeout bounds each read, and a store that drips a byte
+a second never trips one), and an answer is read to at most ``max_answer_bytes``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.client
 import json
 import math
 import re
+import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -36,6 +46,13 @@ TOKEN_ENV = "GPU_EXPORTER_PROMETHEUS_BEARER_TOKEN"
 PASSWORD_ENV = "GPU_EXPORTER_PROMETHEUS_PASSWORD"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
 _OWN_HEADERS = {"content-type", "content-length", "host", "accept", "user-agent"}
+# An answer is decoded whole, at about four times its size in memory (a 120 MB answer took 521 MiB):
+# 128 MiB is some 2 million samples, far past what one query of a report of hundreds of GPUs
+# returns, and a bound a report of thousands can raise.
+MAX_ANSWER_BYTES = 128 * 1024 * 1024
+MAX_ERROR_BYTES = 64 * 1024  # of a refusal's body: its first 300 characters are shown
+MAX_REDIRECTS = 3
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class QueryError(Exception):
@@ -55,6 +72,7 @@ class ClientOptions:
     header_files: tuple[tuple[str, Path], ...] = ()  # (name, file holding the value)
     environ: Mapping[str, str] = field(default_factory=dict)  # where TOKEN_ENV and PASSWORD_ENV are read
     retries: int = RETRIES
+    max_answer_bytes: int = MAX_ANSWER_BYTES
 
 
 def redact(url: str) -> str:
@@ -103,6 +121,8 @@ class PromClient:
         self.base = urllib.parse.urlunsplit(parsed._replace(netloc=netloc)).rstrip("/")
         self.shown = self.shown.rstrip("/")
         self.timeout, self.retries, self.sleep = opts.timeout, opts.retries, sleep
+        self.max_answer = opts.max_answer_bytes
+        self.origin = _origin(self.base)
         self.impossible = 0  # values left out as no store could mean them (negative, past MAX_VALUE)
         self.headers = {"Accept": "application/json", "User-Agent": "gpu-exporter-report"}
         self.headers.update(self._auth(opts, userinfo if parsed.username else None))
@@ -156,14 +176,11 @@ class PromClient:
         url, shown = f"{self.base}/api/v1/{path}", f"{self.shown}/api/v1/{path}"
         body = urllib.parse.urlencode(params).encode()
         for attempt in range(self.retries + 1):
-            req = urllib.request.Request(url, data=body, method="POST", headers={
-                **self.headers, "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
-                    raw = r.read()
+                raw = self._fetch(url, shown, body)
                 break
             except urllib.error.HTTPError as e:
-                detail = _error_text(e.read())
+                detail = _error_text(_read_some(e, MAX_ERROR_BYTES))
                 if (e.code == 429 or e.code >= 500) and attempt < self.retries:
                     self.sleep(_wait(e.headers.get("Retry-After"), attempt))
                     continue
@@ -171,10 +188,10 @@ class PromClient:
                 if e.code in (401, 403):
                     raise QueryError(f"{shown}: {e.code} {e.reason}: check the credentials ({detail})") from e
                 raise QueryError(f"{shown}: {e.code} {e.reason}{tried}: {detail}") from e
-            except urllib.error.URLError as e:
-                raise QueryError(f"cannot reach {shown}: {_reason(e.reason)}") from e
             except TimeoutError as e:
                 raise QueryError(f"{shown}: no answer within {self.timeout:g} s (raise --prometheus.timeout)") from e
+            except urllib.error.URLError as e:
+                raise QueryError(f"cannot reach {shown}: {_reason(e.reason)}") from e
             except OSError as e:  # a connection reset mid-answer
                 raise QueryError(f"{shown}: the connection failed: {_reason(e)}") from e
         try:
@@ -184,6 +201,71 @@ class PromClient:
         if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(doc.get("data"), dict):
             raise QueryError(f"{shown}: {_error_text(raw)}")
         return doc["data"]
+
+    def _fetch(self, url: str, shown: str, body: bytes) -> bytes:
+        """One try: the answer's body, following redirects within the store's origin, all of it within
+        ``timeout`` (TimeoutError past it).  Raises HTTPError for a status that is not 2xx."""
+        watch = _Watch()
+        timer = threading.Timer(self.timeout, watch.fire)
+        timer.daemon = True
+        timer.start()
+        deadline = time.monotonic() + self.timeout
+        opener = urllib.request.build_opener(
+            _NoRedirects(), _WatchedHttp(watch), _WatchedHttps(watch, self.context))  # fmt: skip
+        try:
+            for _ in range(MAX_REDIRECTS + 1):
+                req = urllib.request.Request(url, data=body, method="POST", headers={
+                    **self.headers, "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+                try:
+                    with opener.open(req, timeout=max(deadline - time.monotonic(), 0.001)) as r:
+                        raw = self._body(r, shown)
+                except urllib.error.HTTPError as e:
+                    if e.code not in _REDIRECTS:
+                        raise
+                    url = self._redirect(url, shown, e)
+                    continue
+                if watch.finish():
+                    return raw
+                raise TimeoutError  # the watch cut the answer short: what was read is not all of it
+            raise QueryError(f"{shown}: more than {MAX_REDIRECTS} redirects")
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            # Whatever a socket shut under the reader raises, the cause is the deadline.
+            if not watch.finish() and not isinstance(e, urllib.error.HTTPError):
+                raise TimeoutError from e
+            if isinstance(e, http.client.HTTPException):
+                raise OSError(f"a broken answer ({type(e).__name__})") from e
+            raise
+        finally:
+            timer.cancel()
+
+    def _body(self, r: http.client.HTTPResponse, shown: str) -> bytes:
+        limit = self.max_answer
+        length = r.headers.get("Content-Length", "")
+        # A length said up front is refused unread; else the read stops one byte past the bound.
+        if (length.isdigit() and int(length) > limit) or len(raw := r.read(limit + 1)) > limit:
+            raise QueryError(
+                f"{shown}: an answer of more than {_mib(limit)}: narrow the report (a shorter --since, a --selector "
+                f"for some nodes) or raise --prometheus.max-answer-mib"
+            )
+        return raw
+
+    def _redirect(self, url: str, shown: str, e: urllib.error.HTTPError) -> str:
+        """Where a redirect within the store's origin points; a QueryError for any other place."""
+        location = e.headers.get("Location", "")
+        if not location:
+            raise QueryError(f"{shown}: a {e.code} redirect that says not where to")
+        target = urllib.parse.urlsplit(urllib.parse.urljoin(url, location))
+        there = _origin(urllib.parse.urlunsplit(target))
+        if there != self.origin:
+            downgrade = self.origin[0] == "https" and there[0] == "http"
+            why = "from https to plain http" if downgrade else f"to another origin, {for_terminal(_show_origin(there))}"
+            raise QueryError(
+                f"{shown}: the store redirects ({e.code}) {why}; its credentials and headers go to "
+                f"{_show_origin(self.origin)} only, so the report stops: give --prometheus.url as the address "
+                f"it redirects to, if you trust it"
+            )
+        netloc = target.netloc.rsplit("@", 1)[-1]  # a userinfo in a Location is not used
+        return urllib.parse.urlunsplit(target._replace(netloc=netloc))
 
     def instant(self, expr: str, at: float) -> list[tuple[Labels, float]]:
         """The vector's samples; a NaN or infinite one (an exporter's broken gauge, a 0/0) is left out:
@@ -223,6 +305,105 @@ class PromClient:
 # negative, and never near 1e308 (whose sum overflows to infinity, which is not JSON).  A store that
 # answers one lies or is broken: such a value is left out, as a NaN is.
 MAX_VALUE = 1e18
+
+
+class _Watch:
+    """The sockets of one try, shut when its time is up, so that a read blocked on them returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._fired = self._finished = False
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            if not self._fired:
+                return
+        _shut(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._fired = True
+            socks = list(self._socks)
+        for sock in socks:
+            _shut(sock)
+
+    def finish(self) -> bool:
+        """Ends the watch: True where the try ended in time (what it read is whole)."""
+        with self._lock:
+            self._finished = True
+            return not self._fired
+
+
+def _shut(sock: socket.socket) -> None:
+    # socket.socket's own shutdown: an SSLSocket's would drop its TLS state under the reader.  A
+    # socket closed already raises, and is shut as much as it needs to be.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _watched(base: type[http.client.HTTPConnection], watch: _Watch) -> type[http.client.HTTPConnection]:
+    class Watched(base):  # type: ignore[misc, valid-type]
+        def connect(self) -> None:
+            super().connect()
+            watch.add(self.sock)
+
+    return Watched
+
+
+class _WatchedHttp(urllib.request.HTTPHandler):
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPConnection, self.watch), req)
+
+
+class _WatchedHttps(urllib.request.HTTPSHandler):
+    def __init__(self, watch: _Watch, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self.watch, self.ctx = watch, context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(_watched(http.client.HTTPSConnection, self.watch), req, context=self.ctx)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Every redirect reaches PromClient as an HTTPError, which follows it only within the origin."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def _show_origin(origin: tuple[str, str, int]) -> str:
+    scheme, host, port = origin
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:g} MiB" if n >= 1048576 else f"{n} bytes"
+
+
+def _read_some(e: urllib.error.HTTPError, limit: int) -> bytes:
+    try:
+        return e.read(limit)
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def _shown(v: object) -> str:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from ..settings.durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
-from .client import MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
+from .client import MAX_ANSWER_BYTES, MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
 from .cost import pick_currency, plan, seen_twice
 from .csv_export import as_csv
 from .focus import VERSION as FOCUS_VERSION
@@ -170,7 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="timeout",
         default="2m",
         metavar="DURATION",
-        help="how long one query may take (default 2m)",
+        help="how long one try of a query may take, connecting to the last byte (default 2m)",
+    )
+    p.add_argument(
+        "--prometheus.max-answer-mib",
+        dest="max_answer_mib",
+        type=int,
+        default=MAX_ANSWER_BYTES // 1048576,
+        metavar="MIB",
+        help=f"the largest answer read, in MiB; a report decodes it in about four times that "
+        f"(default {MAX_ANSWER_BYTES // 1048576})",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (why a report is empty still is)")
     return p  # fmt: skip
@@ -400,6 +409,8 @@ def _options(args: argparse.Namespace) -> tuple[Options, float]:
         raise UsageError(f"--prometheus.timeout: {e}") from e
     if timeout <= 0:
         raise UsageError(f"--prometheus.timeout must be more than 0 s (got {args.timeout!r})")
+    if not 1 <= args.max_answer_mib <= 65536:
+        raise UsageError(f"--prometheus.max-answer-mib must be from 1 to 65536 (got {args.max_answer_mib})")
     opts = Options(
         currency=args.currency.upper() if args.currency else None,
         pricing=pricing,
@@ -424,7 +435,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
             args.url, args.bearer_token_file, args.username, args.password_file, args.ca_file, args.insecure, timeout,
             tuple(_pairs(args.headers, "--prometheus.header")),
             tuple((n, Path(v)) for n, v in _pairs(args.header_files, "--prometheus.header-file")),
-            os.environ if environ is None else environ,
+            os.environ if environ is None else environ, max_answer_bytes=args.max_answer_mib * 1048576,
         ))  # fmt: skip
     except (UsageError, SelectorError, CatalogueError, QueryError, ReportConfigError, RangeError) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
