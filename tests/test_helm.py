@@ -37,7 +37,8 @@ import pytest
 import yaml
 
 from alerts.render_prometheusrule import groups as rule_groups
-from gpu_exporter.settings.config import load_settings
+from gpu_exporter.settings.config import ConfigError, load_settings
+from tests import assert_mentions
 from tests.test_deploy_k8s import (
     CPU_NODE,
     GFD_NODE,
@@ -484,6 +485,47 @@ def test_the_schema_accepts_what_the_daemon_accepts() -> None:
         template("--set", f"config.poll_interval={value}")
     template("--set", "config.alerting.webhooks[0].url_file=/etc/gpu-exporter/secrets/hook/url")
     template("--set", "config.rules.GpuXidError.codes={48,79}", "--set", "config.collectors.profiling=false")
+
+
+# Issue 38, item 8: each passed the schema and then crash-looped the pods, as the daemon refuses it.
+OUT_OF_BOUNDS = [("poll_interval", "0s"), ("poll_interval", "2h"), ("gpu_timeout", "15m"),
+                 ("kubernetes.keep_last_good_for", "2d"), ("accounting.holder_retention", "0s")]  # fmt: skip
+IN_BOUNDS = [("poll_interval", "1h"), ("poll_interval", "0.5s"), ("gpu_timeout", "10m"), ("gpu_timeout", "9.5m"),
+             ("kubernetes.keep_last_good_for", "24h"), ("accounting.holder_retention", "1ms")]  # fmt: skip
+
+
+def nested(key: str, value: str) -> dict[str, Any]:
+    doc: dict[str, Any] = {"config": {}}
+    here = doc["config"]
+    *parents, last = key.split(".")
+    for part in parents:
+        here = here.setdefault(part, {})
+    here[last] = value
+    return doc
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize(("key", "value"), OUT_OF_BOUNDS, ids=[f"{k}={v}" for k, v in OUT_OF_BOUNDS])
+def test_helm_lint_refuses_a_duration_the_daemon_refuses(key: str, value: str, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(nested(key, value)))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(nested(key, value)["config"]))
+    with pytest.raises(ConfigError):
+        load_settings(None, tmp_path / "config.yaml")  # the daemon's verdict, which the chart must share
+    out = helm("lint", "--strict", str(CHART), "-f", str(values))
+    assert out.returncode != 0, out.stdout
+    assert_mentions(out.stdout + out.stderr, key.rsplit(".", 1)[-1], "schema")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_durations_within_their_bounds_pass_in_any_unit(tmp_path: Path) -> None:
+    for key, value in IN_BOUNDS:
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump(nested(key, value)))
+        out = helm("lint", "--strict", str(CHART), "-f", str(values))
+        assert out.returncode == 0, (key, value, out.stdout)
+        (tmp_path / "config.yaml").write_text(config_of(template("-f", str(values)))[1])
+        load_settings(None, tmp_path / "config.yaml")  # and the daemon takes what the chart wrote
 
 
 @pytest.mark.usefixtures("clean_env")

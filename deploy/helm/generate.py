@@ -6,7 +6,8 @@
 - Chart.yaml's version and appVersion: pyproject.toml's version;
 - values.schema.json's definitions of `config`: the exporter's own settings (gpu_exporter/settings/config.py),
   so that a setting the daemon would refuse (an unknown key, a negative duration, a bad choice) fails
-  `helm install` first, naming it. Durations take the daemon's spellings (5s, 500ms, 1h or seconds);
+  `helm install` first, naming it. Durations take the daemon's spellings (5s, 500ms, 1h or seconds),
+  within the setting's own bounds in every unit (settings.durations.bounded_pattern);
   the settings the chart sets itself are left out, and so are inline secrets (bearer_token,
   basic_auth_password): secrets come from files of mounted Secrets.
 
@@ -35,7 +36,7 @@ from pydantic import BaseModel  # noqa: E402
 
 from alerts.render_prometheusrule import RULE_FILES  # noqa: E402
 from gpu_exporter.settings.config import OLD_KEYS, Settings, key_names  # noqa: E402
-from gpu_exporter.settings.durations import parse_duration  # noqa: E402
+from gpu_exporter.settings.durations import bounded_pattern, parse_duration  # noqa: E402
 
 CHART = ROOT / "deploy" / "helm" / "gpu-exporter"
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
@@ -96,6 +97,16 @@ def is_duration(field: Any) -> bool:
     return any(getattr(m, "func", None) is parse_duration for m in field.metadata)
 
 
+def duration_pattern(number: dict[str, Any]) -> str:
+    """The strings a duration setting takes, within the same bounds as its numbers (``2h`` where the
+    daemon takes at most 3600 fails ``helm install``, as 7200 does)."""
+    if not number:
+        return DURATION
+    exclusive = "exclusiveMinimum" in number
+    low = number.get("exclusiveMinimum", number.get("minimum", 0))
+    return bounded_pattern(low, number.get("maximum"), low_exclusive=exclusive)
+
+
 def clean(node: Any) -> Any:
     if isinstance(node, dict):
         out = {k: clean(v) for k, v in node.items() if k not in NOISE}
@@ -122,7 +133,7 @@ def config_definitions() -> dict[str, Any]:
                 described = {k: v for k, v in props[key].items() if k in ("description", "default")}
                 props[key] = {
                     **described,
-                    "anyOf": [{"type": "number", **number}, {"type": "string", "pattern": DURATION}],
+                    "anyOf": [{"type": "number", **number}, {"type": "string", "pattern": duration_pattern(number)}],
                 }
         for key in INLINE_SECRETS:
             props.pop(key, None)
