@@ -27,7 +27,7 @@ from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
 from .sources.schedule import PollSchedule
 from .web.server import HttpServer
-from .web.watcher import WebConfigWatcher
+from .web.watcher import WebConfigWatcher, in_thread
 
 if TYPE_CHECKING:
     pass
@@ -82,7 +82,7 @@ class Daemon:
         self._http: HttpServer | None = None
         self.exposition.invalidate()  # self-metrics are served even before the first poll ends
         # Loaded now, so that a broken web config stops the start (exit 2) before anything runs.
-        self.web = WebConfigWatcher(settings.web_config_file)
+        self.web = WebConfigWatcher(settings.web_config_file, run=in_thread)
 
     def poll_once(self) -> NodeSnapshot:
         snapshot = self.poller.poll()

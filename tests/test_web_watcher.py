@@ -5,6 +5,9 @@ are real, their changes told apart by size or modification time as the watcher t
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +292,88 @@ def test_install_takes_the_config_given_and_starts_the_second_again(web: Path, t
     assert users(w) == {"other"}  # a second after the last check, not before
     clock.now += 0.5
     assert users(w) == {"edited"}
+
+
+class BlockedRead:
+    """load_web_config that waits for the test before reading, as a file on a hung NFS mount would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+        real = load_web_config
+
+        def load(path: Path | None) -> Any:
+            self.calls += 1
+            assert self.release.wait(30), "the test never released the read"
+            return real(path)
+
+        monkeypatch.setattr(watcher_module, "load_web_config", load)
+
+
+def answered(w: WebConfigWatcher) -> set[str] | None:
+    """What a request is answered with, asked from another thread: None where it does not return."""
+    out: list[set[str]] = []
+    asker = threading.Thread(target=lambda: out.append(users(w)), daemon=True)
+    asker.start()
+    asker.join(10)  # a deadline, not a speed: without the thread the request waits for the read itself
+    return out[0] if out else None
+
+
+def eventually(check: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + 10
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_in_the_daemon_a_slow_read_never_holds_a_request(web: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38, item 4: the web config was read on the event loop, so a file on a filesystem that does
+    not answer held /metrics and /healthz.  The daemon's watcher reads in a thread of its own: requests
+    are answered with the config in force meanwhile, and with the new one after."""
+    clock = Clock()
+    w = WebConfigWatcher(web, clock, run=watcher_module.in_thread)
+    blocked = BlockedRead(monkeypatch)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    clock.now += 1.0
+    assert answered(w) == {"one"}  # the read has begun and waits: the request does not
+    clock.now += 5.0
+    assert answered(w) == {"one"} and blocked.calls == 1  # one look at a time, however many requests
+    blocked.release.set()
+    assert eventually(lambda: users(w) == {"two"})
+
+
+def test_a_sighup_during_a_slow_read_wins_over_it(web: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock, run=watcher_module.in_thread)
+    other = tmp_path / "other.yml"
+    write(other, {"basic_auth_users": {"other": hashed("pw")}})
+    installed = w.read(other)
+    blocked = BlockedRead(monkeypatch)
+    write(web, {"basic_auth_users": {"stale": hashed("pw")}})
+    clock.now += 1.0
+    assert answered(w) == {"one"} and blocked.calls == 1
+    w.install(other, installed)  # SIGHUP's reload, while the look at the old file waits
+    blocked.release.set()
+    assert eventually(lambda: not w._looking)
+    assert users(w) == {"other"}  # not the file the look read
+
+
+def test_no_thread_to_be_had_keeps_the_config_and_tries_again(web: Path) -> None:
+    clock = Clock()
+    tries = []
+
+    def no_threads(check: Callable[[], None]) -> None:
+        tries.append(check)
+        raise RuntimeError("can't start new thread")
+
+    w = WebConfigWatcher(web, clock, run=no_threads)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    clock.now += 1.0
+    with structlog.testing.capture_logs() as logs:
+        assert users(w) == {"one"}
+    assert [e["event"] for e in logs] == ["web_config_reload_deferred"]
+    clock.now += 1.0
+    users(w)
+    assert len(tries) == 2  # not stuck as if a look were still running

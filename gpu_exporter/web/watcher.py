@@ -2,8 +2,10 @@
 
 A ``WebConfigWatcher`` looks at its files at most once a second, when a connection or request asks
 for the current config; a changed file that fails to load is logged and ignored, keeping the last
-good configuration.  What a loaded config accepts but does not apply (its ``warnings``) is logged
-once per load.
+good configuration.  The daemon has the look and the read done off the event loop (``run`` is a
+thread): a request is answered with the config in force while a file on a slow or hung filesystem
+is read, and the config read is in force from the next request on.  One look runs at a time.
+What a loaded config accepts but does not apply (its ``warnings``) is logged once per load.
 
 A file is known by its stamp: modification and change times, size and inode.  The change time
 cannot be set back (``cp -p`` and ``rsync -t`` keep the modification time of a certificate renewed
@@ -43,14 +45,32 @@ class Loaded:
     stamps: Stamps
 
 
+def inline(check: Callable[[], None]) -> None:
+    """Runs a look at once, in the caller's thread: a request waits for a changed file's read."""
+    check()
+
+
+def in_thread(check: Callable[[], None]) -> None:
+    """Runs a look in a thread of its own, so that the caller (the event loop) never waits on a file."""
+    threading.Thread(target=check, name="web-config-reload", daemon=True).start()
+
+
 class WebConfigWatcher:
-    def __init__(self, path: Path | None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        clock: Callable[[], float] = time.monotonic,
+        run: Callable[[Callable[[], None]], None] = inline,
+    ) -> None:
         self.path = path
         self._clock = clock
+        self._run = run
         loaded = _read(path, ())  # a broken file at start is the caller's exit 2
         self._config, self._stamps = loaded.config, loaded.stamps
         self._checked = clock()
         self._lock = threading.Lock()
+        self._looking = False
+        self._installs = 0  # a look that began before an install must not undo it
         _warn(self._config)
 
     def read(self, path: Path | None) -> Loaded:
@@ -62,22 +82,44 @@ class WebConfigWatcher:
             return self._config
         with self._lock:
             now = self._clock()
+            path = self.path
             # abs(): a clock that steps back must not hold off reloads until it has caught up again.
-            if abs(now - self._checked) < _CHECK_EVERY_S:
+            if path is None or self._looking or abs(now - self._checked) < _CHECK_EVERY_S:
                 return self._config
             self._checked = now
-            stamps = _stat(self._config.files)
-            if stamps != self._stamps:
-                self._stamps = stamps  # a file that fails to load is tried again when it changes again
-                try:
-                    loaded = _read(self.path, self._config.files)
-                except WebConfigError as e:
-                    log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
-                    return self._config
-                self._config, self._stamps = loaded.config, loaded.stamps
-                log.info("web_config_reloaded", path=str(self.path))
-                _warn(self._config)
+            self._looking = True
+            config, stamps, installs = self._config, self._stamps, self._installs
+        try:
+            self._run(lambda: self._look(path, config, stamps, installs))
+        except RuntimeError as e:  # no thread to be had: the config in force stays, the next second tries again
+            with self._lock:
+                self._looking = False
+            log.warning("web_config_reload_deferred", error=str(e))
+        with self._lock:
             return self._config
+
+    def _look(self, path: Path, config: WebConfig, known: Stamps, installs: int) -> None:
+        try:
+            stamps = _stat(config.files)
+            if stamps == known:
+                return
+            with self._lock:
+                if installs == self._installs:
+                    self._stamps = stamps  # a file that fails to load is tried again when it changes again
+            try:
+                loaded = _read(path, config.files)
+            except WebConfigError as e:
+                log.error("web_config_reload_failed", error=str(e), keeping="the previous configuration")
+                return
+            with self._lock:
+                if installs != self._installs:
+                    return  # a SIGHUP installed another config while this one was read
+                self._config, self._stamps = loaded.config, loaded.stamps
+            log.info("web_config_reloaded", path=str(path))
+            _warn(loaded.config)
+        finally:
+            with self._lock:
+                self._looking = False
 
     def install(self, path: Path | None, loaded: Loaded) -> None:
         """Use ``loaded`` (from ``read(path)``) from now on: a reload on SIGHUP."""
@@ -85,6 +127,7 @@ class WebConfigWatcher:
             self.path = path
             self._config, self._stamps = loaded.config, loaded.stamps
             self._checked = self._clock()
+            self._installs += 1
         _warn(loaded.config)
 
 
