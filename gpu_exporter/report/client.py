@@ -273,7 +273,7 @@ class PromClient:
         data = self._post("query", {"query": expr, "time": f"{at:.3f}"})
         if data.get("resultType") != "vector":
             raise QueryError(f"expected a vector from {expr!r}, got {_shown(data.get('resultType'))}")
-        rows = [(_labels(r), _value(_point(r, "value"))) for r in _results(data)]
+        rows = [(_labels(r), _sample(_point(r, "value"))[1]) for r in _results(data)]
         return [(labels, v) for labels, v in _unique(rows) if self._sane(v)]
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, list[tuple[float, float]]]]:
@@ -287,7 +287,7 @@ class PromClient:
             points = r.get("values")
             if not isinstance(points, list):
                 raise QueryError(f"a series without its values: {_shown(r)}")
-            series.append((_labels(r), [(_time(p), _value(p)) for p in points]))
+            series.append((_labels(r), [_sample(p) for p in points]))
         return [(labels, [(t, v) for t, v in points if self._sane(v)]) for labels, points in _unique(series)]
 
     def _sane(self, v: float) -> bool:
@@ -431,19 +431,16 @@ def _point(r: dict[str, Any], key: str) -> Any:
     return r[key]
 
 
-def _time(p: Any) -> float:
+def _sample(p: Any) -> tuple[float, float]:
+    """A ``[time, value]`` pair as numbers; a QueryError naming what came where either is not one."""
     if not isinstance(p, list | tuple) or len(p) != 2:
         raise QueryError(f"a sample that is not [time, value]: {_shown(p)}")
     try:
-        return float(p[0])
+        t = float(p[0])
     except (TypeError, ValueError):
         raise QueryError(f"a sample's time that is not a number: {_shown(p[0])}") from None
-
-
-def _value(p: Any) -> float:
-    _time(p)
     try:
-        return float(p[1])
+        return t, float(p[1])
     except (TypeError, ValueError):
         raise QueryError(f"a sample's value that is not a number: {_shown(p[1])}") from None
 
