@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter.holders.engines import MAX_ANSWER_BYTES, MAX_NAME_CHARS, EngineError, EngineNames, inspect_name
+from gpu_exporter.holders.engines import (
+    MAX_ANSWER_BYTES,
+    MAX_NAME_CHARS,
+    EngineError,
+    EngineNames,
+    Inspected,
+    inspect_name,
+)
 from tests.timing import NEVER_S
 
 ID_A = "a" * 64
@@ -184,7 +191,7 @@ def test_an_engine_that_fails_is_left_alone_for_a_while_and_said_once(tmp_path: 
     now = [0.0]
     calls = []
 
-    def ask(path: str, cid: str, timeout: float) -> str:
+    def ask(path: str, cid: str, timeout: float) -> Inspected:
         calls.append(cid)
         raise EngineError("no whole answer within 1 s")
 
@@ -205,7 +212,7 @@ def test_an_engine_that_fails_is_left_alone_for_a_while_and_said_once(tmp_path: 
     }]  # fmt: skip
     # It answers again: said once, and names come back.
     calls.clear()
-    names._ask = lambda path, cid, timeout: "trainer"
+    names._ask = lambda path, cid, timeout: Inspected("trainer")
     now[0] += 60.0
     with capture_logs() as logs:
         assert names.name("docker", ID_B) == "trainer"

@@ -8,13 +8,22 @@ server in this process (tests/test_engine_names.py)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from gpu_exporter.holders import cgroups
+from gpu_exporter.holders.attribution import HolderAttributor
+from gpu_exporter.holders.engines import EngineNames, Inspected, Known
+from gpu_exporter.snapshot import ContainerRef, GpuReading, ProcessReading, container_holder, user_holder
+from tests.test_engine_names import engine, http
 from tests.test_holder_cgroups import v1, v2
+from tests.timing import NEVER_S
 
+GIB = 1024**3
 VICTIM = "5546aeea473f420726d9add9c89d5d9cfa8b183508fdf2f31df1f8e168b47466"
 OTHER = "0123456789abcdef" * 4
 USER = "/user.slice/user-1000.slice/user@1000.service"
@@ -98,3 +107,101 @@ def test_a_job_names_its_owner_only_from_a_v1_hierarchy_at_its_root(tmp_path: Pa
 def test_a_container_in_a_users_subtree_is_that_users_own(tmp_path: Path, text: str, engine: str, anchor: str) -> None:
     found = facts(tmp_path, text)
     assert (found.engine, found.container_id, found.container_cgroup) == (engine, VICTIM, anchor)
+
+
+def gpu(*procs: ProcessReading) -> GpuReading:
+    return GpuReading(index=0, uuid="GPU-0", up=True, processes=procs)
+
+
+def proc(pid: int, user: str) -> ProcessReading:
+    return ProcessReading(pid=pid, name="python3", used_memory_bytes=GIB, user=user)
+
+
+def docker_knows(containers: dict[str, tuple[str, int]]) -> Callable[[bytes], bytes]:
+    """Docker's inspect answer: Name, and State.Pid, the container's init process."""
+
+    def answer(request: bytes) -> bytes:
+        cid = request.split(b" ")[1].decode().removeprefix("/containers/").removesuffix("/json")
+        if cid not in containers:
+            return http("404 Not Found", "{}")
+        name, pid = containers[cid]
+        return http("200 OK", json.dumps({"Id": cid, "Name": f"/{name}", "State": {"Running": True, "Pid": pid}}))
+
+    return answer
+
+
+def test_a_users_forged_docker_scope_never_takes_the_victims_name_or_holder(tmp_path: Path) -> None:
+    """bob (uid 1000) makes docker-<victim>.scope in his own subtree: his process is his own
+    container's, never the victim's, and the system engine is never asked for it."""
+    root = tmp_path / "proc"
+    layout(root, 100, v2(f"/system.slice/docker-{VICTIM}.scope"))  # the victim's init
+    layout(root, 200, v2(f"{USER}/app.slice/docker-{VICTIM}.scope"))
+    with engine(tmp_path, docker_knows({VICTIM: ("payroll", 100)})) as e:
+        names = EngineNames({"docker": str(e.path)}, proc_root=str(root))
+        a = HolderAttributor(containers=True, names=names, proc_root=str(root), name_budget=NEVER_S)
+        (g,) = a.attach((gpu(proc(100, "root"), proc(200, "bob")),))
+        names.close()
+    victim, forged = g.processes[0].container, g.processes[1].container
+    assert victim == ContainerRef("docker", VICTIM, "payroll")
+    assert forged == ContainerRef("docker@1000", VICTIM, "")
+    assert container_holder(forged) != container_holder(victim)
+    assert len(e.requests) == 1  # the victim's, once; the user's own container is not the system engine's
+
+
+# -- A container's claim, checked with its engine -------------------------------------------------------
+
+
+def test_a_container_named_inside_another_is_refused_by_its_engine(tmp_path: Path) -> None:
+    """A container that may write its cgroupfs makes docker-<victim>.scope inside its own: the
+    engine says the victim runs elsewhere, so that process is refused (its user's), said once."""
+    root = tmp_path / "proc"
+    layout(root, 100, v2(f"/system.slice/docker-{VICTIM}.scope"))  # the victim's init
+    layout(root, 101, v2(f"/system.slice/docker-{VICTIM}.scope/worker"))  # the victim's, in a child cgroup
+    layout(root, 300, v2(f"/system.slice/docker-{OTHER}.scope"))  # the tenant's init
+    layout(root, 301, v2(f"/system.slice/docker-{OTHER}.scope/docker-{VICTIM}.scope"))  # its forgery
+    answer = docker_knows({VICTIM: ("payroll", 100), OTHER: ("tenant", 300)})
+    with engine(tmp_path, answer) as e, capture_logs() as logs:
+        names = EngineNames({"docker": str(e.path)}, proc_root=str(root))
+        a = HolderAttributor(containers=True, names=names, proc_root=str(root), name_budget=NEVER_S)
+        procs = (proc(100, "root"), proc(101, "root"), proc(300, "eve"), proc(301, "eve"))
+        (g,) = a.attach((gpu(*procs),))
+        (again,) = a.attach((gpu(*procs),))
+        names.close()
+    payroll, tenant = ContainerRef("docker", VICTIM, "payroll"), ContainerRef("docker", OTHER, "tenant")
+    assert [p.container for p in g.processes] == [payroll, payroll, tenant, None]
+    assert g.processes[3].holder == user_holder("eve")
+    assert g.containers == (tenant, payroll) and again == g  # by engine and ID
+    assert len(e.requests) == 2  # one inspect per container, the init's cgroup cached with the name
+    refused = [entry for entry in logs if entry["event"] == "container_claim_refused"]
+    assert [(r["container_id"], r["pid"]) for r in refused] == [(VICTIM[:12], 301)]
+
+
+@pytest.mark.parametrize(
+    ("init", "pid", "holds"),
+    [
+        (v2(f"/system.slice/docker-{VICTIM}.scope"), 100, True),
+        (v2(f"/system.slice/docker-{VICTIM}.scope/init"), 100, True),  # the init in a child: same container
+        (v2(f"/system.slice/docker-{OTHER}.scope/docker-{VICTIM}.scope"), 100, False),  # init elsewhere
+        (v2(f"/system.slice/docker-{OTHER}.scope"), 100, False),  # the init is another container's
+        (v2("/system.slice/docker.service"), 100, False),  # no container at all
+        (None, 100, False),  # the init cannot be read (gone)
+        (v2(f"/system.slice/docker-{VICTIM}.scope"), 0, False),  # the engine gave no init (not running)
+    ],
+)
+def test_the_engine_vouches_only_for_its_init_process_cgroup(
+    tmp_path: Path, init: str | None, pid: int, holds: bool
+) -> None:
+    root = tmp_path / "proc"
+    if init is not None:
+        layout(root, 100, init)
+    names = EngineNames({"docker": "/run/docker.sock"}, proc_root=str(root),
+                        ask=lambda path, cid, timeout: Inspected("payroll", pid))  # fmt: skip
+    assert names.name("docker", VICTIM) == "payroll"
+    known = names.lookup("docker", VICTIM)
+    assert known is not None
+    layout(root, 200, v2(f"/system.slice/docker-{VICTIM}.scope/sub"))
+    assert known.holds(cgroups.read(200, str(root))) is holds
+
+
+def test_no_init_cgroup_vouches_for_nothing() -> None:
+    assert not Known("payroll", None).holds(cgroups.parse(v2("/")))
