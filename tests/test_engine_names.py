@@ -24,6 +24,7 @@ from gpu_exporter.holders.engines import (
     EngineError,
     EngineNames,
     Inspected,
+    inspect,
     inspect_name,
 )
 from tests.timing import NEVER_S
@@ -316,3 +317,24 @@ def test_only_a_container_id_ever_reaches_the_request_line(tmp_path: Path) -> No
     with engine(tmp_path, inspect_answer({})) as e, pytest.raises(EngineError, match=r"^not a container ID$"):
         inspect_name(str(e.path), "../../images/create?fromImage=x", timeout=1.0)
     assert e.requests == []
+
+
+@pytest.mark.parametrize(
+    ("state", "pid"),
+    [
+        ({"State": {"Running": True, "Pid": 4242}}, 4242),
+        ({"State": {"Pid": 0}}, 0),  # not running
+        ({"State": {"Pid": -1}}, 0),
+        ({"State": {"Pid": 2**31 - 1}}, 2**31 - 1),
+        ({"State": {"Pid": 2**31}}, 0),  # no pid is that large: not put in a /proc path
+        ({"State": {"Pid": True}}, 0),  # JSON's true is no pid
+        ({"State": {"Pid": "4242"}}, 0),
+        ({"State": "running"}, 0),
+        ({}, 0),
+    ],
+)
+def test_the_init_pid_is_taken_only_as_a_plain_positive_number(tmp_path: Path, state: dict[str, object],
+                                                                pid: int) -> None:  # fmt: skip
+    body = json.dumps({"Name": "/trainer", **state})
+    with engine(tmp_path, lambda r: http("200 OK", body)) as e:
+        assert inspect(str(e.path), ID_A, timeout=NEVER_S) == Inspected("trainer", pid)

@@ -57,7 +57,9 @@ from .. import untrusted
 MAX_BYTES = 64 * 1024  # a process in every v1 hierarchy of a deep tree stays far below this
 
 # Anchored at the top of the path (after any /.. of another cgroup namespace): only root makes a
-# cgroup there, so nobody below it (a user's delegated subtree, a container) can forge one.
+# cgroup there, so nobody below it (a user's delegated subtree, a container) can forge one.  A /..
+# stands for an ancestor of the exporter's own cgroup (system.slice, a pod's slice: root's), which
+# holds as long as the exporter does not itself run inside a user's delegated subtree.
 _SLURM_V1 = re.compile(r"(?:/\.\.)*/slurm(?:_[^/]*)?/uid_(\d{1,10})/job_(\d{1,20})(?=/|$)")
 _SLURM_V2 = re.compile(r"(?:(?:/\.\.)*/system\.slice|(?:/\.\.)+)/(?:[^/]*_)?slurmstepd\.scope/job_(\d{1,20})(?=/|$)")
 # The subtree systemd delegates to a user (cgroup v2, and v1's name=systemd hierarchy).
