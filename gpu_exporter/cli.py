@@ -271,6 +271,8 @@ def run_once(settings: Settings, fmt: str) -> int:
     polling = build_polling(settings, lambda errors: make_backend(settings, errors, profiling_interval=MIN_INTERVAL_S,
                                                                   slow_interval=0.0), pods=False)  # fmt: skip
     poller = polling.poller
+    if polling.holders is not None:  # one look, no later poll to name them: wait as long as one lookup may take
+        polling.holders.name_budget = settings.containers.api_timeout
     try:
         snapshot = poller.poll()
         if needs_second_look(snapshot):

@@ -219,6 +219,8 @@ class Daemon:
         self.notifier.stop()
         if self.watcher is not None:
             self.watcher.stop()
+        if self.holders is not None:
+            self.holders.close()  # the engine-name worker: it asks nothing more
         closer = threading.Thread(target=self.poller.close, daemon=True)
         closer.start()
         closer.join(timeout=1.5)

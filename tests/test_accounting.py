@@ -199,8 +199,8 @@ def test_without_pods_the_holders_are_users_split_by_their_processes() -> None:
 
 def test_users_beyond_the_bound_count_as_other_and_gone_holders_leave() -> None:
     acc = Accountant(threshold=THRESHOLD, max_users=2, holder_retention=60)
-    for i, user in enumerate(("u1", "u2", "u3", "u4")):
-        acc.observe(snap(T0 + 10 * i, gpu(processes=(proc(user=user),))))
+    for i, user in enumerate(("u1", "u2", "u3", "u4")):  # u1 and u2 hold throughout: u3 and u4 find no place
+        acc.observe(snap(T0 + 10 * i, gpu(processes=(proc(1, user="u1"), proc(2, user="u2"), proc(3, user=user)))))
     users = {h for h, _ in seconds(acc.view())} - {""}
     assert users == {"u1", "u2", "other"}
     acc.observe(snap(T0 + 100, gpu(processes=(proc(user="u5"),))))  # the others gone for over a minute

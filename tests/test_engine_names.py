@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gpu_exporter.holders.engines import MAX_ANSWER_BYTES, MAX_NAME_CHARS, EngineError, EngineNames, inspect_name
+from gpu_exporter.holders.engines import (
+    MAX_ANSWER_BYTES,
+    MAX_NAME_CHARS,
+    EngineError,
+    EngineNames,
+    Inspected,
+    inspect,
+    inspect_name,
+)
 from tests.timing import NEVER_S
 
 ID_A = "a" * 64
@@ -184,7 +192,7 @@ def test_an_engine_that_fails_is_left_alone_for_a_while_and_said_once(tmp_path: 
     now = [0.0]
     calls = []
 
-    def ask(path: str, cid: str, timeout: float) -> str:
+    def ask(path: str, cid: str, timeout: float) -> Inspected:
         calls.append(cid)
         raise EngineError("no whole answer within 1 s")
 
@@ -205,7 +213,7 @@ def test_an_engine_that_fails_is_left_alone_for_a_while_and_said_once(tmp_path: 
     }]  # fmt: skip
     # It answers again: said once, and names come back.
     calls.clear()
-    names._ask = lambda path, cid, timeout: "trainer"
+    names._ask = lambda path, cid, timeout: Inspected("trainer")
     now[0] += 60.0
     with capture_logs() as logs:
         assert names.name("docker", ID_B) == "trainer"
@@ -309,3 +317,24 @@ def test_only_a_container_id_ever_reaches_the_request_line(tmp_path: Path) -> No
     with engine(tmp_path, inspect_answer({})) as e, pytest.raises(EngineError, match=r"^not a container ID$"):
         inspect_name(str(e.path), "../../images/create?fromImage=x", timeout=1.0)
     assert e.requests == []
+
+
+@pytest.mark.parametrize(
+    ("state", "pid"),
+    [
+        ({"State": {"Running": True, "Pid": 4242}}, 4242),
+        ({"State": {"Pid": 0}}, 0),  # not running
+        ({"State": {"Pid": -1}}, 0),
+        ({"State": {"Pid": 2**31 - 1}}, 2**31 - 1),
+        ({"State": {"Pid": 2**31}}, 0),  # no pid is that large: not put in a /proc path
+        ({"State": {"Pid": True}}, 0),  # JSON's true is no pid
+        ({"State": {"Pid": "4242"}}, 0),
+        ({"State": "running"}, 0),
+        ({}, 0),
+    ],
+)
+def test_the_init_pid_is_taken_only_as_a_plain_positive_number(tmp_path: Path, state: dict[str, object],
+                                                                pid: int) -> None:  # fmt: skip
+    body = json.dumps({"Name": "/trainer", **state})
+    with engine(tmp_path, lambda r: http("200 OK", body)) as e:
+        assert inspect(str(e.path), ID_A, timeout=NEVER_S) == Inspected("trainer", pid)

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from gpu_exporter.holders import attribution, slurm
 from gpu_exporter.holders.attribution import HolderAttributor
-from gpu_exporter.holders.engines import EngineNames
+from gpu_exporter.holders.engines import EngineNames, Inspected
 from gpu_exporter.holders.slurm import JobClaim, JobMappingDir
 from gpu_exporter.snapshot import (
     ContainerRef,
@@ -28,6 +28,7 @@ from gpu_exporter.snapshot import (
     pod_holder,
     user_holder,
 )
+from tests.timing import NEVER_S
 
 GIB = 1024**3
 ID = "5546aeea473f420726d9add9c89d5d9cfa8b183508fdf2f31df1f8e168b47466"
@@ -166,9 +167,12 @@ def test_containers_are_named_by_the_engine_else_by_short_id(tmp_path: Path) -> 
     root = proc_root(tmp_path)
     process(root, 100, f"0::/system.slice/docker-{ID}.scope")
     process(root, 101, f"0::/machine.slice/libpod-{'c' * 64}.scope")
-    names = EngineNames({"docker": "/x.sock", "podman": "/y.sock"},
-                        ask=lambda path, cid, t: "trainer" if path == "/x.sock" else "")  # fmt: skip
-    a = HolderAttributor(containers=True, names=names, proc_root=str(root))
+    names = EngineNames(
+        {"docker": "/x.sock", "podman": "/y.sock"},
+        proc_root=str(root),
+        ask=lambda path, cid, t: Inspected("trainer", 100) if path == "/x.sock" else Inspected(""),
+    )
+    a = HolderAttributor(containers=True, names=names, proc_root=str(root), name_budget=NEVER_S)  # fmt: skip
     (g,) = a.attach((gpu(0, proc(100), proc(101)),))
     docker, podman = g.processes[0].container, g.processes[1].container
     assert docker == ContainerRef("docker", ID, "trainer") and docker.display == "trainer"

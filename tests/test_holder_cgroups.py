@@ -39,8 +39,9 @@ CONTAINERS = [
     ("docker in docker: the inner container", v2(f"/docker/{ID}/docker/{INNER}"), "docker", INNER),
     ("podman rootful, systemd (v2)", v2(f"/machine.slice/libpod-{ID}.scope"), "podman", ID),
     ("podman rootful, systemd, split cgroup", v2(f"/machine.slice/libpod-{ID}.scope/container"), "podman", ID),
+    # In the user's own subtree: the user's container, kept apart from the system engine's.
     ("podman rootless", v2(f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope"),
-     "podman", ID),
+     "podman@1000", ID),
     ("podman in a pod", v2(f"/machine.slice/machine-libpod_pod_{INNER}.slice/libpod-{ID}.scope"), "podman", ID),
     ("podman cgroupfs (v1), as this machine's podman makes it", v1(f"/libpod_parent/libpod-{ID}"), "podman", ID),
     ("cri-o, systemd", v2(f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID.replace('-', '_')}"

@@ -160,29 +160,53 @@ class Accountant:
 
     def _bounded(self, book: _Book, shares: list[tuple[Holder, float]]) -> list[tuple[Holder, float]]:
         """Holders beyond ``max_users`` of one GPU (users, jobs and containers; pods are bounded by the
-        kubelet) are counted as one 'other' of their kind, so the series stay bounded."""
+        kubelet) are counted as one 'other' of their kind, so the series stay bounded.
+
+        A place goes by GPU time, not by arrival: a new holder with the places full takes the place
+        of the holder that booked the least (the oldest to hold it among equals) of those not
+        holding the GPU now, whose series then end (its time stays in Prometheus; a return starts
+        new counters, a reset ``increase()`` handles).  Short-lived holders (twenty half-second
+        jobs) thus never keep a long job that comes after them out of its own series; one holding
+        the GPU now never loses its place, so its counters never go back.  Only where every place
+        is held now does a newcomer count as 'other'."""
         if self.pod_mode:
             return shares
         others = set(OTHERS.values())
         known = {h for h in book.held_at if h != NOBODY and h not in others}
+        holding = {h for h, _ in shares}
         out: dict[Holder, float] = {}
         for holder, share in shares:
             if holder != NOBODY and holder.kind != POD and holder not in known:
                 if len(known) >= self.max_users:
-                    holder = OTHERS[holder.kind]
+                    idle = [h for h in known if h not in holding]
+                    if idle:
+                        gone = min(idle, key=lambda h: (self._booked(book, h), book.held_at[h], h))
+                        self._drop(book, gone)
+                        known.discard(gone)
+                        known.add(holder)
+                    else:
+                        holder = OTHERS[holder.kind]
                 else:
                     known.add(holder)
             out[holder] = out.get(holder, 0.0) + share
         return list(out.items())
+
+    @staticmethod
+    def _booked(book: _Book, holder: Holder) -> float:
+        return sum(book.seconds.get((holder, state), 0.0) for state in STATES)
+
+    @staticmethod
+    def _drop(book: _Book, holder: Holder) -> None:
+        del book.held_at[holder]
+        for state in STATES:
+            book.seconds.pop((holder, state), None)
 
     def _forget(self, book: _Book, now: float) -> None:
         """A holder gone for ``holder_retention`` leaves the books: its counters end, and a return
         starts new ones (a counter reset to Prometheus, which ``increase()`` handles)."""
         for holder, at in list(book.held_at.items()):
             if holder != NOBODY and now - at > self.holder_retention:
-                del book.held_at[holder]
-                for state in STATES:
-                    book.seconds.pop((holder, state), None)
+                self._drop(book, holder)
 
     def _render(self, now: float) -> AccountingView:
         prices = self.prices

@@ -18,8 +18,13 @@ its first process seen; its account and partition are its processes' claims (``s
 once per job, they stay while the job holds a device, so a job's labels do not change under it.
 
 A process's **container** is the one its cgroup path names, with its name from the engine's API
-where it answers (``engines``).  With pod attribution on, a Kubernetes pod's process never gets
-one: pods stay its holder.  A process with a pod gets neither a job nor a container.
+where it answers (``engines``).  Where the engine answers for the container, it also vouches for
+the path: a process whose cgroup, down to the container's, is not the container's init process's
+gets no container (it stays its user's), and the refusal is logged once.  Names are asked off the
+poll path: a poll waits for its new containers' names ``name_budget`` seconds at most in all, and
+shows a container by its short ID until its name comes.  With pod attribution on, a Kubernetes
+pod's process never gets one: pods stay its holder.  A process with a pod gets neither a job nor a
+container.
 
 Per-process facts are read once per process (cached by pid while the process is listed); a
 process that cannot be read, or exits while it is read, gets neither.
@@ -35,7 +40,7 @@ import structlog
 
 from ..snapshot import ContainerRef, GpuReading, JobRef, MigReading, ProcessReading
 from . import cgroups
-from .engines import EngineNames
+from .engines import DEFAULT_BUDGET_S, EngineNames, Key, Known
 from .slurm import JobClaim, JobMap, JobMappingDir, read_claim
 
 log = structlog.get_logger(__name__)
@@ -73,6 +78,7 @@ class HolderAttributor:
         pod_mode: bool = False,
         proc_root: str = "/proc",
         user_of_uid: Callable[[int], str] = str,
+        name_budget: float = DEFAULT_BUDGET_S,
     ) -> None:
         self.mapping = mapping
         self.job_from_cgroup = job_from_cgroup
@@ -81,6 +87,8 @@ class HolderAttributor:
         self.pod_mode = pod_mode
         self.proc_root = proc_root
         self._user_of_uid = user_of_uid
+        self.name_budget = name_budget
+        self._waited: set[Key] = set()  # containers a poll already waited for, while still nameless
         self._procs: dict[int, _Proc] = {}
         self._jobs: dict[str, _Job] = {}
         self._said: set[tuple[str, ...]] = set()
@@ -99,6 +107,11 @@ class HolderAttributor:
             out["engine_api"] = self.names.errors
         return out
 
+    def close(self) -> None:
+        """Stops asking the engines (the daemon's shutdown)."""
+        if self.names is not None:
+            self.names.close()
+
     def attach(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
         files: JobMap = self.mapping.read() if self.mapping is not None else {}
         # Each process once: the jobs its device's files list (its MIG instance's, else its GPU's).
@@ -112,12 +125,16 @@ class HolderAttributor:
                 candidates.setdefault(p.pid, whole)
         for pid in [pid for pid in self._procs if pid not in candidates]:
             del self._procs[pid]
-        names: dict[tuple[str, str], str] = {}
+        claims: dict[int, Key] = {}
         done: dict[int, tuple[JobRef | None, ContainerRef | None]] = {}
         for g in gpus:
             for p in (*g.processes, *(p for m in g.migs for p in m.processes)):
                 if p.pid not in done and p.pod is None:
-                    done[p.pid] = self._process(p, candidates[p.pid], names)
+                    done[p.pid] = self._process(p, candidates[p.pid], claims)
+        if claims:
+            known = self._known(list(dict.fromkeys(claims.values())))  # each once, in the poll's order
+            for pid, key in claims.items():
+                done[pid] = (done[pid][0], self._container(pid, key, known.get(key)))
         out = []
         for g in gpus:
             migs = tuple(self._device(m, files.get((g.index, m.gpu_instance_id), ()), g.index, done)
@@ -147,7 +164,7 @@ class HolderAttributor:
                        containers=tuple(sorted(containers, key=lambda c: (c.engine, c.id))))  # fmt: skip
 
     def _process(self, p: ProcessReading, candidates: tuple[str, ...],
-                 names: dict[tuple[str, str], str]) -> tuple[JobRef | None, ContainerRef | None]:  # fmt: skip
+                 claims: dict[int, Key]) -> tuple[JobRef | None, ContainerRef | None]:  # fmt: skip
         info = self._procs.get(p.pid)
         if info is None:
             info = self._procs[p.pid] = self._read(p)
@@ -164,15 +181,36 @@ class HolderAttributor:
         if job_id is not None:
             self._learn(job_id, p, info)
             job = self._job(job_id).ref(job_id)
-        container = None
         # With pod attribution on, a pod's process is the pod's, whether or not its pod was found.
         pods_own = self.pod_mode and facts.kubepods
         if self.containers and facts.container_id is not None and facts.engine is not None and not pods_own:
-            key = (facts.engine, facts.container_id)
-            if key not in names:
-                names[key] = self.names.name(*key) if self.names is not None else ""
-            container = ContainerRef(facts.engine, facts.container_id, names[key])
-        return job, container
+            claims[p.pid] = (facts.engine, facts.container_id)  # its container is settled with the others'
+        return job, None
+
+    def _known(self, keys: list[Key]) -> dict[Key, Known | None]:
+        """What the engines said of each container, waiting once for those new to this poll (the
+        budget in all); the others are read from the cache as they stand."""
+        if self.names is None:
+            return {}
+        known = {key: self.names.lookup(*key) for key in keys}
+        new = [key for key, k in known.items() if k is None and key not in self._waited]
+        if new:
+            self.names.settle(new, self.name_budget)
+            known.update((key, self.names.lookup(*key)) for key in new)
+        # Bounded by this poll's containers: one that leaves and comes back is waited for again.
+        self._waited = {key for key, k in known.items() if k is None}
+        return known
+
+    def _container(self, pid: int, key: Key, known: Known | None) -> ContainerRef | None:
+        engine, cid = key
+        if known is not None and not known.holds(self._procs[pid].facts):
+            # Its cgroup is named after the container but is not where the container runs: made by
+            # someone who may create cgroups (inside another container): the process stays its user's.
+            self._once("container_claim_refused", engine, cid, engine=engine, container_id=cid[:12], pid=pid,
+                       detail="a process's cgroup names a container its engine runs elsewhere; "
+                              "it is not counted as that container's")  # fmt: skip
+            return None
+        return ContainerRef(engine, cid, known.name if known is not None else "")
 
     # -- what is known of each job -----------------------------------------------------------------
 

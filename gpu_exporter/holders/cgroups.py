@@ -25,6 +25,26 @@ Containers, by engine (``<id>`` is 64 hex digits):
 
 A path seen from inside another cgroup namespace starts with ``/..``; the names above are looked
 for anywhere in it, and the deepest wins (a container started inside another is the inner one).
+
+**Who can make a path.**  Moving a process needs write access to the cgroup it goes to, but some
+subtrees are given to their users: with systemd's delegation on cgroup v2, a user owns
+``/user.slice/user-<uid>.slice/user@<uid>.service`` and may create any cgroup inside it (so may a
+container whose cgroup namespace and cgroupfs are writable, inside its own).  A name there is what
+that user chose.  So:
+
+- a Slurm job is only the path slurmd or slurmstepd makes, at the top of a hierarchy: v1's
+  ``/slurm/uid_<uid>/job_<id>`` only in a v1 hierarchy (Slurm's cgroup/v2 plugin never makes it in
+  the unified one) and only at its root; v2's ``slurmstepd.scope`` only directly under
+  ``/system.slice``.  Seen from another cgroup namespace, the part above it shows as ``/..``
+  components, which stand in for root-owned ancestors.  The same names in a user's subtree or
+  inside a container are no job;
+- a container in a user's subtree is at most that user's own (rootless Podman or Docker):
+  its engine is shown as ``<engine>@<uid>`` (``podman@1000``), so that it never shares a holder with a
+  system engine's container of the same ID, nor with another user's, and the system engines'
+  sockets are never asked its name;
+- a container elsewhere is checked against its engine where the engine answers (``engines``: the
+  container's init process must run in the same cgroup), which catches a name made inside another
+  container.
 """
 
 from __future__ import annotations
@@ -36,8 +56,14 @@ from .. import untrusted
 
 MAX_BYTES = 64 * 1024  # a process in every v1 hierarchy of a deep tree stays far below this
 
-_SLURM_V1 = re.compile(r"/slurm(?:_[^/]*)?/uid_(\d{1,10})/job_(\d{1,20})(?=/|$)")
-_SLURM_V2 = re.compile(r"slurmstepd\.scope/job_(\d{1,20})(?=/|$)")
+# Anchored at the top of the path (after any /.. of another cgroup namespace): only root makes a
+# cgroup there, so nobody below it (a user's delegated subtree, a container) can forge one.  A /..
+# stands for an ancestor of the exporter's own cgroup (system.slice, a pod's slice: root's), which
+# holds as long as the exporter does not itself run inside a user's delegated subtree.
+_SLURM_V1 = re.compile(r"(?:/\.\.)*/slurm(?:_[^/]*)?/uid_(\d{1,10})/job_(\d{1,20})(?=/|$)")
+_SLURM_V2 = re.compile(r"(?:(?:/\.\.)*/system\.slice|(?:/\.\.)+)/(?:[^/]*_)?slurmstepd\.scope/job_(\d{1,20})(?=/|$)")
+# The subtree systemd delegates to a user (cgroup v2, and v1's name=systemd hierarchy).
+_DELEGATED = re.compile(r"/user@(\d{1,10})\.service(?=/|$)")
 _ID = "([0-9a-f]{64})"
 _CONTAINERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("docker", re.compile(rf"(?:docker-{_ID}\.scope|/docker/{_ID})(?=/|$)")),
@@ -58,8 +84,9 @@ class CgroupFacts:
     kubepods: bool = False  # a Kubernetes pod's process (its pod comes from the kubelet)
     job: str | None = None  # the Slurm job it runs in
     job_uid: int | None = None  # the job's owner, where the path says (Slurm's v1 layout)
-    engine: str | None = None  # docker, podman, cri-o or containerd
+    engine: str | None = None  # docker, podman, cri-o or containerd; <engine>@<uid> in a user's subtree
     container_id: str | None = None
+    container_cgroup: str | None = None  # the path down to the container's own cgroup, to check with its engine
 
 
 def parse(text: str) -> CgroupFacts:
@@ -73,32 +100,45 @@ def parse(text: str) -> CgroupFacts:
             (unified if hierarchy == "0" and not controllers else v1).append(path)
     # The unified hierarchy first: on a hybrid system it is where systemd and the engines put
     # processes, and a v1 controller's path may be the root.
-    paths = unified + v1
-    job = uid = engine = cid = None
+    job = uid = engine = cid = anchor = None
     kubepods = False
-    for path in paths:
+    for path in unified + v1:
         kubepods = kubepods or "kubepods" in path
         if job is None:
-            if (m := _SLURM_V1.search(path)) is not None:
+            # v1's layout only in a v1 hierarchy: in the unified one, slurmd never makes it.
+            if path not in unified and (m := _SLURM_V1.match(path)) is not None:
                 uid, job = int(m.group(1)), m.group(2)
-            elif (m := _SLURM_V2.search(path)) is not None:
+            elif (m := _SLURM_V2.match(path)) is not None:
                 job = m.group(1)
-        if cid is None:
-            engine, cid = container_of(path)
-    return CgroupFacts(True, kubepods, job, uid, engine, cid)
+        if cid is None and (found := _container(path)) is not None:
+            engine, cid, anchor = found
+    return CgroupFacts(True, kubepods, job, uid, engine, cid, anchor)
 
 
 def container_of(path: str) -> tuple[str | None, str | None]:
     """(engine, ID) of the deepest container named in one cgroup path; (None, None) for none."""
-    best: tuple[int, str, str] | None = None
+    found = _container(path)
+    return (found[0], found[1]) if found is not None else (None, None)
+
+
+def _container(path: str) -> tuple[str, str, str] | None:
+    """(engine, ID, the path down to its cgroup) of the deepest container in one cgroup path."""
+    best: tuple[int, int, str, str] | None = None
     for engine, pattern in _CONTAINERS:
         for m in pattern.finditer(path):
             found = next(g for g in m.groups() if g)
             if best is None or m.start() > best[0]:
-                best = (m.start(), engine, found)
+                best = (m.start(), m.end(), engine, found)
     if best is None and (bare := _last(_BARE, path)) is not None:
-        best = (bare.start(), "containerd", bare.group(1))
-    return (best[1], best[2]) if best is not None else (None, None)
+        best = (bare.start(), bare.end(), "containerd", bare.group(1))
+    if best is None:
+        return None
+    start, end, engine, cid = best
+    # Made inside a user's delegated subtree: that user's own container, whatever its name says.  The
+    # outermost subtree's uid is the host's user (one inside it is in that user's namespace).
+    if (user := _DELEGATED.search(path, 0, start)) is not None:
+        engine = f"{engine}@{user.group(1)}"
+    return engine, cid, path[:end]
 
 
 def _last(pattern: re.Pattern[str], path: str) -> re.Match[str] | None:
