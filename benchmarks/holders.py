@@ -50,6 +50,7 @@ from gpu_exporter.snapshot import GpuReading, ProcessReading  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GPUS, PER_GPU = 8, 8
+FIRST_PID = 10_000
 GIB = 1024**3
 
 
@@ -112,7 +113,11 @@ def fake_engine(path: Path) -> Iterator[None]:
                         break
                     request += chunk
                 cid = request.split(b" ", 2)[1].split(b"/")[2].decode() if request else ""
-                body = json.dumps({"Id": cid, "Name": f"/c-{cid[-4:]}", "Config": {"Env": ["X=" + "y" * 4000]}})
+                # The container's init is the process laid out with its ID (cgroup_of): the engine
+                # vouches for the processes whose cgroup is that process's.
+                init = FIRST_PID + int(cid, 16) if cid else 0
+                body = json.dumps({"Id": cid, "Name": f"/c-{cid[-4:]}", "State": {"Pid": init},
+                                   "Config": {"Env": ["X=" + "y" * 4000]}})  # fmt: skip
                 conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
 
     t = threading.Thread(target=serve, daemon=True)
@@ -125,7 +130,7 @@ def fake_engine(path: Path) -> Iterator[None]:
 
 
 def attributor(root: Path, maps: Path, sock: Path) -> HolderAttributor:
-    names = EngineNames({"docker": str(sock), "podman": str(sock)})
+    names = EngineNames({"docker": str(sock), "podman": str(sock)}, proc_root=str(root))
     return HolderAttributor(mapping=JobMappingDir(str(maps), settle=0.0), job_from_cgroup=True, containers=True,
                             names=names, proc_root=str(root), user_of_uid=lambda uid: f"u{uid}")  # fmt: skip
 
@@ -152,11 +157,25 @@ def main() -> None:
         maps.mkdir()
         for g in range(GPUS):
             (maps / str(g)).write_text(f"{5000 + g * 3}\n" if g < 3 else "")
-        pids = list(range(10_000, 10_000 + GPUS * PER_GPU))
+        pids = list(range(FIRST_PID, FIRST_PID + GPUS * PER_GPU))
         lay_out(root, pids)
         with fake_engine(sock):
             # First sight: a fresh attributor each time, every process and name new.
-            first = [cpu_ms(lambda: attributor(root, maps, sock).attach(readings(pids))) for _ in range(30)]
+            first, first_all, named = [], [], 0
+            for _ in range(30):
+                fresh = attributor(root, maps, sock)
+                t0 = time.process_time()
+                first.append(cpu_ms(lambda fresh=fresh: fresh.attach(readings(pids))))
+                # The names come from the engine worker's thread: its CPU counts in the process's.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    seen = fresh.attach(readings(pids))
+                    named = sum(1 for g in seen for p in g.processes if p.container and p.container.name)
+                    if named == 32:
+                        break
+                    time.sleep(0.01)
+                first_all.append((time.process_time() - t0) * 1000)
+                fresh.close()
             a = attributor(root, maps, sock)
             snapshot = readings(pids)
             a.attach(snapshot)
@@ -173,6 +192,7 @@ def main() -> None:
                     (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
                 batches.append(readings(fresh + pids[8:]))
             churn = [cpu_ms(lambda b=b: a.attach(b)) for b in batches]
+            a.close()
         # Real /proc: 64 sleeping children of this process, steady.
         children = [subprocess.Popen(["sleep", "600"]) for _ in range(GPUS * PER_GPU)]
         try:
@@ -189,6 +209,8 @@ def main() -> None:
         "steady": summary(steady),
         "churn_8_new_per_poll": summary(churn),
         "first_sight_64_new_32_names": summary(first),
+        "first_sight_until_32_named_process_cpu": summary(first_all),
+        "named_at_first_sight": named,
         "real_proc_steady": summary(real_steady),
         "real_proc_first_sight_ms": real_first,
     }
@@ -210,14 +232,20 @@ def main() -> None:
         f"{f['steady']['p90_ms']:.3f} ms | {f['steady']['n']} |",
         f"| churn: 8 of 64 processes new each poll | {f['churn_8_new_per_poll']['median_ms']:.3f} ms | "
         f"{f['churn_8_new_per_poll']['p90_ms']:.3f} ms | {f['churn_8_new_per_poll']['n']} |",
-        f"| first sight: 64 new, 32 names asked over a unix socket | "
+        f"| first sight: 64 new, 32 names asked over a unix socket by the engine worker | "
         f"{f['first_sight_64_new_32_names']['median_ms']:.2f} ms | {f['first_sight_64_new_32_names']['p90_ms']:.2f} ms "
         f"| {f['first_sight_64_new_32_names']['n']} |",
+        f"| first sight until all {f['named_at_first_sight']} containers are named, the whole process's CPU "
+        f"(the worker's asks and init cgroups included) | "
+        f"{f['first_sight_until_32_named_process_cpu']['median_ms']:.2f} ms | "
+        f"{f['first_sight_until_32_named_process_cpu']['p90_ms']:.2f} ms | "
+        f"{f['first_sight_until_32_named_process_cpu']['n']} |",
         f"| real /proc, 64 sleeping processes, steady | {f['real_proc_steady']['median_ms']:.3f} ms | "
         f"{f['real_proc_steady']['p90_ms']:.3f} ms | {f['real_proc_steady']['n']} (first sight {real_first:.2f} ms) |",
         "",
         "Target: about 1 ms of CPU per poll for 64 processes. Per-process facts are read once per process and "
-        "names once per container, so a poll costs the mapping files and a lookup per process; the first sight "
+        "names once per container (asked by the engine worker, off the poll), "
+        "so a poll costs the mapping files and a lookup per process; the first sight "
         "of a process costs reading its cgroup and environment. Nothing of this runs on a scrape.",
         "",
     ]
