@@ -163,19 +163,19 @@ def main() -> None:
             # First sight: a fresh attributor each time, every process and name new.
             first, first_all, named = [], [], 0
             for _ in range(30):
-                fresh = attributor(root, maps, sock)
+                new = attributor(root, maps, sock)
                 t0 = time.process_time()
-                first.append(cpu_ms(lambda fresh=fresh: fresh.attach(readings(pids))))
+                first.append(cpu_ms(lambda new=new: new.attach(readings(pids))))
                 # The names come from the engine worker's thread: its CPU counts in the process's.
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
-                    seen = fresh.attach(readings(pids))
+                    seen = new.attach(readings(pids))
                     named = sum(1 for g in seen for p in g.processes if p.container and p.container.name)
                     if named == 32:
                         break
                     time.sleep(0.01)
                 first_all.append((time.process_time() - t0) * 1000)
-                fresh.close()
+                new.close()
             a = attributor(root, maps, sock)
             snapshot = readings(pids)
             a.attach(snapshot)

@@ -107,7 +107,8 @@ FORBIDDEN: dict[str, set[str]] = {
     # The kubelet's answers are decoded here; of the helpers, only the one for text from outside.
     "kubernetes": _ASIDE - {"untrusted"},
     # Jobs and containers (cgroups, mapping files, engine sockets): like the kubelet's pods, beside the flow.
-    "holders": _ASIDE - {"untrusted"},
+    # The job mapping files are opened as every file a person names is (settings.yamlfile.open_regular).
+    "holders": _ASIDE - {"untrusted", "settings.yamlfile"},
     # The books read snapshots; the idle threshold comes from the wiring, not from alerting.
     "accounting": {"sources", "serving", "alerting", "kubernetes", "holders", "report", "web", *WIRING},
     # The report reads a Prometheus API: it never sees a snapshot, let alone a GPU.

@@ -168,7 +168,7 @@ def test_an_unreadable_file_keeps_its_last_jobs_for_the_bound_then_drops_them(tm
     assert got == {(1, None): ("4243",)}  # 300 s after the last good read: dropped
     assert logs == [
         {"event": "slurm_job_mapping_file_unreadable", "log_level": "warning", "path": str(tmp_path / "0"),
-         "error": "not a regular file", "detail": "keeping the jobs last read for up to 300 s"},
+         "error": "a named pipe, not a regular file", "detail": "keeping the jobs last read for up to 300 s"},
         {"event": "slurm_job_mapping_expired", "log_level": "warning", "path": str(tmp_path / "0"), "files": ["0"],
          "detail": "not readable for 300 s: the jobs last read from it are dropped until it can be read again"},
     ]  # fmt: skip

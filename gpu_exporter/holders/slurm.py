@@ -45,6 +45,7 @@ from types import MappingProxyType
 import structlog
 
 from .. import untrusted
+from ..settings.yamlfile import open_regular
 
 log = structlog.get_logger(__name__)
 
@@ -158,11 +159,8 @@ class JobMappingDir:
             # Non-blocking: a FIFO put there by mistake must not hold the poller until someone writes.
             # Not following a link: one to a file outside the directory (/etc/shadow) would put its
             # lines into hpc_job labels; open() refuses it with ELOOP, said as a link below.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd, before = open_regular(path, follow=False)  # before the read, for the settle check
             with open(fd, "rb") as f:
-                before = os.fstat(fd)
-                if not stat.S_ISREG(before.st_mode):
-                    raise OSError("not a regular file")
                 raw = f.read(MAX_FILE_BYTES)
                 after = os.fstat(fd)
             if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):

@@ -50,16 +50,27 @@ def clip(message: str, limit: int = MAX_MESSAGE) -> str:
     return message if len(message) <= limit else message[: limit - 20] + " ... (cut short)"
 
 
-def read_bounded(path: Path | str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the regular file at ``path``, if it holds at most ``limit``; else OSError saying
-    what it is instead (its strerror: "a named pipe, not a regular file", "larger than 1048576 bytes").
-    Opened non-blocking, so a FIFO without a writer is refused at once rather than waited on."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def open_regular(path: Path | str, *, follow: bool = True) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path`` and its stat on opening; else OSError saying what it is instead (its
+    strerror: "a named pipe, not a regular file").  Opened non-blocking, so a FIFO without a writer
+    is refused at once rather than waited on; without ``follow``, a symbolic link is refused (ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
             raise OSError(errno.EINVAL, f"{kind}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_bounded(path: Path | str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (``open_regular``), if it holds at most ``limit``;
+    else OSError saying what it is instead ("larger than 1048576 bytes")."""
+    fd, _ = open_regular(path)
+    try:
         chunks: list[bytes] = []
         got = 0
         while got <= limit and (chunk := os.read(fd, min(1 << 16, limit + 1 - got))):
