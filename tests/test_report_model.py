@@ -9,6 +9,7 @@ the labels Prometheus keeps (an empty label is no label)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -781,3 +782,17 @@ def test_a_jobs_recommendation_is_titled_with_its_count_in_every_format() -> Non
     # The HTML's bars compare what the 4 cost now with what 4 would cost: 4 x 2.50 and 4 x 1.20 a month.
     html = as_html(doc)
     assert_mentions(html, f"{4 * 2.5 * 730:,.0f} USD/month", f"{4 * 1.2 * 730:,.0f} USD/month")
+
+
+def test_the_text_tables_list_gpu_2_before_gpu_10() -> None:
+    """GPUs of equal waste were listed by their index as text (0, 1, 10, 11, 2, ...)."""
+    from gpu_exporter.report.render import as_markdown, as_table
+
+    r = empty()
+    for i in range(12):
+        key = {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-n1-{i}"}
+        add_gpu(r, key, H100, {"idle": W.hours}, price=2.5)
+    doc = build(W, r, CATALOGUE)
+    for text in (as_table(doc), as_markdown(doc)):
+        rows = [m for line in text.splitlines() if (m := re.match(r"\|? ?n1\W+(\d+)\b", line))]
+        assert [int(m.group(1)) for m in rows] == list(range(12)), text
