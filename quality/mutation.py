@@ -181,6 +181,7 @@ TARGETS: dict[str, Target] = {
             "tests/test_exporter_metrics.py",
             "tests/test_clock_steps.py",
             "tests/test_reload_parts.py",
+            "tests/test_ledger_squatters.py",  # places by booked time, not arrival (issue 38)
         ),
         daemon_tests=("tests/test_cost_once.py",),
     ),
@@ -188,16 +189,27 @@ TARGETS: dict[str, Target] = {
     # Who holds a GPU outside Kubernetes (issue 30): a wrong job, container or none, on every series
     # and in the books; a mapping file misread while it is rewritten; an engine that holds the poller.
     "holders_cgroups": Target(
-        "gpu_exporter/holders/cgroups.py", tests=("tests/test_holder_cgroups.py", "tests/test_holder_attribution.py")
+        "gpu_exporter/holders/cgroups.py",
+        # ...and the paths a tenant forges in a cgroup it may create (issue 38).
+        tests=("tests/test_holder_cgroups.py", "tests/test_holder_attribution.py", "tests/test_forged_holders.py"),
     ),
     "holders_slurm": Target(
         "gpu_exporter/holders/slurm.py",
         tests=("tests/test_slurm_mapping.py", "tests/test_slurm_scripts.py", "tests/test_holder_attribution.py"),
     ),
-    "holders_engines": Target("gpu_exporter/holders/engines.py", tests=("tests/test_engine_names.py",)),
+    "holders_engines": Target(
+        "gpu_exporter/holders/engines.py",
+        # ...the worker off the poll path, and the engine's word on a claim (issue 38).
+        tests=("tests/test_engine_names.py", "tests/test_slow_engine.py", "tests/test_forged_holders.py"),
+    ),
     "holders_attribution": Target(
         "gpu_exporter/holders/attribution.py",
-        tests=("tests/test_holder_attribution.py", "tests/test_holders_everywhere.py"),
+        tests=(
+            "tests/test_holder_attribution.py",
+            "tests/test_holders_everywhere.py",
+            "tests/test_forged_holders.py",
+            "tests/test_slow_engine.py",
+        ),
         daemon_tests=("tests/test_podman_holders.py",),
     ),
     "pricing": Target(
@@ -214,6 +226,7 @@ TARGETS: dict[str, Target] = {
             REPORT_TESTS := (
                 "tests/test_report_html.py",
                 "tests/test_rightsizing.py",
+                "tests/test_rightsizing_pipes.py",  # each pipe, bandwidth, NVLink, bursts (issue 37)
                 "tests/test_report_mutants.py",
                 "tests/test_report_model.py",
                 "tests/test_report_queries.py",
@@ -231,6 +244,9 @@ TARGETS: dict[str, Target] = {
         daemon_tests=REPORT_DAEMON_TESTS,
         message_functions=frozenset({"hours_text", "article", "_pct"}),  # the words of an advice
     ),
+    # The cards advice may name (issue 37): a card's rates, memory or NVLink misread, a name that takes
+    # another card's figures (a GH200 read as an H200), a MIG slice's share of its card.
+    "catalogue": Target("gpu_exporter/report/catalogue.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     # Issue 25: which price each GPU's hours are multiplied by, and what a suggested card costs.
     "cost": Target("gpu_exporter/report/cost.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     "prices": Target("gpu_exporter/report/prices.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),

@@ -550,6 +550,30 @@ def test_stop_returns_while_a_page_hangs_and_the_loop_ends_when_it_does() -> Non
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
+def test_stop_returns_while_something_holds_the_loop_itself_and_it_ends_after() -> None:
+    """The daemon's shutdown never waits on the web server's loop: where a callback holds the loop's
+    own thread (a bug elsewhere, a library that blocks), stop() gives up on it after its bound, and
+    the loop still stops and closes once it is let go."""
+    release, entered = threading.Event(), threading.Event()
+
+    def holds() -> None:
+        entered.set()
+        release.wait(NEVER_S)
+
+    srv = HttpServer("127.0.0.1:0", PAGES)
+    srv.start()
+    srv._loop.call_soon_threadsafe(holds)
+    assert entered.wait(NEVER_S)
+    stopper = threading.Thread(target=srv.stop)
+    stopper.start()
+    stopper.join(NEVER_S / 2)  # a deadline: stop() waits a few seconds at most, never for the loop
+    returned = not stopper.is_alive()
+    release.set()
+    stopper.join(NEVER_S)
+    srv._thread.join(NEVER_S)
+    assert returned and not srv._thread.is_alive() and srv._loop.is_closed()
+
+
 def test_a_process_that_ends_without_stop_is_not_held_by_the_server() -> None:
     code = (
         "from gpu_exporter.web.server import HttpServer\n"
