@@ -1,0 +1,58 @@
+"""alerts/gpu-report.rules.yml is what the report's recorded path reads: each rule is the raw query's
+expression of one step at a step of an hour (gpu_exporter/report/queries.py ``rules``), and the report
+takes the recorded path only for ranges the hourly series can tile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gpu_exporter.report import queries
+from gpu_exporter.report.queries import HOUR, recorded_window
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "alerts" / "gpu-report.rules.yml"
+
+
+def _flat(expr: str) -> str:
+    return " ".join(expr.split())
+
+
+def test_the_rule_file_holds_the_expressions_the_report_reads() -> None:
+    doc = yaml.safe_load(RULES.read_text())
+    shipped = {r["record"]: _flat(r["expr"]) for g in doc["groups"] for r in g["rules"]}
+    assert shipped == {name: _flat(expr) for name, expr in queries.rules().items()}
+    assert [g["interval"] for g in doc["groups"]] == ["1h"]
+
+
+def test_the_rules_compute_what_a_raw_step_of_an_hour_does() -> None:
+    """Over 30 days the raw path steps by an hour; its per-step expressions are the rules' inner ones."""
+    end = 1_800_000_000 // HOUR * HOUR
+    w = queries.window_for(end - 720 * HOUR, end)
+    assert w.step == HOUR and w.offset == 0
+    hours = queries.hours(w, "").expr
+    assert "increase(gpu_state_seconds_total[3600s])" in hours
+    assert "(increase(gpu_state_seconds_total[3600s]))[1h:1h] offset 1h" in queries.rules()[queries.REC_STATE]
+    raw_activity = next(q.expr for q in queries.queries(w, "") if q.key == "activity")
+    assert queries.held_activity(queries._Tiles(w, "")) in raw_activity
+
+
+def test_only_ranges_of_whole_hours_from_a_day_to_thirty_days_are_read_recorded() -> None:
+    h = 1_800_000_000 // HOUR * HOUR
+    assert recorded_window(h - 24 * HOUR, h) == queries.Window(h - 24 * HOUR, h, HOUR)
+    assert recorded_window(h - 720 * HOUR, h) is not None
+    assert recorded_window(h - 721 * HOUR, h) is None
+    assert recorded_window(h - 23 * HOUR, h) is None
+    assert recorded_window(h - 48 * HOUR + 60, h) is None
+    assert recorded_window(h - 48 * HOUR, h - 60) is None
+
+
+def test_a_recorded_query_reads_each_hour_from_the_sample_recorded_after_it() -> None:
+    h = 1_800_000_000 // HOUR * HOUR
+    w = queries.Window(h - 48 * HOUR, h, HOUR)
+    q = queries.hours(w, '{cluster="eu"}'[1:-1], recorded=True)
+    assert q.at == h + queries.LAG
+    assert 'gpu:report_state_seconds:hour{cluster="eu"}[1h] offset 1ms' in q.expr
+    t = queries.timeline(w, "", recorded=True)
+    assert t.kind == "range" and t.shift == queries.LAG
