@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpu_exporter.report import queries
+from gpu_exporter.report.command import _recorded_mode, build_parser
 from gpu_exporter.report.queries import HOUR, recorded_window
+from gpu_exporter.report.settings import ReportConfigError
+from gpu_exporter.report.settings import load as load_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-report.rules.yml"
@@ -56,3 +60,16 @@ def test_a_recorded_query_reads_each_hour_from_the_sample_recorded_after_it() ->
     assert 'gpu:report_state_seconds:hour{cluster="eu"}[1h] offset 1ms' in q.expr
     t = queries.timeline(w, "", recorded=True)
     assert t.kind == "range" and t.shift == queries.LAG
+
+
+def test_the_path_is_the_flag_else_the_config_files_report_section_else_auto(tmp_path: Path) -> None:
+    url = ["--prometheus.url", "http://127.0.0.1:9"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"report": {"recorded": "no"}}))
+    assert _recorded_mode(build_parser().parse_args(url)) == "auto"
+    assert _recorded_mode(build_parser().parse_args([*url, "--config", str(path)])) == "no"
+    assert _recorded_mode(build_parser().parse_args([*url, "--config", str(path), "--prometheus.recorded", "yes"])) \
+        == "yes"  # fmt: skip
+    path.write_text(yaml.safe_dump({"report": {"recorded": "always"}}))
+    with pytest.raises(ReportConfigError, match=r"report\.recorded"):
+        load_report(path)
