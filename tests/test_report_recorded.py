@@ -174,6 +174,17 @@ def test_both_paths_give_the_same_money_hours_and_advice(both: dict[str, tuple[d
     assert rec["timeline"] == raw["timeline"]
 
 
+def test_one_scraper_alone_gives_the_same_money_on_both_paths(store: Prometheus) -> None:
+    """Without a GPU seen twice, the recorded path sums each hour's samples as they are (no step by step
+    comparison of copies): the same figures still."""
+    one = ("--selector", '{job="gpu-exporter"}')
+    raw, _ = as_json(store.url, *SPAN, *one, "--prometheus.recorded", "no")
+    rec, err = as_json(store.url, *SPAN, *one, "--prometheus.recorded", "yes")
+    assert "reading the hourly recorded series" in err and rec["totals"]["merged_gpus"] == 0
+    assert rec["totals"]["gpus"] == 5
+    assert (rec["totals"], rec["gpus"], rec["holders"]) == (raw["totals"], raw["gpus"], raw["holders"])
+
+
 def test_the_history_holds_the_edges_the_recorded_path_keeps(both: dict[str, tuple[dict[str, Any], str]]) -> None:
     """Not a trivial history: a price changed mid-hour, one GPU merged from two scrapers, a restart."""
     doc = both["yes"][0]

@@ -57,7 +57,9 @@ def test_a_recorded_query_reads_each_hour_from_the_sample_recorded_after_it() ->
     w = queries.Window(h - 48 * HOUR, h, HOUR)
     q = queries.hours(w, '{cluster="eu"}'[1:-1], recorded=True)
     assert q.at == h + queries.LAG
-    assert 'gpu:report_state_seconds:hour{cluster="eu"}[1h] offset 1ms' in q.expr
+    assert 'sum_over_time(gpu:report_state_seconds:hour{cluster="eu"}[172800s] offset 1ms)' in q.expr
+    twice = queries.hours(w, "", copies=True, recorded=True)  # each hour's copies compared: step by step
+    assert '(last_over_time(gpu:report_state_seconds:hour{uuid!=""}[1h] offset 1ms))' in twice.expr
     t = queries.timeline(w, "", recorded=True)
     assert t.kind == "range" and t.shift == queries.LAG
 
