@@ -362,6 +362,29 @@ def victoria_metrics(children: Children, tmp: Path) -> tuple[str, int]:
     return url, proc.pid
 
 
+def compacted(tsdb: Path, quiet_s: float = 30.0, timeout: float = 1800.0) -> int:
+    """Wait until Prometheus has compacted the backfilled blocks (its first compaction comes a minute
+    after it starts, and promtool writes the rules' figures as a block per rule and 2 hours): until the
+    number of blocks has not changed for ``quiet_s``, after at least 90 s.  A Prometheus that recorded
+    the rules itself holds them in the blocks of the raw series; hundreds of small blocks would slow
+    both paths.  The number of blocks left."""
+    deadline, t0 = time.monotonic() + timeout, time.monotonic()
+
+    def blocks() -> int:
+        return sum(1 for d in tsdb.iterdir() if d.is_dir() and (d / "meta.json").exists())
+
+    last, since = blocks(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(5)
+        now = blocks()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s and time.monotonic() - t0 >= 90:
+            return now
+    log("report-fleet: Prometheus is still compacting; measuring anyway")
+    return last
+
+
 def settle(pid: int, quiet_s: float = 10.0, timeout: float = 900.0) -> None:
     """Wait until a store has loaded and compacted what it will: under 5% of a core for ``quiet_s``."""
     deadline = time.monotonic() + timeout
@@ -434,6 +457,8 @@ def main(argv: list[str]) -> int:
             prom_url, prom = prometheus(children, tmp, args.days)
         if args.recorded:
             res["recorded"] = json.loads((tmp / "recorded.json").read_text())
+            res["recorded"]["blocks_after_compaction"] = compacted(tmp / "tsdb")
+            log(f"report-fleet: {res['recorded']['blocks_after_compaction']} blocks after compaction")
         settle(prom.pid)
         if vm_pid:
             settle(vm_pid)
