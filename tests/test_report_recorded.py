@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from gpu_exporter.report.queries import LAG
-from tests.prometheus_helpers import Prometheus, prometheus
+from tests.prometheus_helpers import Prometheus, prometheus, victoria_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -215,3 +215,28 @@ def test_a_range_off_whole_hours_is_read_raw(store: Prometheus) -> None:
     doc, err = as_json(store.url, "--start", str(START + 600), "--end", str(END))
     assert "reading the raw series: the range is not 1 to 30 days on whole hours" in err
     assert doc["status"] == "ok"
+
+
+def recorded_samples(prom: Prometheus) -> str:
+    """The recorded series Prometheus holds, as ``name{labels} value unix_seconds`` lines."""
+    span = END + LAG - START + 2 * HOUR
+    data = prom.api("query", query=f'{{__name__=~"gpu:report_.+"}}[{span}s]', time=str(END + LAG + HOUR))
+    lines = []
+    for r in data["result"]:
+        labels = dict(r["metric"])
+        name = labels.pop("__name__")
+        lines += [f"{name}{{{_labels(labels)}}} {v} {t}" for t, v in r["values"]]
+    return "\n".join(lines) + "\n"
+
+
+def test_victoriametrics_reads_the_same_recorded_hours(
+    store: Prometheus, tmp_path: Path, both: dict[str, tuple[dict[str, Any], str]]
+) -> None:
+    """The recorded path's ranges and subqueries read the same samples on VictoriaMetrics (whose ranges
+    leave their start out) as on Prometheus: the same samples recorded by Prometheus give the same report."""
+    with victoria_metrics(tmp_path / "vm") as vm:
+        vm.load(history() + recorded_samples(store))
+        doc, err = as_json(vm.url, *SPAN, "--prometheus.recorded", "yes")
+    assert "reading the hourly recorded series" in err
+    rec = both["yes"][0]
+    assert (doc["totals"], doc["gpus"], doc["holders"]) == (rec["totals"], rec["gpus"], rec["holders"])
