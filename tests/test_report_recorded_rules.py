@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpu_exporter.report import queries
-from gpu_exporter.report.command import _recorded_mode, build_parser
+from gpu_exporter.report.command import NotRecorded, _recorded_mode, build_parser, pick_path
 from gpu_exporter.report.queries import HOUR, recorded_window
 from gpu_exporter.report.settings import ReportConfigError
 from gpu_exporter.report.settings import load as load_report
@@ -75,3 +75,35 @@ def test_the_path_is_the_flag_else_the_config_files_report_section_else_auto(tmp
     path.write_text(yaml.safe_dump({"report": {"recorded": "always"}}))
     with pytest.raises(ReportConfigError, match=r"report\.recorded"):
         load_report(path)
+
+
+class _Store:
+    """Answers the coverage query with ``hours`` (the hours the rules' marker was recorded for)."""
+
+    def __init__(self, hours: float | None) -> None:
+        self.hours = hours
+        self.asked: list[tuple[str, float]] = []
+
+    def instant(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+        self.asked.append((expr, at))
+        return [] if self.hours is None else [({}, self.hours)]
+
+
+def test_the_recorded_path_is_taken_only_where_the_rules_ran_every_hour_of_the_range() -> None:
+    h = 1_800_000_000 // HOUR * HOUR
+    start, end, now = h - 48 * HOUR, h, h + 3 * HOUR
+    full = _Store(48)
+    w, why = pick_path(full, "auto", start, end, now)  # type: ignore[arg-type]
+    assert w == queries.Window(start, end, HOUR) and why == ""
+    assert full.asked == [(queries.coverage(w), end + queries.LAG)]
+    assert pick_path(_Store(47), "auto", start, end, now) == (  # type: ignore[arg-type]
+        None, "the recording rules ran for 47 of the range's 48 hours")  # fmt: skip
+    assert pick_path(_Store(None), "auto", start, end, now)[0] is None  # type: ignore[arg-type]
+    late = _Store(48)
+    assert "1 to 2 h after it ends" in pick_path(late, "auto", start, end, end + HOUR)[1]  # type: ignore[arg-type]
+    assert late.asked == []  # not yet recorded: not even asked
+    assert pick_path(full, "no", start, end, now) == (None, "")  # type: ignore[arg-type]
+    with pytest.raises(NotRecorded, match="ran for 47 of"):
+        pick_path(_Store(47), "yes", start, end, now)  # type: ignore[arg-type]
+    with pytest.raises(NotRecorded, match="whole hours"):
+        pick_path(full, "yes", start + 60, end, now)  # type: ignore[arg-type]
