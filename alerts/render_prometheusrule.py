@@ -1,6 +1,6 @@
 """Renders deploy/k8s/base/prometheusrule.yaml (a prometheus-operator PrometheusRule) from the plain
-rule files, the alerts and the cost recording rules, each group as it is there, so the two forms
-cannot drift: tests/test_alert_rules.py fails if the output differs.
+rule files, the alerts, the cost recording rules and the report's hourly ones, each group as it is
+there, so the two forms cannot drift: tests/test_alert_rules.py fails if the output differs.
 
     .venv/bin/python alerts/render_prometheusrule.py          # rewrite the file
     .venv/bin/python alerts/render_prometheusrule.py --check  # exit 1 if it is out of date
@@ -15,11 +15,14 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-# Every group of these files, in this order: the alerts, then what the GPUs cost and waste.
-RULE_FILES = (ROOT / "alerts" / "gpu-exporter.rules.yml", ROOT / "alerts" / "gpu-cost.rules.yml")
+# Every group of these files, in this order: the alerts, what the GPUs cost and waste, and the hourly
+# series `gpu-exporter report` reads over long ranges.
+RULE_FILES = tuple(
+    ROOT / "alerts" / name for name in ("gpu-exporter.rules.yml", "gpu-cost.rules.yml", "gpu-report.rules.yml")
+)
 OUTPUT = ROOT / "deploy" / "k8s" / "base" / "prometheusrule.yaml"
 HEADER = (
-    f"# Generated from {' and '.join(f'alerts/{f.name}' for f in RULE_FILES)} by alerts/render_prometheusrule.py; "
+    f"# Generated from {', '.join(f'alerts/{f.name}' for f in RULE_FILES)} by alerts/render_prometheusrule.py; "
     "do not edit.\n"
 )
 

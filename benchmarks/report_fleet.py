@@ -24,6 +24,14 @@ while the history was written.
     .venv/bin/python benchmarks/report_fleet.py              # 30 days: ~40 minutes on 2 cores
     .venv/bin/python benchmarks/report_fleet.py --days 2     # a quick look
     .venv/bin/python benchmarks/report_fleet.py --tsdb /var/tmp/fleet   # keep the stores, reuse them
+
+With ``--recorded``, the recording rules of alerts/gpu-report.rules.yml are evaluated on the
+Prometheus history by promtool (``create-blocks-from rules``, at the phase of the hour a running
+Prometheus would evaluate them) and backfilled next to it, and the report runs both ways on
+Prometheus (``--prometheus.recorded no`` and ``yes``); ``--gpus`` sizes the fleet (nodes of 8) and
+``--no-vm`` leaves VictoriaMetrics out.  Results go to results/report-fleet-<gpus>-<days>d.json:
+
+    .venv/bin/python benchmarks/report_fleet.py --recorded --no-vm --days 2 --gpus 1600
 """
 
 from __future__ import annotations
@@ -175,9 +183,9 @@ class GpuState:
     last_used: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
-def write_day(om: IO[str], vm: IO[str], tracks: list[Track], lives: list[Node], t0: int, step: int, first: int,
-              last: int, states: dict[tuple[int, int], GpuState], range_start: int, change_at: int,
-              truth: Truth) -> int:  # fmt: skip
+def write_day(om: IO[str], vm: IO[str] | None, tracks: list[Track], lives: list[Node], t0: int, step: int,
+              first: int, last: int, states: dict[tuple[int, int], GpuState], range_start: int, change_at: int,
+              truth: Truth, gpus: int) -> int:  # fmt: skip
     """Samples first..last-1 of every node's series, in OpenMetrics (seconds) and in the Prometheus text
     VictoriaMetrics imports (milliseconds); ``states`` carries the counters across days."""
     lines = 0
@@ -186,12 +194,15 @@ def write_day(om: IO[str], vm: IO[str], tracks: list[Track], lives: list[Node], 
     def emit(name: str, rows: list[tuple[Any, int]]) -> None:
         nonlocal lines
         om.write("".join(f"{name} {v} {t0 + k * step}\n" for v, k in rows))
-        vm.write("".join(f"{name} {v} {(t0 + k * step) * 1000}\n" for v, k in rows))
+        if vm is not None:
+            vm.write("".join(f"{name} {v} {(t0 + k * step) * 1000}\n" for v, k in rows))
         lines += len(rows)
 
     for gi, tr in enumerate(tracks):
         polls = max(1, 300 // step)  # the daemon's 5-minute peak window, at this interval
         for node, life in enumerate(lives):
+            if node * GPUS_PER_NODE + gi >= gpus:  # the last node of a fleet not a multiple of 8 has fewer
+                continue
             uuid = f"{tr.uuid[:-4]}{node:04d}"
             base = {"job": "gpu-exporter", "instance": f"10.0.{node // 250}.{node % 250}:9445",
                     "node": f"node-{node:03d}", "gpu": str(gi), "uuid": uuid}  # fmt: skip
@@ -251,23 +262,24 @@ def write_day(om: IO[str], vm: IO[str], tracks: list[Track], lives: list[Node], 
     return lines
 
 
-def backfill(tmp: Path, tracks: list[Track], days: float, step: int, end: int, vm_url: str) -> dict[str, Any]:
+def backfill(tmp: Path, tracks: list[Track], days: float, step: int, end: int, vm_url: str | None,
+             gpus: int) -> dict[str, Any]:  # fmt: skip
     """The history into Prometheus's TSDB (promtool, a day at a time) and into VictoriaMetrics."""
     per_day = 86400 // step
     total = len(tracks[0].state)
     t0 = end - (total - 1) * step
     range_start = end - int(days * 86400)
     change_at = range_start + int(days * 86400) // 2 // 86400 * 86400 + 13 * 3600 + 37 * 60
-    lives = [node_life(node, total, step) for node in range(NODES)]
+    lives = [node_life(node, total, step) for node in range(math.ceil(gpus / GPUS_PER_NODE))]
     states: dict[tuple[int, int], GpuState] = {}
     truth = Truth()
     samples, gen_s, promtool_s, vm_s = 0, 0.0, 0.0, 0.0
     for first in range(0, total, per_day):
         a = time.monotonic()
         om, vm = tmp / "day.om", tmp / "day.prom"
-        with open(om, "w") as fo, open(vm, "w") as fv:
-            samples += write_day(fo, fv, tracks, lives, t0, step, first, min(total, first + per_day), states,
-                                 range_start, change_at, truth)  # fmt: skip
+        with open(om, "w") as fo, open(vm if vm_url else os.devnull, "w") as fv:
+            samples += write_day(fo, fv if vm_url else None, tracks, lives, t0, step, first,
+                                 min(total, first + per_day), states, range_start, change_at, truth, gpus)  # fmt: skip
             fo.write("# EOF\n")
         b = time.monotonic()
         r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
@@ -275,16 +287,18 @@ def backfill(tmp: Path, tracks: list[Track], days: float, step: int, end: int, v
         if r.returncode != 0:
             raise RuntimeError(f"promtool: {r.stderr[-2000:]}")
         c = time.monotonic()
-        with open(vm, "rb") as f:
-            req = urllib.request.Request(vm_url + "/api/v1/import/prometheus", data=f, method="POST")
-            req.add_header("Content-Length", str(vm.stat().st_size))
-            urllib.request.urlopen(req, timeout=1800).read()
+        if vm_url:
+            with open(vm, "rb") as f:
+                req = urllib.request.Request(vm_url + "/api/v1/import/prometheus", data=f, method="POST")
+                req.add_header("Content-Length", str(vm.stat().st_size))
+                urllib.request.urlopen(req, timeout=1800).read()
+            vm.unlink()
         om.unlink()
-        vm.unlink()
         gen_s, promtool_s, vm_s = gen_s + b - a, promtool_s + c - b, vm_s + time.monotonic() - c
         log(f"report-fleet: day {first // per_day + 1} of {math.ceil(total / per_day)} in both stores "
             f"({samples:,} samples)")  # fmt: skip
-    urllib.request.urlopen(vm_url + "/internal/force_flush", timeout=600).read()
+    if vm_url:
+        urllib.request.urlopen(vm_url + "/internal/force_flush", timeout=600).read()
     return {"samples": samples, "generate_s": gen_s, "promtool_s": promtool_s, "victoriametrics_import_s": vm_s,
             "start": t0, "end": end, "range_start": range_start, "price_change_at": change_at,
             "truth": {"hours": truth.hours, "cost": truth.cost, "wasted_cost": truth.wasted_cost}}  # fmt: skip
@@ -303,7 +317,7 @@ def wait_ready(url: str, what: str, log_path: Path, timeout: float = 300) -> Non
     raise RuntimeError(f"{what} did not become ready:\n" + log_path.read_text()[-3000:])
 
 
-def prometheus(children: Children, tmp: Path, days: float) -> tuple[str, int]:
+def prometheus(children: Children, tmp: Path, days: float) -> tuple[str, subprocess.Popen[bytes]]:
     (tmp / "prometheus.yml").write_text("global: {scrape_interval: 1m}\nscrape_configs: []\n")
     port = free_port()
     with open(tmp / "prometheus.log", "wb") as f:
@@ -313,7 +327,26 @@ def prometheus(children: Children, tmp: Path, days: float) -> tuple[str, int]:
                                "--storage.tsdb.max-block-duration=24h"], stdout=f, stderr=f)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/-/ready", "Prometheus", tmp / "prometheus.log")
-    return url, proc.pid
+    return url, proc
+
+
+REPORT_RULES = ROOT / "alerts" / "gpu-report.rules.yml"
+LAG = 7200  # the rules record an hour's figures 1 to 2 h after it ends (gpu_exporter/report/queries.py)
+
+
+def record(url: str, tmp: Path, start: int, end: int) -> dict[str, Any]:
+    """The report's recording rules evaluated by promtool on the history, as blocks for Prometheus to load."""
+    t = time.monotonic()
+    out = tmp / "rules-blocks"
+    r = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--url={url}", f"--start={start}",
+                        f"--end={end + LAG}", f"--output-dir={out}", str(REPORT_RULES)], capture_output=True,
+                       text=True, timeout=7200)  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(f"promtool rules: {r.stderr[-2000:]}")
+    for block in out.iterdir():
+        block.rename(tmp / "tsdb" / block.name)
+    out.rmdir()
+    return {"rules_backfill_s": time.monotonic() - t}
 
 
 def victoria_metrics(children: Children, tmp: Path) -> tuple[str, int]:
@@ -329,6 +362,29 @@ def victoria_metrics(children: Children, tmp: Path) -> tuple[str, int]:
     return url, proc.pid
 
 
+def compacted(tsdb: Path, quiet_s: float = 30.0, timeout: float = 1800.0) -> int:
+    """Wait until Prometheus has compacted the backfilled blocks (its first compaction comes a minute
+    after it starts, and promtool writes the rules' figures as a block per rule and 2 hours): until the
+    number of blocks has not changed for ``quiet_s``, after at least 90 s.  A Prometheus that recorded
+    the rules itself holds them in the blocks of the raw series; hundreds of small blocks would slow
+    both paths.  The number of blocks left."""
+    deadline, t0 = time.monotonic() + timeout, time.monotonic()
+
+    def blocks() -> int:
+        return sum(1 for d in tsdb.iterdir() if d.is_dir() and (d / "meta.json").exists())
+
+    last, since = blocks(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(5)
+        now = blocks()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s and time.monotonic() - t0 >= 90:
+            return now
+    log("report-fleet: Prometheus is still compacting; measuring anyway")
+    return last
+
+
 def settle(pid: int, quiet_s: float = 10.0, timeout: float = 900.0) -> None:
     """Wait until a store has loaded and compacted what it will: under 5% of a core for ``quiet_s``."""
     deadline = time.monotonic() + timeout
@@ -340,11 +396,11 @@ def settle(pid: int, quiet_s: float = 10.0, timeout: float = 900.0) -> None:
     log("report-fleet: a store is still busy; measuring anyway")
 
 
-def run_report(url: str, since: str, end: str, out: Path) -> tuple[float, str]:
+def run_report(url: str, since: str, end: str, out: Path, *extra: str) -> tuple[float, str]:
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--since", since,
-                        "--end", end, "--format", "json", "--output", str(out)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=900)  # fmt: skip
+                        "--end", end, "--format", "json", "--output", str(out), *extra], capture_output=True,
+                       text=True, cwd=ROOT, timeout=1800)  # fmt: skip
     wall = time.monotonic() - t
     if r.returncode != 0:
         raise RuntimeError(f"report on {url} failed ({r.returncode}): {r.stderr[-3000:]}")
@@ -368,14 +424,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--step", type=int, default=60, help="scrape interval of the history, in seconds")
     p.add_argument("--reps", type=int, default=3, help="reports per store")
     p.add_argument("--tsdb", type=Path, help="keep both stores here, and reuse them if they are already there")
+    p.add_argument("--gpus", type=int, default=NODES * GPUS_PER_NODE, help="the fleet's size (nodes of 8)")
+    p.add_argument("--recorded", action="store_true", help="also the report on the recorded series (Prometheus)")
+    p.add_argument("--no-vm", dest="vm", action="store_false", help="leave VictoriaMetrics out")
     args = p.parse_args(argv)
     exit_on_sigterm()
-    res: dict[str, Any] = {"machine": machine(), "nodes": NODES, "gpus": NODES * GPUS_PER_NODE, "days": args.days,
-                           "scrape_interval_s": args.step}  # fmt: skip
+    res: dict[str, Any] = {"machine": machine(), "nodes": math.ceil(args.gpus / GPUS_PER_NODE), "gpus": args.gpus,
+                           "days": args.days, "scrape_interval_s": args.step}  # fmt: skip
     with tempdir("gpu-exporter-report-fleet-") as scratch, Children() as children:
         tmp = args.tsdb or scratch
         tmp.mkdir(parents=True, exist_ok=True)
-        vm_url, vm_pid = victoria_metrics(children, tmp)
+        vm_url, vm_pid = victoria_metrics(children, tmp) if args.vm else ("", 0)
         done = tmp / "backfill.json"
         if done.exists():
             res["backfill"] = json.loads(done.read_text())
@@ -385,17 +444,34 @@ def main(argv: list[str]) -> int:
             tracks = simulate(args.days, args.step)
             res["simulate_s"] = time.monotonic() - t
             log(f"report-fleet: simulated one node for {args.days:g} days in {res['simulate_s']:.0f} s")
-            end = int(time.time() // 3600 * 3600 - 3600)
-            res["backfill"] = backfill(tmp, tracks, args.days, args.step, end, vm_url)
+            # The recorded series of an hour are written 1 to 2 h after it: the history ends before that.
+            end = int(time.time() // 3600 * 3600 - (3 if args.recorded else 1) * 3600)
+            res["backfill"] = backfill(tmp, tracks, args.days, args.step, end, vm_url or None, args.gpus)
             done.write_text(json.dumps(res["backfill"]))
-        prom_url, prom_pid = prometheus(children, tmp, args.days)
-        settle(prom_pid)
-        settle(vm_pid)
+        prom_url, prom = prometheus(children, tmp, args.days)
+        if args.recorded and not (tmp / "recorded.json").exists():
+            settle(prom.pid)
+            rec = record(prom_url, tmp, res["backfill"]["range_start"], res["backfill"]["end"])
+            (tmp / "recorded.json").write_text(json.dumps(rec))
+            children.stop(prom, grace=30)
+            prom_url, prom = prometheus(children, tmp, args.days)
+        if args.recorded:
+            res["recorded"] = json.loads((tmp / "recorded.json").read_text())
+            res["recorded"]["blocks_after_compaction"] = compacted(tmp / "tsdb")
+            log(f"report-fleet: {res['recorded']['blocks_after_compaction']} blocks after compaction")
+        settle(prom.pid)
+        if vm_pid:
+            settle(vm_pid)
         # The history ends an hour before it was made; the report's range ends where the history does.
         since = f"{args.days * 24:g}h"
         end_at = str(res["backfill"]["end"])
-        stores = {"prometheus": prom_url, "victoriametrics": vm_url}
-        pids = {"prometheus": prom_pid, "victoriametrics": vm_pid}
+        paths = {"prometheus": (prom_url, prom.pid, ("--prometheus.recorded", "no"))}
+        if args.recorded:
+            paths["prometheus-recorded"] = (prom_url, prom.pid, ("--prometheus.recorded", "yes"))
+        if vm_pid:
+            paths["victoriametrics"] = (vm_url, vm_pid, ("--prometheus.recorded", "no"))
+        stores = {k: v[0] for k, v in paths.items()}
+        pids = {k: v[1] for k, v in paths.items()}
         runs: dict[str, list[float]] = {s: [] for s in stores}
         cpu: dict[str, list[float]] = {s: [] for s in stores}
         loads: dict[str, list[float]] = {s: [] for s in stores}
@@ -406,7 +482,7 @@ def main(argv: list[str]) -> int:
                 loads[store].append(os.getloadavg()[0])  # the machine is shared: say how busy it was
                 out = tmp / f"report-{store}.json"
                 before = cpu_seconds(pids[store])
-                wall, stderr[store] = run_report(url, since, end_at, out)
+                wall, stderr[store] = run_report(url, since, end_at, out, *paths[store][2])
                 runs[store].append(wall)
                 # The store's own CPU time for the report: what a machine of its own would spend, whatever
                 # else the shared machine runs meanwhile.
@@ -420,10 +496,28 @@ def main(argv: list[str]) -> int:
     res["load_average_before_each_run"] = loads
     res["report_stderr_last"] = {s: e.strip().splitlines() for s, e in stderr.items()}
     res["report_summary"] = {s: summary(d) for s, d in docs.items()}
+    if args.recorded or not args.vm:
+        name = f"report-fleet-{args.gpus}-{args.days:g}d"
+        (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+        print("\n".join(sizes_markdown([res])))
+        return 0
     (RESULTS / "report-fleet.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / "report-fleet.md").write_text("\n".join(markdown(res)) + "\n")
     print("\n".join(markdown(res)))
     return 0
+
+
+def sizes_markdown(runs: list[dict[str, Any]]) -> Iterator[str]:
+    """One row per fleet size and path: the median report time, the store's CPU, and the money."""
+    yield "| GPUs | days | samples | path | report, median | store CPU, median | cost, USD | wasted, USD | runs |"
+    yield "|---|---|---|---|---|---|---|---|---|"
+    for res in runs:
+        for path, walls in res["report_wall_s"].items():
+            t = res["report_summary"][path]["totals"]
+            yield (f"| {res['gpus']:,} | {res['days']:g} | {res['backfill']['samples']:,} | {path} | "
+                   f"{res['report_wall_median_s'][path]:.1f} s | {res['store_cpu_median_s'][path]:.1f} s | "
+                   f"{t['cost']:,.4f} | {t['wasted_cost']:,.4f} | {', '.join(f'{x:.1f}' for x in walls)} |"
+                   )  # fmt: skip
 
 
 def _off(got: float | None, want: float) -> str:

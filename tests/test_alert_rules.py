@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-exporter.rules.yml"
 COST_RULES = ROOT / "alerts" / "gpu-cost.rules.yml"
+REPORT_RULES = ROOT / "alerts" / "gpu-report.rules.yml"
 UNIT_TESTS = ROOT / "alerts" / "tests" / "gpu-exporter.rules.test.yml"
 CRD = ROOT / "deploy" / "k8s" / "base" / "prometheusrule.yaml"
 GIB = 1024**3
@@ -70,10 +71,11 @@ def test_prometheusrule_is_generated_from_the_rule_files(tmp_path: Path) -> None
     assert out.returncode == 0, out.stderr
     crd = yaml.safe_load(CRD.read_text())
     assert crd["apiVersion"] == "monitoring.coreos.com/v1" and crd["kind"] == "PrometheusRule"
-    alerts, cost = (yaml.safe_load(f.read_text())["groups"] for f in (RULES, COST_RULES))
-    assert crd["spec"]["groups"] == alerts + cost
+    alerts, cost, report = (yaml.safe_load(f.read_text())["groups"] for f in (RULES, COST_RULES, REPORT_RULES))
+    assert crd["spec"]["groups"] == alerts + cost + report
     shipped = {r.get("record") for g in crd["spec"]["groups"] for r in g["rules"]}
-    assert {"node:gpu_wasted_cost:increase1h", "namespace:gpu_wasted_hours:increase1d"} <= shipped
+    assert {"node:gpu_wasted_cost:increase1h", "namespace:gpu_wasted_hours:increase1d",
+            "gpu:report_state_seconds:hour"} <= shipped  # fmt: skip
     spec = tmp_path / "spec.yml"
     spec.write_text(yaml.safe_dump(crd["spec"]))
     checked = promtool("check", "rules", str(spec))

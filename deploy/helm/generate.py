@@ -1,7 +1,8 @@
 """Writes the generated parts of the Helm chart in deploy/helm/gpu-exporter from their one source:
 
-- files/rules/: alerts/gpu-exporter.rules.yml and alerts/gpu-cost.rules.yml (the PrometheusRule, the
-  same files alerts/render_prometheusrule.py renders for kustomize) and alerts/dcgm-compat.rules.yml;
+- files/rules/: alerts/gpu-exporter.rules.yml, gpu-cost.rules.yml and gpu-report.rules.yml (the
+  PrometheusRule, the same files alerts/render_prometheusrule.py renders for kustomize) and
+  alerts/dcgm-compat.rules.yml;
 - files/dashboards/: deploy/grafana/dashboards/*.json (the Grafana sidecar's ConfigMaps);
 - Chart.yaml's version and appVersion: pyproject.toml's version;
 - values.schema.json's definitions of `config`: the exporter's own settings (gpu_exporter/settings/config.py),

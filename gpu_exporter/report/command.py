@@ -27,17 +27,21 @@ from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .queries import (
+    LAG,
     PROBES,
     Query,
     RangeError,
     SelectorError,
     Window,
     anywhere,
+    coverage,
     exact_cost,
     hours,
     presence,
     probe,
     queries,
+    recorded_queries,
+    recorded_window,
     scrape_interval,
     selector_matchers,
     timeline,
@@ -48,6 +52,7 @@ from .settings import ReportConfigError, ReportSettings
 from .settings import load as load_report_settings
 
 FORMATS = ("table", "json", "markdown", "html", "csv", "focus")
+RECORDED_MODES = ("auto", "yes", "no")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the largest answer read, in MiB; a report decodes it in about four times that "
         f"(default {MAX_ANSWER_BYTES // 1048576})",
     )
+    p.add_argument(
+        "--prometheus.recorded",
+        dest="recorded",
+        choices=RECORDED_MODES,
+        metavar="auto|yes|no",
+        help="read the hourly series that alerts/gpu-report.rules.yml records, where they cover the range: a "
+        "range of 1 to 30 days on whole hours, ended 2 h ago or more (auto, the default: else the raw series); "
+        "yes: fail where they do not; no: always the raw series",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (why a report is empty still is)")
     return p  # fmt: skip
 
@@ -277,12 +291,13 @@ class Progress:
 
 
 def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress,
-                currency: str | None) -> dict[str, Any]:  # fmt: skip
+                currency: str | None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
     def one(q: Query) -> Any:
         progress.started(q.what)
         try:
             if q.kind == "range":
-                return client.range(q.expr, w.start + w.step, w.end, w.step)
+                got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step)
+                return [(labels, [(t - q.shift, v) for t, v in points]) for labels, points in got] if q.shift else got
             return client.instant(q.expr, w.at if q.at is None else q.at)
         except QueryError as e:
             raise QueryError(f"{q.what}: {e}") from e
@@ -304,13 +319,39 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
                 picked = pick_currency(results, currency)  # several and none asked for: stop here
                 p = plan(w, results, picked)
                 copies = seen_twice(results)
-                more = [*(hours(w, matchers, a, b, copies) for a, b in p.pieces), timeline(w, matchers, copies)]
+                more = [*(hours(w, matchers, a, b, copies, recorded) for a, b in p.pieces),
+                        timeline(w, matchers, copies, recorded)]  # fmt: skip
                 if p.exact:
                     assert picked is not None
-                    more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked, copies))
+                    more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked, copies, recorded))
                 progress.total += len(more) - 2  # the hours and the timeline were counted from the start
                 pending.update({pool.submit(one, x): x for x in more})
     return results
+
+
+class NotRecorded(Exception):
+    """--prometheus.recorded yes, and the recorded series do not cover the range."""
+
+
+def pick_path(client: PromClient, mode: str, start: float, end: float, now: float) -> tuple[Window | None, str]:
+    """The recorded path's window where it is to be read (``mode`` auto or yes, and the rules ran for
+    every hour of the range), else None; and why not, for a progress line."""
+    if mode == "no":
+        return None, ""
+    w = recorded_window(start, end)
+    if w is None:
+        why = "the range is not 1 to 30 days on whole hours"
+    elif w.end + LAG > now:
+        why = f"the recording rules write an hour's figures 1 to 2 h after it ends (the range ends {iso(w.end)})"
+    else:
+        got = client.instant(coverage(w), w.end + LAG)
+        hours = got[0][1] if got else 0.0
+        if hours == w.points:
+            return w, ""
+        why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
+    if mode == "yes":
+        raise NotRecorded(f"--prometheus.recorded yes: {why}")
+    return None, why
 
 
 def why_empty(client: PromClient, w: Window, matchers: str, selector: str | None) -> tuple[str, str]:
@@ -385,6 +426,13 @@ def _pairs(values: list[str], flag: str) -> list[tuple[str, str]]:
     return out
 
 
+def _recorded_mode(args: argparse.Namespace) -> str:
+    """--prometheus.recorded, else the config file's report.recorded, else auto."""
+    if args.recorded is not None:
+        return str(args.recorded)
+    return load_report_settings(args.config)[0].recorded if args.config is not None else "auto"
+
+
 def _options(args: argparse.Namespace) -> tuple[Options, float]:
     """The advice options: flags, else the config file's report section, else the defaults; and the timeout."""
     report, pricing = ReportSettings(), None
@@ -442,12 +490,19 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         return 2
     say = Progress(sys.stderr, 0)  # what must be said, --quiet or not
     try:
-        counts = [client.instant(probe(matchers, window), span.end) for window in PROBES]
-        per_hour, per_minute = (c[0][1] if c else None for c in counts)
-        asked = window_for(span.start, span.end, scrape_interval(per_hour, per_minute))
-        w = asked.from_epoch()
-        qs = queries(w, matchers)
+        rec, why_raw = pick_path(client, _recorded_mode(args), span.start, span.end, now())
+        if rec is not None:
+            w = asked = rec
+            qs = recorded_queries(w, matchers)
+        else:
+            counts = [client.instant(probe(matchers, window), span.end) for window in PROBES]
+            per_hour, per_minute = (c[0][1] if c else None for c in counts)
+            asked = window_for(span.start, span.end, scrape_interval(per_hour, per_minute))
+            w = asked.from_epoch()
+            qs = queries(w, matchers)
         progress = Progress(None if args.quiet else sys.stderr, len(qs) + 2)  # the hours and timeline come later
+        progress.say("reading the hourly recorded series (alerts/gpu-report.rules.yml)" if rec is not None else
+                     "reading the raw series" + (f": {why_raw}" if why_raw else ""))  # fmt: skip
         if span.requested_end is not None:
             say.say(f"the range ended in the future ({iso(span.requested_end)}): cut to now, {iso(w.end)}")
         if w != asked:
@@ -455,7 +510,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
                     f"{iso(w.start)}")  # fmt: skip
         progress.say(f"{len(qs) + 2} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
         with progress:
-            results = run_queries(client, w, matchers, qs, progress, opts.currency)
+            results = run_queries(client, w, matchers, qs, progress, opts.currency, rec is not None)
         empty = None if any(v for k, v in results.items() if k.startswith("hours")) else \
             why_empty(client, w, matchers, args.selector)  # fmt: skip
         doc = build(
@@ -469,7 +524,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
                 requested_start=None if w == asked else asked.start,
             ),
         )
-    except QueryError as e:
+    except (QueryError, NotRecorded) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 1
     except (ValueError, RangeError) as e:

@@ -162,6 +162,9 @@ class Query:
     expr: str
     kind: str = "instant"  # or "range"
     at: int | None = None  # an instant query's time, where it is not the window's
+    # A range query's times are this much later than the window's steps, and its points are moved back by
+    # as much: the recorded series hold an hour's figure in a sample of the hour after the next (LAG).
+    shift: int = 0
 
 
 def _sel(name: str, matchers: str, *extra: str) -> str:
@@ -256,19 +259,6 @@ def queries(w: Window, matchers: str) -> list[Query]:
     samples; an aggregation inside one is redone at every one of its steps."""
     t = _Tiles(w, matchers)
     price, state = "gpu_price_per_hour", "gpu_state_seconds_total"
-    # Held in a step: a held state's counter changed between two of the step's samples. Not increase() > 0,
-    # which the engines answer differently where a counter starts (a new holder) or restarts; and one
-    # pass over the samples, where max > min would take two.
-    held = f"stddev_over_time({t.range(state, HELD)}) > 0"
-    # The activity while held, per signal, at its bursts: each step's highest poll (a poll's value is
-    # already a mean over seconds), whose p95 over the range is what the bursts reach, where the mean
-    # of each step would smooth an endpoint's bursts into its idle.  SM activity where the GPU has
-    # GPM, else GPU-Util (as GpuUnderutilized reads it); DRAM bandwidth used; each pipe's activity;
-    # and NVLink's data sent, all links together.  One held test per step serves them all.
-    signals = _union([
-        *(("signal", name, f"max_over_time({t.range(f'gpu_{name}_ratio')})") for name in ACTIVITY_SIGNALS),
-        ("signal", "nvlink_tx", f"sum without (link) (rate({t.range('gpu_nvlink_tx_bytes_total')}))"),
-    ])  # fmt: skip
     step_price = f"last_over_time({_sel(price, matchers)}[{t.open}])"
     return [
         # Every GPU's price at the end of each step, by a range query: a handful of points per GPU-day,
@@ -285,13 +275,30 @@ def queries(w: Window, matchers: str) -> list[Query]:
         Query("memory_peak", "memory peaks (highest)",
               f"max by ({GPU}) ({t.tiled('max_over_time', 'max_over_time', 'gpu_memory_used_max_bytes')})"),
         Query("activity", "activity while held (p95 of bursts)",
-              f"max by ({GPU}, signal) (quantile_over_time(0.95, (({signals}) and on ({JOIN}) ({held}))"
-              f"[{t.span}:{t.s}]))"),
+              f"max by ({GPU}, signal) (quantile_over_time(0.95, ({held_activity(t)})[{t.span}:{t.s}]))"),
         # Who holds each GPU at the end of the range: the one to reclaim it from (a GPU's holders by
         # hours can tie, where pods come and go, and rank differently on two engines).
         Query("holders_now", "holders now",
               f"max by ({GPU}, {HOLDER}) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
     ]  # fmt: skip
+
+
+def held_activity(t: _Tiles) -> str:
+    """Each step's activity while held, per signal (one series per GPU and ``signal``)."""
+    # Held in a step: a held state's counter changed between two of the step's samples. Not increase() > 0,
+    # which the engines answer differently where a counter starts (a new holder) or restarts; and one
+    # pass over the samples, where max > min would take two.
+    held = f"stddev_over_time({t.range('gpu_state_seconds_total', HELD)}) > 0"
+    # The activity while held, per signal, at its bursts: each step's highest poll (a poll's value is
+    # already a mean over seconds), whose p95 over the range is what the bursts reach, where the mean
+    # of each step would smooth an endpoint's bursts into its idle.  SM activity where the GPU has
+    # GPM, else GPU-Util (as GpuUnderutilized reads it); DRAM bandwidth used; each pipe's activity;
+    # and NVLink's data sent, all links together.  One held test per step serves them all.
+    signals = _union([
+        *(("signal", name, f"max_over_time({t.range(f'gpu_{name}_ratio')})") for name in ACTIVITY_SIGNALS),
+        ("signal", "nvlink_tx", f"sum without (link) (rate({t.range('gpu_nvlink_tx_bytes_total')}))"),
+    ])  # fmt: skip
+    return f"({signals}) and on ({JOIN}) ({held})"
 
 
 def _each(per_series: Callable[[str], str], copies: bool, keep: str = "") -> str:
@@ -301,14 +308,19 @@ def _each(per_series: Callable[[str], str], copies: bool, keep: str = "") -> str
     return once(per_series, keep) if copies else per_series("")
 
 
-def timeline(w: Window, matchers: str, copies: bool = False) -> Query:
+def timeline(w: Window, matchers: str, copies: bool = False, recorded: bool = False) -> Query:
     """The hours of each state at each step, for the whole selection (a range query)."""
     state = "gpu_state_seconds_total"
-    each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies)
-    return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range")
+    if recorded:
+        each = _each(lambda m: hourly(REC_STATE, matchers, m), copies)
+    else:
+        each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies)
+    return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range",
+                 shift=LAG if recorded else 0)  # fmt: skip
 
 
-def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, copies: bool = False) -> Query:
+def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, copies: bool = False,
+          recorded: bool = False) -> Query:  # fmt: skip
     """GPU-hours by GPU, holder and state over steps ``first`` to ``last`` of the window (1-based, both
     included; all of them by default): ``increase()`` over consecutive steps, summed, each GPU's once
     where ``copies`` (some GPU seen through two scrapers).  A range whose prices changed is asked in
@@ -318,13 +330,18 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, cop
         raise ValueError(f"steps {first} to {last} are not within the window's 1 to {w.points}")
     t = _Tiles(w, matchers)
     holder = f"{GPU}, {HOLDER}, state"
-    inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies)
     span = f"{(last - first + 1) * w.step * 1000 - 1}ms"
+    if recorded and not copies:  # the hours' samples as they are: no step to evaluate (``recorded_range``)
+        summed = f"sum_over_time({recorded_range(REC_STATE, matchers, last - first + 1)})"
+    elif recorded:
+        summed = f"sum_over_time(({_each(lambda m: hourly(REC_STATE, matchers, m), copies)})[{span}:{t.s}])"
+    else:
+        inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies)
+        summed = f"sum_over_time(({inner})[{span}:{t.s}])"
     whole = (first, last) == (1, w.points)
     what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
-    return Query("hours" if whole else f"hours:{first}:{last}", what,
-                 f"sum by ({holder}) (sum_over_time(({inner})[{span}:{t.s}])) / 3600",
-                 at=w.at - (w.points - last) * w.step)  # fmt: skip
+    return Query("hours" if whole else f"hours:{first}:{last}", what, f"sum by ({holder}) ({summed}) / 3600",
+                 at=_at(w, recorded) - (w.points - last) * w.step)  # fmt: skip
 
 
 _UUID = re.compile(r"^[A-Za-z0-9-]+$")
@@ -334,7 +351,8 @@ def _currency_matcher(currency: str) -> str:
     return 'currency="' + currency.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies: bool = False) -> Query:
+def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies: bool = False,
+               recorded: bool = False) -> Query:  # fmt: skip
     """The cost of each step at the price of that step (the last one the step saw), for GPUs whose
     price changed or was missing in part of the range (for the others, hours x their one price is
     exact and costs no query).  Prices of one currency only: a GPU priced in two at once would match
@@ -344,15 +362,21 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies
     only = f'uuid=~"{"|".join(uuids)}"' if len(uuids) <= 200 and all(_UUID.match(u) for u in uuids) else ""
 
     def priced_series(m: str) -> str:
-        prices = t.range("gpu_price_per_hour", only, m, _currency_matcher(currency))
-        price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
-        return f"increase({t.counter('gpu_state_seconds_total', only, m)}) * on ({JOIN}) group_left (currency) {price}"
+        if recorded:
+            hours = hourly(REC_STATE, matchers, only, m)
+            price = f"max by ({JOIN}, currency) ({hourly(REC_PRICE, matchers, only, m, _currency_matcher(currency))})"
+        else:
+            prices = t.range("gpu_price_per_hour", only, m, _currency_matcher(currency))
+            price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
+            hours = f"increase({t.counter('gpu_state_seconds_total', only, m)})"
+        return f"{hours} * on ({JOIN}) group_left (currency) {price}"
 
     priced = _each(priced_series, copies, ", currency")
     return Query(
         "cost",
         "cost of GPUs whose price changed",
         f"sum by ({GPU}, {HOLDER}, state, currency) (sum_over_time({t.over(priced)})) / 3600",
+        at=_at(w, recorded) if recorded else None,
     )
 
 
@@ -372,3 +396,114 @@ def anywhere(matchers: str) -> str:
 def _count_gpus(down: str) -> str:
     """The GPUs among "down" series: a GPU with a uuid once on its node, one without once per target."""
     return f'count(max by (node, instance, gpu, uuid) (label_replace({down}, "instance", "", "uuid", ".+")))'
+
+
+# The recorded path.  alerts/gpu-report.rules.yml keeps, once an hour, each series' figure of the last
+# whole UTC hour but one: what the raw queries above compute for a step of that hour, at a step of an
+# hour (``rules``, the file's expressions).  An hour later than needed, so that scrapes that arrive
+# late are in; an hour of its own because Prometheus evaluates a group at a phase of the hour that
+# hashes from its name (and vmalert at the hour): the figure of the hour ending at H is in the sample
+# recorded in [H + 1 h, H + 2 h), whatever the phase.  The report reads those samples at H + LAG,
+# looking back an hour, and reads 1 sample per series and hour instead of a scrape's every sample.
+#
+# Over a range of whole hours whose raw step is an hour (720 h: 30 days), both paths evaluate the
+# same expressions on the same samples: the same hours, prices, and so money, to the float.
+
+HOUR = 3600
+LAG = 2 * HOUR
+MIN_RECORDED_HOURS, MAX_RECORDED_HOURS = 24, MAX_POINTS
+REC_STATE = "gpu:report_state_seconds:hour"
+REC_PRICE = "gpu:report_price_per_hour:hour"
+REC_DOWN = "gpu:report_down:hour"
+REC_INFO = "gpu:report_info:hour"
+REC_MEMORY_TOTAL = "gpu:report_memory_total_bytes:hour"
+REC_MEMORY_PEAK = "gpu:report_memory_used_max_bytes:hour"
+REC_ACTIVITY = "gpu:report_activity_held:hour"
+REC_MARKER = "gpu:report_rules:hour"  # the group ran for that hour
+
+
+def rules() -> dict[str, str]:
+    """The recording rules of alerts/gpu-report.rules.yml, by name (tests/test_report_recorded.py holds
+    the file to them): the raw queries' expression of one step, at a step of an hour, for the hour
+    ending a whole hour before the evaluation (a subquery's point sits on a multiple of its step)."""
+    t = _Tiles(Window(0, HOUR, HOUR), "")
+    state = "gpu_state_seconds_total"
+    per_hour = {
+        REC_STATE: f"increase({t.counter(state)})",
+        REC_PRICE: f"last_over_time({t.range('gpu_price_per_hour')})",
+        REC_DOWN: f"max_over_time({t.range(state, DOWN)})",
+        REC_INFO: f"max_over_time({t.range('gpu_info')})",
+        REC_MEMORY_TOTAL: f"max_over_time({t.range('gpu_memory_total_bytes')})",
+        REC_MEMORY_PEAK: f"max_over_time({t.range('gpu_memory_used_max_bytes')})",
+        REC_ACTIVITY: held_activity(t),
+    }
+    out = {name: f"last_over_time(({expr})[1h:1h] offset 1h)" for name, expr in per_hour.items()}
+    out[REC_MARKER] = "vector(1)"
+    return out
+
+
+def hourly(metric: str, matchers: str, *extra: str) -> str:
+    """A recorded series' figure of the hour ending LAG before the evaluation: its one sample of the
+    hour before (the look-back ends a millisecond early: a sample at the evaluation's very time is of
+    the next hour, and Prometheus 2 includes a range's start)."""
+    return f"last_over_time({_sel(metric, matchers, *extra)}[1h] offset 1ms)"
+
+
+def recorded_range(metric: str, matchers: str, hours: int, *extra: str) -> str:
+    """The samples of ``hours`` hours of a recorded series, for a function over time, read at the last
+    hour's end + LAG: the look-back spans the hours and ends a millisecond early (as ``hourly``), so
+    that each engine reads the same samples whether it includes a range's start or not.  Read as they
+    are, without a subquery's step by step evaluation: a tenth of the store's time, or less."""
+    return f"{_sel(metric, matchers, *extra)}[{hours * HOUR}s] offset 1ms"
+
+
+def recorded_window(start: float, end: float) -> Window | None:
+    """The window of the recorded path: steps of an hour over a range of whole hours, 1 to 30 days;
+    None where the range is not one (the raw path then reads it)."""
+    if start % HOUR or end % HOUR:
+        return None
+    hours = (int(end) - int(start)) // HOUR
+    if not MIN_RECORDED_HOURS <= hours <= MAX_RECORDED_HOURS:
+        return None
+    return Window(int(start), int(end), HOUR)
+
+
+def _at(w: Window, recorded: bool) -> int:
+    return w.end + LAG if recorded else w.at
+
+
+def _hours_of(w: Window, inner: str, outer: str) -> str:
+    """``outer`` over the range's hours of ``inner`` (read at each hour's end + LAG)."""
+    return f"{outer}(({inner})[{w.points * HOUR * 1000 - 1}ms:1h])"
+
+
+def coverage(w: Window) -> str:
+    """On how many of the range's hours the recording rules ran (their marker): all, or the raw path."""
+    return _hours_of(w, f"max({hourly(REC_MARKER, '')})", "count_over_time")
+
+
+def recorded_queries(w: Window, matchers: str) -> list[Query]:
+    """``queries`` on the recorded series: each the raw query's figure at a step of an hour.  Who holds
+    each GPU now is asked of the raw series (the range's last hour only)."""
+    at = w.end + LAG
+    raw = {q.key: q for q in queries(w, matchers)}
+
+    def over(outer: str, metric: str, *extra: str) -> str:
+        return f"{outer}({recorded_range(metric, matchers, w.points, *extra)})"
+
+    return [
+        Query("prices", "prices (recorded)", f"max by ({GPU}, currency) ({hourly(REC_PRICE, matchers)})", "range",
+              shift=LAG),
+        Query("seen", "GPUs seen, by target (recorded)",
+              f"max without ({EXPORTED}) ({over('count_over_time', REC_DOWN)})", at=at),
+        Query("info", "GPU models (recorded)", f"max by ({GPU}, name, mig_mode) ({over('max_over_time', REC_INFO)})",
+              at=at),
+        Query("memory_total", "memory sizes (recorded)",
+              f"max by ({GPU}) ({over('max_over_time', REC_MEMORY_TOTAL)})", at=at),
+        Query("memory_peak", "memory peaks (recorded)",
+              f"max by ({GPU}) ({over('max_over_time', REC_MEMORY_PEAK)})", at=at),
+        Query("activity", "activity while held (recorded)",
+              f"max by ({GPU}, signal) (quantile_over_time(0.95, {recorded_range(REC_ACTIVITY, matchers, w.points)}))",
+              at=at),
+        raw["holders_now"],
+    ]  # fmt: skip

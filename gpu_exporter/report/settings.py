@@ -7,7 +7,7 @@ sections and nothing else; the daemon ignores ``report``. A flag given on the co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -28,6 +28,11 @@ class ReportSettings(BaseModel):
     min_saving: float = Field(0.0, ge=0, allow_inf_nan=False, description="advise only what saves this much a month")
     min_saving_ratio: float = Field(
         0.2, ge=0, le=1, allow_inf_nan=False, description="advise only what saves this share of what the GPU costs"
+    )
+    recorded: Literal["auto", "yes", "no"] = Field(
+        "auto",
+        description="read the hourly series of alerts/gpu-report.rules.yml where they cover the range (auto), "
+        "always (yes: fail where they do not), or never (no: the raw series)",
     )
 
 

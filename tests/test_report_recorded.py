@@ -1,0 +1,242 @@
+"""The report's recorded path (alerts/gpu-report.rules.yml) against its raw path, on a real Prometheus:
+two days of history backfilled with promtool, the recording rules' output made by promtool from the
+same Prometheus (``create-blocks-from rules``, which evaluates each group at the phase of the hour a
+running Prometheus would), and the report run both ways.  The money is the same to the float.
+
+The history is sampled every 20 minutes, so that the raw path steps by an hour over two days (three
+scrape intervals at least), as it does at any scrape interval over 30 days: both paths then evaluate
+the same expressions at the same times.  It holds the edges the recorded path must keep:
+- n1 GPU 0: an H100 whose price changes mid-hour (3.00 to 3.50 at 20 h 30 min), held by a pod, busy
+  then idle;
+- n1 GPU 1: seen by two scrapers (jobs gpu-exporter and replica), counted once;
+- n2 GPU 0: its exporter restarts 10 h 40 min in, gone 40 minutes, its counters from 0 again;
+- n2 GPU 1: an L4 first seen 5 h 20 min in (a partial first hour), idle, restarted with n2's exporter;
+- n3 GPU 0: an H100 without a price.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_exporter.report.queries import LAG
+from tests.prometheus_helpers import Prometheus, prometheus, victoria_metrics
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "alerts" / "gpu-report.rules.yml"
+HOUR, STEP = 3600, 1200
+END = math.floor(time.time() / HOUR) * HOUR - 3 * HOUR  # its hours recorded (1 to 2 h after each) before now
+START = END - 48 * HOUR
+T0 = START - 2 * HOUR
+H100, L4 = "NVIDIA H100 80GB HBM3", "NVIDIA L4"
+GIB = 1024**3
+
+
+def _labels(d: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in d.items())
+
+
+def _state(node: str, gpu: str, rel: float) -> tuple[str, dict[str, str]]:
+    """The state and holder of the scrape interval ending ``rel`` seconds after START."""
+    if (node, gpu) == ("n1", "0"):
+        return ("busy", {"namespace": "ml", "pod": "train-a", "container": "main"}) if rel <= 30 * HOUR else (
+            "allocated_idle", {"namespace": "ml", "pod": "train-a", "container": "main"})  # fmt: skip
+    if (node, gpu) == ("n1", "1"):
+        return "busy", {"user": "alice"}
+    if (node, gpu) == ("n2", "0"):
+        return "busy", {"user": "bob"}
+    return "idle", {}
+
+
+GPUS = [("n1", "0", H100, [(-math.inf, 3.0), (20 * HOUR + 30 * 60, 3.5)], ("gpu-exporter",)),
+        ("n1", "1", H100, [(-math.inf, 3.0)], ("gpu-exporter", "replica")),
+        ("n2", "0", H100, [(-math.inf, 2.5)], ("gpu-exporter",)),
+        ("n2", "1", L4, [(-math.inf, 0.8)], ("gpu-exporter",)),
+        ("n3", "0", H100, None, ("gpu-exporter",))]  # fmt: skip
+OUTAGE = (10 * HOUR + 40 * 60, 11 * HOUR + 20 * 60)  # n2's exporter is gone: no samples
+FIRST_SEEN = {("n2", "1"): 5 * HOUR + 20 * 60}
+
+
+def history() -> str:
+    lines: list[str] = []
+    for node, gpu, name, prices, jobs in GPUS:
+        counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        rows: list[tuple[int, dict[tuple[str, tuple[tuple[str, str], ...]], float], str, dict[str, str]]] = []
+        restarted = True
+        for k in range((END - T0) // STEP + 1):
+            t = T0 + k * STEP
+            rel = t - START
+            gone = node == "n2" and OUTAGE[0] <= rel < OUTAGE[1]
+            if gone or rel < FIRST_SEEN.get((node, gpu), -math.inf):
+                restarted = True
+                continue
+            state, holder = _state(node, gpu, rel)
+            key = (state, tuple(sorted(holder.items())))
+            if restarted:
+                counters = dict.fromkeys(counters, 0.0)
+                restarted = False
+            else:
+                counters[key] = counters.get(key, 0.0) + STEP
+            counters.setdefault(("idle", ()), 0.0)
+            counters.setdefault(("down", ()), 0.0)
+            rows.append((t, dict(counters), state, holder))
+        for job in jobs:
+            base = {"job": job, "instance": f"{node}:9445", "node": node, "gpu": gpu, "uuid": f"GPU-{node}-{gpu}"}
+            for t, values, state, _holder in rows:
+                for (s, h), v in values.items():
+                    labels = {**base, **(dict(h) if s in ("busy", "allocated_idle") else {}), "state": s}
+                    lines.append(f"gpu_state_seconds_total{{{_labels(labels)}}} {v} {t}\n")
+                if prices is not None:
+                    price = [p for since, p in prices if t - START >= since][-1]
+                    lines.append(f"gpu_price_per_hour{{{_labels({**base, 'currency': 'USD'})}}} {price} {t}\n")
+                lines.append(f"gpu_info{{{_labels({**base, 'name': name, 'mig_mode': 'disabled'})}}} 1 {t}\n")
+                total = 80 * GIB if name == H100 else int(22.5 * GIB)
+                lines.append(f"gpu_memory_total_bytes{{{_labels(base)}}} {total} {t}\n")
+                used = 20 * GIB if state != "idle" else 0
+                lines.append(f"gpu_memory_used_max_bytes{{{_labels(base)}}} {used} {t}\n")
+                util = {"busy": 0.9, "allocated_idle": 0.01}.get(state, 0.0)
+                lines.append(f"gpu_utilization_ratio{{{_labels(base)}}} {util} {t}\n")
+                if name == H100:
+                    lines.append(f"gpu_sm_active_ratio{{{_labels(base)}}} {util / 3} {t}\n")
+    # OpenMetrics wants each series' samples together, in time order: they are, series by series.
+    by_series: dict[str, list[str]] = {}
+    for line in lines:
+        series, rest = line.rsplit(" ", 2)[0], line
+        by_series.setdefault(series, []).append(rest)
+    return "".join(x for v in by_series.values() for x in v) + "# EOF\n"
+
+
+def promtool(*args: str) -> None:
+    binary = shutil.which("promtool")
+    assert binary, "promtool is missing: apt-get install prometheus (bash .ci/setup does it)"
+    out = subprocess.run([binary, *args], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """The raw history, then the recording rules evaluated on it and backfilled next to it."""
+    tmp = tmp_path_factory.mktemp("recorded")
+    (tmp / "history.om").write_text(history())
+    promtool("tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "prom" / "data"))
+    with prometheus([], tmp / "prom") as prom:
+        promtool("tsdb", "create-blocks-from", "rules", f"--url={prom.url}", f"--start={START}",
+                 f"--end={END + LAG}", f"--output-dir={tmp / 'rules'}", str(RULES))  # fmt: skip
+    for block in (tmp / "rules").iterdir():
+        shutil.move(str(block), tmp / "prom" / "data" / block.name)
+    with prometheus([], tmp / "prom") as prom:
+        yield prom
+
+
+def report(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--format", "json",
+                           *args], capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def as_json(url: str, *args: str) -> tuple[dict[str, Any], str]:
+    out = report(url, *args)
+    assert out.returncode == 0, out.stderr
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc, out.stderr
+
+
+SPAN = ("--start", str(START), "--end", str(END))
+
+
+@pytest.fixture(scope="module")
+def both(store: Prometheus) -> dict[str, tuple[dict[str, Any], str]]:
+    return {mode: as_json(store.url, *SPAN, "--prometheus.recorded", mode) for mode in ("no", "yes")}
+
+
+def test_each_path_reads_what_it_says(both: dict[str, tuple[dict[str, Any], str]]) -> None:
+    assert "reading the raw series" in both["no"][1]
+    assert "reading the hourly recorded series" in both["yes"][1]
+    assert both["no"][0]["range"]["step_seconds"] == both["yes"][0]["range"]["step_seconds"] == HOUR
+
+
+def test_both_paths_give_the_same_money_hours_and_advice(both: dict[str, tuple[dict[str, Any], str]]) -> None:
+    raw, rec = both["no"][0], both["yes"][0]
+    assert rec["totals"] == raw["totals"]
+    assert rec["gpus"] == raw["gpus"]
+    assert rec["holders"] == raw["holders"]
+    assert rec["recommendations"] == raw["recommendations"]
+    assert rec["timeline"] == raw["timeline"]
+
+
+def test_one_scraper_alone_gives_the_same_money_on_both_paths(store: Prometheus) -> None:
+    """Without a GPU seen twice, the recorded path sums each hour's samples as they are (no step by step
+    comparison of copies): the same figures still."""
+    one = ("--selector", '{job="gpu-exporter"}')
+    raw, _ = as_json(store.url, *SPAN, *one, "--prometheus.recorded", "no")
+    rec, err = as_json(store.url, *SPAN, *one, "--prometheus.recorded", "yes")
+    assert "reading the hourly recorded series" in err and rec["totals"]["merged_gpus"] == 0
+    assert rec["totals"]["gpus"] == 5
+    assert (rec["totals"], rec["gpus"], rec["holders"]) == (raw["totals"], raw["gpus"], raw["holders"])
+
+
+def test_the_history_holds_the_edges_the_recorded_path_keeps(both: dict[str, tuple[dict[str, Any], str]]) -> None:
+    """Not a trivial history: a price changed mid-hour, one GPU merged from two scrapers, a restart."""
+    doc = both["yes"][0]
+    gpus = {(g["node"], g["gpu"]): g for g in doc["gpus"]}
+    assert doc["totals"]["merged_gpus"] == 1 and len(gpus[("n1", "1")]["targets"]) == 2
+    assert gpus[("n1", "1")]["busy_hours"] == pytest.approx(48, abs=0.5)  # once, not twice
+    n1 = gpus[("n1", "0")]
+    assert 48 * 3.0 < n1["cost"] < 48 * 3.5  # both prices, each for its hours
+    assert n1["price_now_per_hour"] == 3.5
+    assert gpus[("n2", "0")]["busy_hours"] == pytest.approx(48 - 2 / 3, abs=0.4)  # gone 40 minutes
+    # First seen 5 h 20 min in (its first scrape counts nothing), and on n2, whose exporter was gone.
+    assert gpus[("n2", "1")]["idle_hours"] == pytest.approx(48 - 5 - 2 / 3 - 2 / 3, abs=0.4)
+    assert gpus[("n3", "0")]["cost"] is None
+
+
+def test_a_range_the_rules_did_not_cover_falls_back_to_the_raw_series(store: Prometheus) -> None:
+    """Before the rules ran, auto reads the raw series and yes fails.  Their backfill starts at START,
+    whose evaluation records the hour ending an hour before it: the hours before START - 2 h are not."""
+    early = ("--start", str(START - 4 * HOUR), "--end", str(END))
+    doc, err = as_json(store.url, *early)
+    assert "reading the raw series: the recording rules ran for 50 of the range's 52 hours" in err
+    assert doc["totals"]["cost"] is not None
+    out = report(store.url, *early, "--prometheus.recorded", "yes")
+    assert out.returncode == 1 and "--prometheus.recorded yes" in out.stderr
+
+
+def test_a_range_off_whole_hours_is_read_raw(store: Prometheus) -> None:
+    doc, err = as_json(store.url, "--start", str(START + 600), "--end", str(END))
+    assert "reading the raw series: the range is not 1 to 30 days on whole hours" in err
+    assert doc["status"] == "ok"
+
+
+def recorded_samples(prom: Prometheus) -> str:
+    """The recorded series Prometheus holds, as ``name{labels} value unix_seconds`` lines."""
+    span = END + LAG - START + 2 * HOUR
+    data = prom.api("query", query=f'{{__name__=~"gpu:report_.+"}}[{span}s]', time=str(END + LAG + HOUR))
+    lines = []
+    for r in data["result"]:
+        labels = dict(r["metric"])
+        name = labels.pop("__name__")
+        lines += [f"{name}{{{_labels(labels)}}} {v} {t}" for t, v in r["values"]]
+    return "\n".join(lines) + "\n"
+
+
+def test_victoriametrics_reads_the_same_recorded_hours(
+    store: Prometheus, tmp_path: Path, both: dict[str, tuple[dict[str, Any], str]]
+) -> None:
+    """The recorded path's ranges and subqueries read the same samples on VictoriaMetrics (whose ranges
+    leave their start out) as on Prometheus: the same samples recorded by Prometheus give the same report."""
+    with victoria_metrics(tmp_path / "vm") as vm:
+        vm.load(history() + recorded_samples(store))
+        doc, err = as_json(vm.url, *SPAN, "--prometheus.recorded", "yes")
+    assert "reading the hourly recorded series" in err
+    rec = both["yes"][0]
+    assert (doc["totals"], doc["gpus"], doc["holders"]) == (rec["totals"], rec["gpus"], rec["holders"])

@@ -1,0 +1,109 @@
+"""alerts/gpu-report.rules.yml is what the report's recorded path reads: each rule is the raw query's
+expression of one step at a step of an hour (gpu_exporter/report/queries.py ``rules``), and the report
+takes the recorded path only for ranges the hourly series can tile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_exporter.report import queries
+from gpu_exporter.report.command import NotRecorded, _recorded_mode, build_parser, pick_path
+from gpu_exporter.report.queries import HOUR, recorded_window
+from gpu_exporter.report.settings import ReportConfigError
+from gpu_exporter.report.settings import load as load_report
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "alerts" / "gpu-report.rules.yml"
+
+
+def _flat(expr: str) -> str:
+    return " ".join(expr.split())
+
+
+def test_the_rule_file_holds_the_expressions_the_report_reads() -> None:
+    doc = yaml.safe_load(RULES.read_text())
+    shipped = {r["record"]: _flat(r["expr"]) for g in doc["groups"] for r in g["rules"]}
+    assert shipped == {name: _flat(expr) for name, expr in queries.rules().items()}
+    assert [g["interval"] for g in doc["groups"]] == ["1h"]
+
+
+def test_the_rules_compute_what_a_raw_step_of_an_hour_does() -> None:
+    """Over 30 days the raw path steps by an hour; its per-step expressions are the rules' inner ones."""
+    end = 1_800_000_000 // HOUR * HOUR
+    w = queries.window_for(end - 720 * HOUR, end)
+    assert w.step == HOUR and w.offset == 0
+    hours = queries.hours(w, "").expr
+    assert "increase(gpu_state_seconds_total[3600s])" in hours
+    assert "(increase(gpu_state_seconds_total[3600s]))[1h:1h] offset 1h" in queries.rules()[queries.REC_STATE]
+    raw_activity = next(q.expr for q in queries.queries(w, "") if q.key == "activity")
+    assert queries.held_activity(queries._Tiles(w, "")) in raw_activity
+
+
+def test_only_ranges_of_whole_hours_from_a_day_to_thirty_days_are_read_recorded() -> None:
+    h = 1_800_000_000 // HOUR * HOUR
+    assert recorded_window(h - 24 * HOUR, h) == queries.Window(h - 24 * HOUR, h, HOUR)
+    assert recorded_window(h - 720 * HOUR, h) is not None
+    assert recorded_window(h - 721 * HOUR, h) is None
+    assert recorded_window(h - 23 * HOUR, h) is None
+    assert recorded_window(h - 48 * HOUR + 60, h) is None
+    assert recorded_window(h - 48 * HOUR, h - 60) is None
+
+
+def test_a_recorded_query_reads_each_hour_from_the_sample_recorded_after_it() -> None:
+    h = 1_800_000_000 // HOUR * HOUR
+    w = queries.Window(h - 48 * HOUR, h, HOUR)
+    q = queries.hours(w, '{cluster="eu"}'[1:-1], recorded=True)
+    assert q.at == h + queries.LAG
+    assert 'sum_over_time(gpu:report_state_seconds:hour{cluster="eu"}[172800s] offset 1ms)' in q.expr
+    twice = queries.hours(w, "", copies=True, recorded=True)  # each hour's copies compared: step by step
+    assert '(last_over_time(gpu:report_state_seconds:hour{uuid!=""}[1h] offset 1ms))' in twice.expr
+    t = queries.timeline(w, "", recorded=True)
+    assert t.kind == "range" and t.shift == queries.LAG
+
+
+def test_the_path_is_the_flag_else_the_config_files_report_section_else_auto(tmp_path: Path) -> None:
+    url = ["--prometheus.url", "http://127.0.0.1:9"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"report": {"recorded": "no"}}))
+    assert _recorded_mode(build_parser().parse_args(url)) == "auto"
+    assert _recorded_mode(build_parser().parse_args([*url, "--config", str(path)])) == "no"
+    assert _recorded_mode(build_parser().parse_args([*url, "--config", str(path), "--prometheus.recorded", "yes"])) \
+        == "yes"  # fmt: skip
+    path.write_text(yaml.safe_dump({"report": {"recorded": "always"}}))
+    with pytest.raises(ReportConfigError, match=r"report\.recorded"):
+        load_report(path)
+
+
+class _Store:
+    """Answers the coverage query with ``hours`` (the hours the rules' marker was recorded for)."""
+
+    def __init__(self, hours: float | None) -> None:
+        self.hours = hours
+        self.asked: list[tuple[str, float]] = []
+
+    def instant(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+        self.asked.append((expr, at))
+        return [] if self.hours is None else [({}, self.hours)]
+
+
+def test_the_recorded_path_is_taken_only_where_the_rules_ran_every_hour_of_the_range() -> None:
+    h = 1_800_000_000 // HOUR * HOUR
+    start, end, now = h - 48 * HOUR, h, h + 3 * HOUR
+    full = _Store(48)
+    w, why = pick_path(full, "auto", start, end, now)  # type: ignore[arg-type]
+    assert w == queries.Window(start, end, HOUR) and why == ""
+    assert full.asked == [(queries.coverage(w), end + queries.LAG)]
+    assert pick_path(_Store(47), "auto", start, end, now) == (  # type: ignore[arg-type]
+        None, "the recording rules ran for 47 of the range's 48 hours")  # fmt: skip
+    assert pick_path(_Store(None), "auto", start, end, now)[0] is None  # type: ignore[arg-type]
+    late = _Store(48)
+    assert "1 to 2 h after it ends" in pick_path(late, "auto", start, end, end + HOUR)[1]  # type: ignore[arg-type]
+    assert late.asked == []  # not yet recorded: not even asked
+    assert pick_path(full, "no", start, end, now) == (None, "")  # type: ignore[arg-type]
+    with pytest.raises(NotRecorded, match="ran for 47 of"):
+        pick_path(_Store(47), "yes", start, end, now)  # type: ignore[arg-type]
+    with pytest.raises(NotRecorded, match="whole hours"):
+        pick_path(full, "yes", start + 60, end, now)  # type: ignore[arg-type]
