@@ -113,6 +113,22 @@ def test_a_pipe_the_card_has_no_rate_for_means_no_card_is_claimed() -> None:
     the job needs cannot be told, and nothing is claimed "at least as fast"."""
     ada = job("NVIDIA RTX 6000 Ada Generation", 0.2, price=0.85, pipes={"tensor": 0, "fp64": 0.3, "fp32": 0, "fp16": 0})
     assert sizer(allow_slower=True).advise(ada) is None
+    (note,) = sizer().notes(ada)
+    assert_mentions(note, "not sized", "FP64 30%", "no rate for that pipe on an RTX 6000 Ada", "--catalogue FILE")
+
+
+def test_no_advice_for_an_unrated_pipe_says_why() -> None:
+    """An H100 NVL whose work keeps the FP16 (non-tensor) pipe 2% busy: its datasheet column gives no
+    FP16 non-tensor rate, so it is not sized, and its row says so rather than nothing; with the FP16
+    pipe idle it is sized and has no note."""
+    nvl = job("NVIDIA H100 NVL", 0.2, peak_gib=30, price=3.20, pipes={"tensor": 0.15, "fp64": 0, "fp32": 0.03,
+                                                                      "fp16": 0.02})  # fmt: skip
+    assert sizer(allow_slower=True).advise(nvl) is None
+    (note,) = sizer().notes(nvl)
+    assert_mentions(note, "not sized", "FP16 2%", "no rate for that pipe on an H100 NVL")
+    idle_fp16 = job("NVIDIA H100 NVL", 0.2, peak_gib=30, price=3.20, pipes={"tensor": 0.15, "fp64": 0, "fp32": 0.03,
+                                                                            "fp16": 0})  # fmt: skip
+    assert sizer().notes(idle_fp16) == [] and fast_enough(sizer().advise(idle_fp16))
 
 
 # -- 3. NVLink -------------------------------------------------------------------------------------------

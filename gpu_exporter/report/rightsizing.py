@@ -63,6 +63,12 @@ RESERVED_NOTE = (
     "XLA_PYTHON_CLIENT_PREALLOCATE=false to see what it needs before sizing it"
 )
 
+UNRATED_NOTE = (
+    "not sized: at its bursts the work used {pipes} (GPM's pipe activity), and the catalogue states no rate "
+    "for {which} on {card}, so what it needs of another card cannot be told (a catalogue of your own, "
+    "--catalogue FILE, can give the rate)"
+)
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -208,7 +214,23 @@ class Sizer:
     def notes(self, u: Usage) -> list[str]:
         if u.memory_peak_bytes and u.memory_total_bytes and u.memory_peak_bytes >= FULL_CARD * u.memory_total_bytes:
             return [RESERVED_NOTE.format(peak=u.memory_peak_bytes / GIB, total=u.memory_total_bytes / GIB)]
-        return []
+        return self._unrated(u)
+
+    def _unrated(self, u: Usage) -> list[str]:
+        """Why a GPU is not sized where GPM says the work used a pipe whose rate on its own card the
+        catalogue does not state (``_needs``: what it needs cannot be told), so that no advice is no
+        silence."""
+        current = self.catalogue.card_of(u.model) if u.model else None
+        if current is None or u.mig_mode or u.pipes is None or u.activity_p95 is None:
+            return []
+        unrated = [f"{PIPE_NAMES[p]} {busy * 100:.0f}%" for p in PIPES
+                   if (busy := u.pipes.get(p, u.activity_p95)) >= USED and current.rate(p) is None]  # fmt: skip
+        if not unrated:
+            return []
+        which = "that pipe" if len(unrated) == 1 else "those pipes"
+        return [
+            UNRATED_NOTE.format(pipes=", ".join(unrated), which=which, card=f"{article(current.name)} {current.name}")
+        ]
 
     def advise(self, u: Usage) -> Advice | None:
         if u.up_hours <= 0:

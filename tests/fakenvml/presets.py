@@ -168,6 +168,54 @@ def t4(g: Gpu, tag: str, i: int, *, util: int = 30, mem_used: int = 4 * GIB) -> 
     return g
 
 
+# The 2026 cards of the report's catalogue, as NVML names them and the total memory it reports
+# (MiB), the architecture (nvml.h NVML_DEVICE_ARCH_*: 7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell) and the
+# NVLink links the card has.  Names as nvidia-smi's "Product Name" / DCGM's modelName print them in
+# posts: NVIDIA/mig-parted#120 ("NVIDIA H200"), zzc0721/torch-performance-test-data#77 ("NVIDIA H20")
+# and #161 ("NVIDIA RTX PRO 6000 Blackwell Server Edition", also bigstack-oss/cubecos#312),
+# NVIDIA/dcgm-exporter#317 (modelName "NVIDIA A30"), mayooot/detect-gpu#3 ("NVIDIA A10", Total
+# 24146608128 bytes = 23028 MiB, as modal-labs/modal-client#2797 lists it), NVIDIA/k8s-device-plugin#344
+# and NVIDIA/DCGM#232 ("NVIDIA A10G", "8722MiB / 23028MiB"), NVIDIA/gpu-admin-tools#4 ("NVIDIA H100
+# NVL", "0MiB / 95830MiB"), ollama/ollama#15388 ("Nvidia L40"), NVIDIA/mig-parted#139 (GH200).  H200's
+# 143,771 MiB is the catalogue's (NVIDIA's MLPerf system file); the L40's 46,068 MiB is the L40S's
+# (modal-client#2797: the same 48 GB GDDR6 board).  Not found in a post, so the spec's GB as NVML
+# rounds it: H20 97,871 MiB (96 GB HBM3), A30 24,576 MiB (24 GB HBM2), RTX PRO 6000 97,887 MiB (96 GB
+# GDDR7; "97 GB VRAM" in antirez/ds4#256), GH200 97,871 MiB (the 96 GB HBM3 GH200 480GB).
+CARDS_2026: dict[str, tuple[int, int, int]] = {
+    "NVIDIA H200": (143_771, 9, 18),
+    "NVIDIA H20": (97_871, 9, 18),
+    "NVIDIA A30": (24_576, 7, 4),  # NVLink bridge, 200 GB/s: 4 NVLink 3 links
+    "NVIDIA A10": (23_028, 7, 0),
+    "NVIDIA A10G": (23_028, 7, 0),
+    "NVIDIA L40": (46_068, 8, 0),
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": (97_887, 10, 0),
+    "NVIDIA H100 NVL": (95_830, 9, 12),  # NVLink bridge, 600 GB/s: 12 NVLink 4 links
+    "NVIDIA GH200 480GB": (97_871, 9, 18),
+}
+
+
+def card_2026(g: Gpu, name: str, tag: str, i: int, *, util: int, mem_used: int, power_mw: int = 300_000) -> Gpu:
+    """One of CARDS_2026, passively cooled, healthy, its NVLink links (if any) up with still data
+    counters; GPM (Hopper and newer) left at ``util`` as a training step shows it, for the caller to set."""
+    memory_mib, arch, links = CARDS_2026[name]
+    g.identity(name, gpu_uuid(tag, i)).arch(arch)
+    g.pci(f"00000000:{0x11 + 0x08 * i:02X}:00.0").serial(f"16{5230 + arch:04d}{1000 + i:07d}").minor_number(i)
+    g.utilization(util, util // 3).memory(memory_mib * MIB, mem_used, reserved=512 * MIB).codec(0, 0)
+    g.temperature(40 + util // 4).thresholds(shutdown=92, slowdown=89, gpu_max=87)
+    g.power(power_mw, 2 * power_mw).energy(Counter(1_000_000 + i * 1_000, power_mw))
+    g.pstate(0).clocks_event_reasons()
+    g.pcie(gen=5 if arch >= 9 else 4, max_gen=5 if arch >= 9 else 4, width=16, max_width=16, tx_kbps=50_000,
+           rx_kbps=200_000, replay=0)  # fmt: skip
+    g.nvlinks(links)
+    for link in range(links):
+        g.nvlink(link, True, tx_kib=0, rx_kib=0)
+    g.ecc(corrected=0, uncorrected=0).remapped_rows()
+    g.gpm_supported(arch >= 9)
+    if arch >= 9:
+        g.gpm(**h100_activity(util))
+    return g.process_utilization(166)
+
+
 def h100_activity(util: int) -> dict[str, float]:
     """GPM percentages in the proportions a transformer training step shows at ``util`` GPU-Util."""
     return {"graphics_util": util, "sm_util": round(util * 0.82, 1), "sm_occupancy": round(util * 0.31, 1),
