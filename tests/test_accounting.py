@@ -268,6 +268,31 @@ def test_the_longest_matching_model_key_wins_then_the_default() -> None:
     assert prices(models={"H100": 2.5}).per_hour("Tesla T4") is None
 
 
+def test_a_model_key_prices_the_gpus_whose_name_holds_it_as_a_word() -> None:
+    """The daemon matched a key anywhere in the name: with keys for the cards of 2026 only, it priced
+    a GH200 at the H200's price, an L40S at the L40's, an A10G at the A10's, a GB200 at the B200's,
+    while the report (which matches words) priced none of them, so the two disagreed on the money."""
+    book = prices(models={"H200": 4.0, "L40": 1.2, "A10": 0.9, "B200": 8.0, "L4": 0.8})
+    for gpu_name in ("NVIDIA GH200 480GB", "NVIDIA L40S", "NVIDIA A10G", "NVIDIA GB200", "NVIDIA A100-SXM4-80GB"):
+        assert book.per_hour(gpu_name) is None, gpu_name
+    assert [book.per_hour(n) for n in ("NVIDIA H200", "NVIDIA L40", "NVIDIA A10", "NVIDIA B200", "NVIDIA L4")] == [
+        4.0, 1.2, 0.9, 8.0, 0.8]  # fmt: skip
+    # A word ends at anything that is not a letter or digit, as NVML's names separate their parts.
+    assert prices(models={"A100": 2.0}).per_hour("NVIDIA A100-SXM4-80GB") == 2.0
+    assert prices(models={"a100 80gb": 2.2}).per_hour("NVIDIA A100 80GB PCIe") == 2.2
+
+
+def test_the_daemon_and_the_report_price_a_card_alike() -> None:
+    from gpu_exporter.report.catalogue import load_catalogue
+    from gpu_exporter.report.prices import PriceList
+
+    settings = PricingSettings(currency="usd", models={"H200": 4.0, "L4": 0.8, "H100 NVL": 3.1, "H100": 2.5})
+    book, report = PriceBook(settings), PriceList(load_catalogue(None), "USD", {}, settings)
+    for card in ("H200", "GH200", "L4", "L40S", "H100 NVL", "H100 80GB", "H100 PCIe"):
+        quoted = report.card(card)
+        assert book.per_hour(f"NVIDIA {card}") == (quoted.per_hour if quoted else None), card
+
+
 def test_no_price_means_no_cost_series() -> None:
     acc = Accountant(threshold=THRESHOLD, prices=prices(models={"H100": 2.5}))
     acc.observe(snap(T0, gpu(), gpu(L4)))

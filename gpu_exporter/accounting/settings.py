@@ -23,8 +23,8 @@ class PricingSettings(BaseModel):
     currency: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9]{0,9}$", description="e.g. USD, EUR; the currency label")
     models: dict[str, Price] = Field(
         default_factory=dict,
-        description="price per hour by model: a key matches a GPU whose name contains it (case-insensitive); "
-        "the longest matching key wins",
+        description="price per hour by model: a key matches a GPU whose name holds it as a word "
+        "(case-insensitive: 'L4' prices an L4, not an L40S); the longest matching key wins",
     )
     default: Price | None = Field(None, description="price per hour of a GPU no model key matches")
     energy_per_kwh: Price | None = Field(None, description="price of one kWh of energy")

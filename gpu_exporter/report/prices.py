@@ -17,9 +17,9 @@ A MIG profile costs its share of its card (slices / 7).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from ..accounting.pricing import name_key
 from ..accounting.settings import PricingSettings
 from .catalogue import Catalogue, Offer
 
@@ -40,8 +40,7 @@ class PriceList:
         self.pricing = pricing if pricing is not None and currency and pricing.currency == currency else None
         # Longest key first, as the daemon matches them: "H100 NVL" before "H100".
         keys = sorted((self.pricing.models if self.pricing else {}).items(), key=lambda kv: -len(kv[0]))
-        self._keys = [(re.compile(rf"(?<![A-Za-z0-9]){re.escape(k)}(?![A-Za-z0-9])", re.IGNORECASE), p)
-                      for k, p in keys]  # fmt: skip
+        self._keys = [(name_key(k), p) for k, p in keys]
 
     def card(self, card: str) -> Price | None:
         """The price of a whole card, from the first place that has one."""
