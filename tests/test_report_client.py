@@ -202,8 +202,8 @@ def test_a_long_query_shows_progress_on_stderr() -> None:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == NO_GPUS, out.stderr
     lines = out.stderr.splitlines()
-    first = re.match(r"gpu-exporter report: (\d+) queries to ", lines[0])
-    assert first, out.stderr
+    # The first progress line counts the queries (after the line saying which series it reads).
+    first = next(m for line in lines if (m := re.match(r"gpu-exporter report: (\d+) queries to ", line)))
     n = int(first.group(1))  # the queries asked, counted by the command (prices may add pieces)
     done = [line for line in lines if re.match(rf"gpu-exporter report: \[\d+/{n}\] ", line)]
     assert len(done) == n and done[-1].startswith(f"gpu-exporter report: [{n}/{n}]"), out.stderr
