@@ -384,3 +384,50 @@ def test_no_thread_to_be_had_keeps_the_config_and_tries_again(web: Path) -> None
     clock.now += 1.0
     users(w)
     assert len(tries) == 2  # not stuck as if a look were still running
+
+
+def test_a_look_that_hangs_holds_one_thread_however_long_it_hangs(web: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a filesystem that stops answering, even the look (a stat) hangs: a look a second would pile
+    up a thread a second.  One look at a time, and its thread never holds the daemon's exit."""
+    release, calls = threading.Event(), [0]
+    real = watcher_module._stat
+
+    def hung_stat(files: Any) -> Any:
+        calls[0] += 1
+        assert release.wait(30), "the test never released the look"
+        return real(files)
+
+    clock = Clock()
+    w = WebConfigWatcher(web, clock, run=watcher_module.in_thread)
+    monkeypatch.setattr(watcher_module, "_stat", hung_stat)
+    for _ in range(5):
+        clock.now += 1.0
+        assert answered(w) == {"one"}
+    assert eventually(lambda: calls[0] == 1)
+    assert readers() == 1 and calls[0] == 1
+    assert all(t.daemon for t in threading.enumerate() if t.name == "web-config-reload")
+    release.set()
+    assert eventually(lambda: readers() == 0)
+    write(web, {"basic_auth_users": {"two": hashed("pw")}})
+    clock.now += 1.0
+    users(w)
+    assert eventually(lambda: users(w) == {"two"})  # the look is free again once the last one ended
+
+
+def test_a_second_sighup_during_a_slow_read_wins(web: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    w = WebConfigWatcher(web, clock, run=watcher_module.in_thread)
+    first, second = tmp_path / "first.yml", tmp_path / "second.yml"
+    write(first, {"basic_auth_users": {"first": hashed("pw")}})
+    write(second, {"basic_auth_users": {"second": hashed("pw")}})
+    w.install(first, w.read(first))  # an install before the look begins
+    late = w.read(second)
+    blocked = BlockedRead(monkeypatch)
+    write(first, {"basic_auth_users": {"stale": hashed("pw")}})
+    clock.now += 1.0
+    assert answered(w) == {"first"}
+    assert eventually(lambda: blocked.calls == 1)
+    w.install(second, late)  # and one while it reads
+    blocked.release.set()
+    assert eventually(lambda: not w._looking)
+    assert users(w) == {"second"}
