@@ -1,0 +1,86 @@
+"""What the catalogue makes of a card and of its MIG profiles (report/catalogue.py): the figures the
+sizer compares a job with.  A user's own catalogue file, loaded in the test, so every figure is the
+file's and each offer's is worked out here by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_exporter.report.catalogue import GIB, CatalogueError, load_catalogue
+
+CARD = {
+    "name": "Z100", "match": ["Z100"], "memory_gib": 80, "fp16_tflops": 700, "memory_bandwidth_gbps": 3000,
+    "fp64_tflops": 60, "fp32_tflops": 70, "fp16_vector_tflops": 140, "nvlink_gbps": 800, "compute_slices": 7,
+    "price_per_hour": 3.5, "source": "a test card",
+    "mig": [{"profile": "1g.10gb", "slices": 1, "memory_gib": 10},
+            {"profile": "3g.40gb", "slices": 3, "memory_gib": 40},
+            {"profile": "7g.80gb", "slices": 7, "memory_gib": 80}],
+}  # fmt: skip
+
+
+def catalogue(tmp_path: Path, *cards: dict[str, object]) -> Path:
+    path = tmp_path / "cards.yaml"
+    path.write_text(yaml.safe_dump({"currency": "usd", "cards": list(cards)}))
+    return path
+
+
+def test_a_card_and_each_slice_carry_their_share_of_every_figure(tmp_path: Path) -> None:
+    cat = load_catalogue(catalogue(tmp_path, CARD))
+    offers = {o.name: o for o in cat.offers}
+    card, one, three, whole = (offers[n] for n in ("Z100", "Z100 MIG 1g.10gb", "Z100 MIG 3g.40gb", "Z100 MIG 7g.80gb"))
+    assert cat.currency == "USD"
+    assert (card.memory_bytes, card.fp16_tflops, card.memory_bandwidth_gbps, card.price_per_hour) == (
+        80 * GIB, 700, 3000, 3.5)  # fmt: skip
+    assert (card.fp64_tflops, card.fp32_tflops, card.fp16_vector_tflops) == (60, 70, 140)
+    assert card.nvlink_gbps_each_way == 400 and card.slices == 7 and not card.mig and card.whole_card
+    # A slice: its share of the SMs (so of every pipe and the price), of the memory's bandwidth, no NVLink.
+    assert one.card == "Z100" and one.mig and one.slices == 1 and one.of_slices == 7 and one.share == 1 / 7
+    assert one.memory_bytes == 10 * GIB and one.memory_bandwidth_gbps == pytest.approx(3000 * 10 / 80)
+    assert one.fp16_tflops == pytest.approx(100) and one.price_per_hour == pytest.approx(0.5)
+    assert (one.fp64_tflops, one.fp32_tflops, one.fp16_vector_tflops) == pytest.approx((60 / 7, 10, 20))
+    assert one.nvlink_gbps_each_way == 0 and not one.whole_card and not one.consumer
+    assert three.fp16_tflops == pytest.approx(300) and three.memory_bandwidth_gbps == pytest.approx(1500)
+    assert [three.rate(p) for p in ("tensor", "fp64", "fp32", "fp16")] == pytest.approx([300, 180 / 7, 30, 60])
+    assert whole.whole_card and whole.memory_bandwidth_gbps == 3000 and whole.price_per_hour == pytest.approx(3.5)
+
+
+def test_a_slice_of_a_card_without_a_stated_rate_or_price_states_none(tmp_path: Path) -> None:
+    bare = {k: v for k, v in CARD.items() if k not in ("fp64_tflops", "price_per_hour")}
+    offers = {o.name: o for o in load_catalogue(catalogue(tmp_path, bare)).offers}
+    one = offers["Z100 MIG 1g.10gb"]
+    assert one.fp64_tflops is None and one.price_per_hour is None and one.rate("fp64") is None
+
+
+def test_an_a30s_slices_are_quarters(tmp_path: Path) -> None:
+    a30 = {**CARD, "name": "Q30", "match": ["Q30"], "compute_slices": 4,
+           "mig": [{"profile": "1g.6gb", "slices": 1, "memory_gib": 20}]}  # fmt: skip
+    (one,) = [o for o in load_catalogue(catalogue(tmp_path, a30)).offers if o.mig]
+    assert one.of_slices == 4 and one.share == 0.25 and one.fp16_tflops == pytest.approx(175)
+    assert one.memory_bandwidth_gbps == pytest.approx(750)
+
+
+@pytest.mark.parametrize(
+    ("change", "facts"),
+    [
+        ({"memory_gib": -1}, ["cards[0] (Z100)", "memory_gib"]),
+        ({"name": ""}, ["cards[0]", "name"]),
+        ({"memory_gib": "lots"}, ["cards[0] (Z100)", "memory_gib", "'lots'"]),
+        ({"surprise": 1}, ["cards[0] (Z100)", "surprise", "unknown key"]),
+    ],
+)
+def test_a_bad_card_is_named_by_its_place_and_name(tmp_path: Path, change: dict[str, object], facts: list[str]) -> None:
+    with pytest.raises(CatalogueError) as e:
+        load_catalogue(catalogue(tmp_path, {**CARD, **change}))
+    missing = [f for f in facts if f not in str(e.value)]
+    assert not missing, (str(e.value), missing)
+
+
+def test_a_bad_value_outside_the_cards_is_named_without_a_card(tmp_path: Path) -> None:
+    path = tmp_path / "cards.yaml"
+    path.write_text(yaml.safe_dump({"currency": 5, "cards": [CARD]}))
+    with pytest.raises(CatalogueError) as e:
+        load_catalogue(path)
+    assert "currency" in str(e.value) and "cards[" not in str(e.value)
