@@ -201,6 +201,8 @@ TARGETS: dict[str, Target] = {
         "gpu_exporter/holders/engines.py",
         # ...the worker off the poll path, and the engine's word on a claim (issue 38).
         tests=("tests/test_engine_names.py", "tests/test_slow_engine.py", "tests/test_forged_holders.py"),
+        # Real containers in real cgroups, the engine's init read through the real /proc.
+        daemon_tests=("tests/test_podman_holders.py",),
     ),
     "holders_attribution": Target(
         "gpu_exporter/holders/attribution.py",

@@ -95,6 +95,9 @@ def test_a_job_names_its_owner_only_from_a_v1_hierarchy_at_its_root(tmp_path: Pa
         (v2(f"/../..{USER}/docker/{VICTIM}"), "docker@1000", f"/../..{USER}/docker/{VICTIM}"),
         (v2(f"/user.slice/user-1000.slice/user@1000.service/x/user@0.service/docker-{VICTIM}.scope"), "docker@1000",
          f"/user.slice/user-1000.slice/user@1000.service/x/user@0.service/docker-{VICTIM}.scope"),
+        # Seen from a cgroup namespace rooted at the user's slice: the subtree is the path's first part.
+        (v2(f"/user@1000.service/app.slice/docker-{VICTIM}.scope"), "docker@1000",
+         f"/user@1000.service/app.slice/docker-{VICTIM}.scope"),
         # A container above the user's subtree (systemd running in it) is still the system engine's.
         (v2(f"/system.slice/docker-{VICTIM}.scope{USER}/app.slice"), "docker", f"/system.slice/docker-{VICTIM}.scope"),
         # The user's session is not the delegated subtree: root makes it.

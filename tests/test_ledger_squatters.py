@@ -105,3 +105,23 @@ def test_with_every_place_held_now_a_newcomer_is_other_and_counters_only_grow() 
     held = by_holder(acc.view())
     assert [held[h] for h in (user_holder("a"), user_holder("b"), other())] == pytest.approx([50 / 3] * 3)
     assert not any(h.values[0].startswith("short") for h in held)
+
+
+def test_a_place_goes_to_the_least_time_in_all_its_states_together() -> None:
+    """B's 2.5 s are spread over two states (1 s busy, 1.5 s held idle), A's 2 s are in one: A has the
+    least time, whatever states each was booked in, so A gives up its place to C."""
+    acc = Accountant(threshold=THRESHOLD, max_users=2, holder_retention=3600)
+    acc.observe(snap(T0))
+    acc.observe(snap(T0 + 2, "alice"))
+    acc.observe(snap(T0 + 3))
+    acc.observe(snap(T0 + 4, "bob"))
+    idle = ProcessReading(101, "python3", 10 * GIB, user="bob")
+    held_idle = gpu(H100, processes=(idle,), utilization_ratio=0.0)
+    acc.observe(NodeSnapshot(taken_at=WALL + 5.5, duration_seconds=0.05, nvml_up=True, gpus=(held_idle,),
+                             monotonic_at=T0 + 5.5))  # fmt: skip
+    acc.observe(snap(T0 + 6))
+    states = {(h, s) for h, s, v in acc.view().gpus[0].seconds if h == user_holder("bob") and v > 0}
+    assert {s for _, s in states} == {"busy", "allocated_idle"}
+    acc.observe(snap(T0 + 7, "carol"))
+    held = by_holder(acc.view())
+    assert user_holder("alice") not in held and held[user_holder("bob")] == 2.5 and user_holder("carol") in held

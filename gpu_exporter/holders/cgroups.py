@@ -115,12 +115,6 @@ def parse(text: str) -> CgroupFacts:
     return CgroupFacts(True, kubepods, job, uid, engine, cid, anchor)
 
 
-def container_of(path: str) -> tuple[str | None, str | None]:
-    """(engine, ID) of the deepest container named in one cgroup path; (None, None) for none."""
-    found = _container(path)
-    return (found[0], found[1]) if found is not None else (None, None)
-
-
 def _container(path: str) -> tuple[str, str, str] | None:
     """(engine, ID, the path down to its cgroup) of the deepest container in one cgroup path."""
     best: tuple[int, int, str, str] | None = None
