@@ -8,7 +8,6 @@ import contextlib
 import json
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -169,15 +168,12 @@ def test_a_dripping_store_is_given_the_timeout_in_all_not_per_read(headers_too: 
     outcome shows it: the answer would be whole and valid had the client waited for it."""
     stop = threading.Event()
     with store(dripping(headers_too, stop)) as (url, _):
-        began = time.monotonic()
         try:
             with pytest.raises(QueryError) as e:
                 client(url, timeout=1.0).instant("up", 0)
         finally:
             stop.set()
-        took = time.monotonic() - began
     assert_mentions(str(e.value), "no answer within 1 s", "--prometheus.timeout")
-    assert took < 30  # a deadline far from both 1 s and the drip's 40 s, never a speed
 
 
 def flood(say_length: bool, size: int, sent: list[int]) -> Behaviour:
