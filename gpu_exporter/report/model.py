@@ -26,7 +26,7 @@ from .cost import gpu_key as _gpu_key
 from .holders import Holder, holder_of
 from .prices import PriceList
 from .queries import Window
-from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage
+from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage, gpu_order
 
 JOB_KINDS = ("job", "pod", "container")  # holders sized as a whole where they hold several GPUs (not a user)
 
@@ -185,7 +185,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
     jobs: dict[str, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
-    for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, _index(kg[1].gpu), kg[1].uuid)):
+    for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, gpu_order(kg[1].gpu), kg[1].uuid)):
         hours = sum(g.hours.values())
         price = sum(g.cost.values()) / hours if g.priced and hours > 0 else None
         # Its holder: who holds it now, else who held it longest (by hours, holders that come and go can
@@ -229,7 +229,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             recommendations.append(_recommendation(advice, job, job.model))
     # The largest saving first; advice without a monthly figure after, slower cards last.
     recommendations.sort(key=lambda r: (r["kind"] == "slower", r["saving_per_month"] is None,
-                                        -float(r["saving_per_month"] or 0), r["node"], _index(r["gpu"])))  # fmt: skip
+                                        -float(r["saving_per_month"] or 0), r["node"],
+                                        gpu_order(r["gpu"])))  # fmt: skip
 
     holder_rows: list[dict[str, Any]] = []
     for h, acc in holders.items():
@@ -342,10 +343,6 @@ def _status(gpus: dict[GpuKey, _Gpu], priced: list[_Gpu], currency: str | None, 
                                        "leave out --currency or pick one of those")  # fmt: skip
     return NO_PRICES, ("no prices: the store has no gpu_price_per_hour for these GPUs in the range; set the "
                        "exporter's pricing section (docs/cost.md) to see costs")  # fmt: skip
-
-
-def _index(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
 
 
 def _timeline(results: Results) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 
 from ..accounting.states import STATES
-from .rightsizing import HOURS_PER_MONTH, money
+from .rightsizing import HOURS_PER_MONTH, gpu_order, money
 
 GIB = 1024**3
 COLOURS = {"busy": "#2e7d32", "allocated_idle": "#ef6c00", "idle": "#c62828", "down": "#757575"}
@@ -121,15 +121,10 @@ def counted_once(doc: dict[str, Any]) -> list[str]:
 
 def _gpu_rows(doc: dict[str, Any]) -> list[list[str]]:
     cur = doc["currency"]
-    rows = sorted(doc["gpus"], key=lambda g: (-_wasted_h(g), g["node"], _gpu_order(g["gpu"])))
+    rows = sorted(doc["gpus"], key=lambda g: (-_wasted_h(g), g["node"], gpu_order(g["gpu"])))
     return [[g["node"], g["gpu"], g["model"] or "?", _num(g["busy_hours"]), _num(g["allocated_idle_hours"]),
              _num(g["idle_hours"]), _num(g["down_hours"]), _cash(g["cost"], cur), _cash(g["wasted_cost"], cur),
              _gib(g["memory_peak_bytes"]), _pct(g["activity_p95"]), g["holder"] or "-"] for g in rows]  # fmt: skip
-
-
-def _gpu_order(gpu: str) -> tuple[int, str]:
-    """GPU 2 before GPU 10: the index as a number; anything else after every number, by name."""
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
 
 
 GPU_HEAD = ["node", "gpu", "model", "busy h", "alloc-idle h", "idle h", "down h", "cost", "wasted", "peak mem",

@@ -150,7 +150,8 @@ def _capacity(offer: Offer, need: str) -> float | None:
     return offer.memory_bandwidth_gbps if need == BANDWIDTH else offer.rate(need)
 
 
-def _gpu_order(gpu: str) -> tuple[int, str]:
+def gpu_order(gpu: str) -> tuple[int, str]:
+    """GPU 2 before GPU 10: the index as a number; anything else after every number, by name."""
     return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
 
 
@@ -268,7 +269,7 @@ class Sizer:
         pipes = None if any(m.pipes is None for m in members) else {
             p: v for p in PIPES if (v := highest([m.pipes.get(p) if m.pipes else None for m in members])) is not None
         }  # fmt: skip
-        gpus = sorted(members, key=lambda m: (m.node, _gpu_order(m.gpu)))
+        gpus = sorted(members, key=lambda m: (m.node, gpu_order(m.gpu)))
         prices = [m.price_per_hour for m in members]
         job = replace(
             first, gpu=", ".join(m.gpu for m in gpus), node=", ".join(dict.fromkeys(m.node for m in gpus)),
