@@ -229,6 +229,7 @@ TARGETS: dict[str, Target] = {
                 "tests/test_report_html.py",
                 "tests/test_rightsizing.py",
                 "tests/test_rightsizing_pipes.py",  # each pipe, bandwidth, NVLink, bursts (issue 37)
+                "tests/test_rightsizing_jobs.py",  # a job advised as one; assumptions said (issue 37)
                 "tests/test_report_recorded_rules.py",  # the recorded path's rules and choice (issue 37)
                 "tests/test_report_mutants.py",
                 "tests/test_report_model.py",
