@@ -107,3 +107,92 @@ def test_the_recorded_path_is_taken_only_where_the_rules_ran_every_hour_of_the_r
         pick_path(_Store(47), "yes", start, end, now)  # type: ignore[arg-type]
     with pytest.raises(NotRecorded, match="whole hours"):
         pick_path(full, "yes", start + 60, end, now)  # type: ignore[arg-type]
+
+
+def _recorded_queries(matchers: str) -> list[queries.Query]:
+    h = 1_800_000_000 // HOUR * HOUR
+    w = queries.Window(h - 48 * HOUR, h, HOUR)
+    return [*queries.recorded_queries(w, matchers), queries.hours(w, matchers, recorded=True),
+            queries.hours(w, matchers, 3, 20, recorded=True), queries.hours(w, matchers, copies=True, recorded=True),
+            queries.exact_cost(w, matchers, ["GPU-1"], "USD", recorded=True),
+            queries.exact_cost(w, matchers, ["GPU-1"], "USD", copies=True, recorded=True),
+            queries.timeline(w, matchers, recorded=True),
+            queries.timeline(w, matchers, copies=True, recorded=True)]  # fmt: skip
+
+
+def test_every_recorded_query_reads_the_rules_series_narrowed_by_the_selector() -> None:
+    """As the raw queries (test_report_queries): each selector carries --selector's matchers, and reads
+    a series the rule file records, but for who holds each GPU now (the raw series' last hour)."""
+    import promql_parser as pp
+
+    from tests.test_report_queries import matchers_of, selectors
+
+    recorded = set(queries.rules()) - {queries.REC_MARKER}
+    read: set[str] = set()
+    for q in _recorded_queries('node="n2", team!="ci"'):
+        found = list(selectors(pp.parse(q.expr)))
+        assert found, q.expr
+        for v in found:
+            assert {("node", "Equal", "n2"), ("team", "NotEqual", "ci")} <= matchers_of(v), q.expr
+            read.add(v.name)
+    assert read == recorded | {"gpu_state_seconds_total"}
+    (marker,) = selectors(pp.parse(queries.coverage(queries.Window(0, 48 * HOUR, HOUR))))
+    assert marker.name == queries.REC_MARKER and matchers_of(marker) == set()  # every cluster's rules
+
+
+def test_the_recorded_queries_word_for_word() -> None:
+    """What the recorded path asks over the 48 h ending at hour h, with --selector '{node="n2"}': each
+    hour's one sample, read LAG after the range ends (tests/test_report_recorded.py checks on real
+    Prometheus and VictoriaMetrics that they give the raw path's money to the cent; this pins the text)."""
+    h = 1_800_000_000 // HOUR * HOUR
+    w = queries.Window(h - 48 * HOUR, h, HOUR)
+    n2 = 'node="n2"'
+    gpu = "node, instance, gpu, uuid"
+    holder = f"{gpu}, namespace, pod, hpc_job, container_id, container_name, user"
+    span = "[172800s] offset 1ms"
+    hour = "[1h] offset 1ms"
+    at = h + queries.LAG
+    assert at == h + 7200
+    got = {q.key: (q.kind, q.at, q.shift, q.expr) for q in queries.recorded_queries(w, n2)}
+    assert got == {
+        "prices": ("range", None, 7200, f"max by ({gpu}, currency) (last_over_time("
+                                        f"gpu:report_price_per_hour:hour{{{n2}}}{hour}))"),
+        "seen": ("instant", at, 0, f"max without ({queries.EXPORTED}) (count_over_time("
+                                   f"gpu:report_down:hour{{{n2}}}{span}))"),
+        "info": ("instant", at, 0, f"max by ({gpu}, name, mig_mode) (max_over_time("
+                                   f"gpu:report_info:hour{{{n2}}}{span}))"),
+        "memory_total": ("instant", at, 0, f"max by ({gpu}) (max_over_time("
+                                           f"gpu:report_memory_total_bytes:hour{{{n2}}}{span}))"),
+        "memory_peak": ("instant", at, 0, f"max by ({gpu}) (max_over_time("
+                                          f"gpu:report_memory_used_max_bytes:hour{{{n2}}}{span}))"),
+        "activity": ("instant", at, 0, f"max by ({gpu}, signal) (quantile_over_time(0.95, "
+                                       f"gpu:report_activity_held:hour{{{n2}}}{span}))"),
+        "holders_now": ("instant", None, 0, f"max by ({holder}) (stddev_over_time(gpu_state_seconds_total{{{n2}, "
+                                            'state=~"busy|allocated_idle"}[3599999ms]) > bool 0)'),
+    }  # fmt: skip
+    assert queries.coverage(w) == "count_over_time((max(last_over_time(gpu:report_rules:hour[1h] offset 1ms)))" \
+        "[172799999ms:1h])"  # fmt: skip
+    whole = queries.hours(w, n2, recorded=True)
+    assert (whole.key, whole.kind, whole.at) == ("hours", "instant", at)
+    assert whole.expr == f"sum by ({holder}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}{span})) / 3600"
+    piece = queries.hours(w, n2, 3, 20, recorded=True)  # 18 h, ending 28 h before the range does
+    assert (piece.key, piece.at) == ("hours:3:20", at - 28 * HOUR)
+    assert piece.expr == (f"sum by ({holder}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}[64800s] "
+                          "offset 1ms)) / 3600")  # fmt: skip
+    cost = queries.exact_cost(w, n2, ["GPU-1"], "USD", recorded=True)
+    assert (cost.key, cost.at) == ("cost", at)
+    assert cost.expr == (
+        f"sum by ({holder}, state, currency) (sum_over_time((last_over_time(gpu:report_state_seconds:hour"
+        f'{{{n2}, uuid=~"GPU-1"}}{hour}) * on (job, instance, gpu, uuid) group_left (currency) max by (job, '
+        f'instance, gpu, uuid, currency) (last_over_time(gpu:report_price_per_hour:hour{{{n2}, uuid=~"GPU-1", '
+        f'currency="USD"}}{hour})))[172799999ms:3600s])) / 3600'
+    )  # fmt: skip
+    line = queries.timeline(w, n2, recorded=True)
+    assert (line.kind, line.at, line.shift) == ("range", None, 7200)
+    assert line.expr == f"sum by (state) (last_over_time(gpu:report_state_seconds:hour{{{n2}}}{hour})) / 3600"
+    # Where a GPU was seen through two scrapers, each hour's copies are compared: hour by hour.
+    twice = queries.hours(w, n2, copies=True, recorded=True)
+    assert twice.at == at and twice.expr.endswith(")[172799999ms:3600s])) / 3600")
+    assert f'sum without (instance) (last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid!=""}}{hour}))' \
+        in twice.expr  # fmt: skip
+    assert f'(last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid=""}}{hour}))' in twice.expr
