@@ -134,7 +134,7 @@ def test_every_recorded_query_reads_the_rules_series_narrowed_by_the_selector() 
         assert found, q.expr
         for v in found:
             assert {("node", "Equal", "n2"), ("team", "NotEqual", "ci")} <= matchers_of(v), q.expr
-            read.add(v.name)
+            read.add(str(v.name))
     assert read == recorded | {"gpu_state_seconds_total"}
     (marker,) = selectors(pp.parse(queries.coverage(queries.Window(0, 48 * HOUR, HOUR))))
     assert marker.name == queries.REC_MARKER and matchers_of(marker) == set()  # every cluster's rules

@@ -139,8 +139,8 @@ def test_a_job_is_told_how_many_cards_and_what_all_of_them_save(tmp_path: Path, 
     assert a.saving_per_month == pytest.approx(3.00 * n * 730)
     assert_mentions(a.reason, "job 4242", "10.0 GiB", f"${3.00 * n * 730:,.0f}/month", "30% SM activity")
     gpus = ", ".join(map(str, range(n)))
-    many = ("10.0 GiB per GPU on Big", "the busiest of its GPUs", f"{n} x NoFp64 hold that", "are at least as fast",
-            "$1.00/h each", "instead of $4.00/h each", f"{n} GPUs: {gpus} on n1")  # fmt: skip
+    many = ("10.0 GiB per GPU on Big", "while held, the busiest of its GPUs)", f"{n} x NoFp64 hold that",
+            "are at least as fast", "$1.00/h each", "instead of $4.00/h each", f"{n} GPUs: {gpus} on n1")  # fmt: skip
     one = ("10.0 GiB on Big", "an NoFp64 holds that", "is at least as fast", "$1.00/h (", "instead of $4.00/h; moving",
            "(GPU 0 on n1)")  # fmt: skip
     if n > 1:
@@ -243,7 +243,7 @@ def test_the_pipes_used_are_listed_in_order_with_their_share(tmp_path: Path) -> 
     a = sizer(cat).advise(gpu(activity_p95=0.7, pipes=IDLE_PIPES | {"tensor": 0.40, "fp32": 0.70}))
     assert a is not None and ", pipes tensor 40%, FP32 70% (p95" in a.reason
     idle = sizer(cat).advise(gpu(pipes=IDLE_PIPES))
-    assert idle is not None and ", pipes" not in idle.reason
+    assert idle is not None and ", pipes" not in idle.reason and "5% DRAM bandwidth (p95" in idle.reason
 
 
 @pytest.mark.parametrize(
@@ -291,4 +291,5 @@ def test_a_gpu_without_a_price_or_a_model_is_released_in_words_without_a_figure(
     assert a is not None and a.kind == RELEASE and a.saving_per_month is None
     assert_mentions(a.reason, "GPU 0 on n1 (model unknown)", "720 h", "(100%); releasing it",
                     "it has no price here, so no figure")  # fmt: skip
+    assert a.reason.endswith("releasing it would save what it costs (it has no price here, so no figure)")
     assert "which cost" not in a.reason
