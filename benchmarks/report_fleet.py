@@ -495,6 +495,9 @@ def main(argv: list[str]) -> int:
     res["store_cpu_median_s"] = {s: median(x) for s, x in cpu.items()}
     res["load_average_before_each_run"] = loads
     res["report_stderr_last"] = {s: e.strip().splitlines() for s, e in stderr.items()}
+    # How close each path came to --prometheus.max-answer-mib: its largest answer, as the report says it.
+    res["largest_answer"] = {s: next((line.split("; ", 1)[1] for line in reversed(e.splitlines())
+                                      if "the largest answer" in line), None) for s, e in stderr.items()}  # fmt: skip
     res["report_summary"] = {s: summary(d) for s, d in docs.items()}
     if args.recorded or not args.vm:
         name = f"report-fleet-{args.gpus}-{args.days:g}d"

@@ -210,6 +210,9 @@ def test_a_long_query_shows_progress_on_stderr() -> None:
     # The query it waits for, by name:
     assert any("still waiting" in line and "activity while held (p95 of bursts)" in line for line in lines), out.stderr
     assert "GPU cost and waste" in out.stdout and "still waiting" not in out.stdout
+    # The last line says how close the largest answer came to the bound, naming its query.
+    largest = re.search(r"the largest answer \((.+)\) was (\d+) KiB of the 128 MiB", lines[-1])
+    assert largest is not None and any(f"] {largest.group(1)}: " in line for line in done), out.stderr
 
 
 def retry_now(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> tuple[int, bytes]:

@@ -209,6 +209,19 @@ def test_an_answer_within_the_bound_is_read_whole() -> None:
         client(url, max_answer_bytes=1048576).instant("up", 0)
 
 
+def test_the_client_keeps_the_largest_answer_and_what_it_answered() -> None:
+    """How close a report came to the bound: the size of its largest answer and the query's name."""
+    padded = VECTOR + b" " * 5000
+    bodies = iter([padded, VECTOR])
+    with store(lambda h: answer(next(bodies))(h)) as (url, _):
+        c = client(url)
+        assert c.largest == (0, "")
+        c.instant("up", 0, "memory sizes")
+        assert c.largest == (len(padded), "memory sizes")
+        c.instant("up", 0, "prices")  # a smaller answer: the largest stays
+        assert c.largest == (len(padded), "memory sizes")
+
+
 def test_a_refusal_with_a_huge_body_is_read_in_part_and_said_briefly() -> None:
     body = b'{"status":"error","errorType":"bad_data","error":"' + b"x" * (8 * 1048576) + b'"}'
     with store(answer(body, status=400)) as (url, _), pytest.raises(QueryError) as e:

@@ -124,6 +124,10 @@ class PromClient:
         self.max_answer = opts.max_answer_bytes
         self.origin = _origin(self.base)
         self.impossible = 0  # values left out as no store could mean them (negative, past MAX_VALUE)
+        # The largest answer read and what it answered: how close a report came to max_answer, which a
+        # fleet reaches by its size (one series per GPU, holder and state) before any deadline.
+        self.largest: tuple[int, str] = (0, "")
+        self._largest_lock = threading.Lock()
         self.headers = {"Accept": "application/json", "User-Agent": "gpu-exporter-report"}
         self.headers.update(self._auth(opts, userinfo if parsed.username else None))
         for name, value in opts.headers:
@@ -172,7 +176,7 @@ class PromClient:
             return {}
         return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
-    def _post(self, path: str, params: dict[str, str]) -> Any:
+    def _post(self, path: str, params: dict[str, str], what: str = "") -> Any:
         url, shown = f"{self.base}/api/v1/{path}", f"{self.shown}/api/v1/{path}"
         body = urllib.parse.urlencode(params).encode()
         for attempt in range(self.retries + 1):
@@ -194,6 +198,8 @@ class PromClient:
                 raise QueryError(f"cannot reach {shown}: {_reason(e.reason)}") from e
             except OSError as e:  # a connection reset mid-answer
                 raise QueryError(f"{shown}: the connection failed: {_reason(e)}") from e
+        with self._largest_lock:
+            self.largest = max(self.largest, (len(raw), what or params.get("query", "")[:60]))
         try:
             doc = json.loads(raw)
         except ValueError as e:
@@ -267,19 +273,20 @@ class PromClient:
         netloc = target.netloc.rsplit("@", 1)[-1]  # a userinfo in a Location is not used
         return urllib.parse.urlunsplit(target._replace(netloc=netloc))
 
-    def instant(self, expr: str, at: float) -> list[tuple[Labels, float]]:
+    def instant(self, expr: str, at: float, what: str = "") -> list[tuple[Labels, float]]:
         """The vector's samples; a NaN or infinite one (an exporter's broken gauge, a 0/0) is left out:
         a figure that cannot be known is no figure, never 0, and never NaN in the report."""
-        data = self._post("query", {"query": expr, "time": f"{at:.3f}"})
+        data = self._post("query", {"query": expr, "time": f"{at:.3f}"}, what)
         if data.get("resultType") != "vector":
             raise QueryError(f"expected a vector from {expr!r}, got {_shown(data.get('resultType'))}")
         rows = [(_labels(r), _sample(_point(r, "value"))[1]) for r in _results(data)]
         return [(labels, v) for labels, v in _unique(rows) if self._sane(v)]
 
-    def range(self, expr: str, start: float, end: float, step: float) -> list[tuple[Labels, list[tuple[float, float]]]]:
+    def range(self, expr: str, start: float, end: float, step: float,
+              what: str = "") -> list[tuple[Labels, list[tuple[float, float]]]]:  # fmt: skip
         # nocache: VictoriaMetrics would otherwise align the start to its cache's grid.
         data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                          "step": f"{step:g}", "nocache": "1"})  # fmt: skip
+                                          "step": f"{step:g}", "nocache": "1"}, what)  # fmt: skip
         if data.get("resultType") != "matrix":
             raise QueryError(f"expected a matrix from {expr!r}, got {_shown(data.get('resultType'))}")
         series = []

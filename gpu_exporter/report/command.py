@@ -296,9 +296,9 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
         progress.started(q.what)
         try:
             if q.kind == "range":
-                got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step)
+                got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step, q.what)
                 return [(labels, [(t - q.shift, v) for t, v in points]) for labels, points in got] if q.shift else got
-            return client.instant(q.expr, w.at if q.at is None else q.at)
+            return client.instant(q.expr, w.at if q.at is None else q.at, q.what)
         except QueryError as e:
             raise QueryError(f"{q.what}: {e}") from e
 
@@ -541,5 +541,8 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
     except UsageError as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
-    progress.say(f"done in {time.monotonic() - progress.t0:.1f} s")
+    size, what = client.largest
+    shown = f"{size / 1024:.0f} KiB" if size < 1048576 else f"{size / 1048576:.1f} MiB"
+    progress.say(f"done in {time.monotonic() - progress.t0:.1f} s; the largest answer ({what}) was {shown} of the "
+                 f"{args.max_answer_mib:g} MiB that --prometheus.max-answer-mib allows")  # fmt: skip
     return EXIT_STATUS[doc["status"]]
