@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gpu_exporter.report.catalogue import GIB, CatalogueError, load_catalogue
+from gpu_exporter.report.prices import CATALOGUE, Price, PriceList
 
 CARD = {
     "name": "Z100", "match": ["Z100"], "memory_gib": 80, "fp16_tflops": 700, "memory_bandwidth_gbps": 3000,
@@ -62,6 +63,17 @@ def test_an_a30s_slices_are_quarters(tmp_path: Path) -> None:
     assert one.memory_bandwidth_gbps == pytest.approx(750)
 
 
+def test_a_whole_four_slice_card_is_all_of_itself_at_its_own_price(tmp_path: Path) -> None:
+    """An A30 has 4 compute slices: the card itself is 4 of 4, not 7 of 4 (which priced it at 7/4 of its price)."""
+    a30 = {**CARD, "name": "Q30", "match": ["Q30"], "compute_slices": 4, "price_per_hour": 1.2,
+           "mig": [{"profile": "4g.24gb", "slices": 4, "memory_gib": 24}]}  # fmt: skip
+    cat = load_catalogue(catalogue(tmp_path, a30))
+    card, whole = cat.offers
+    assert not card.mig and card.whole_card and card.share == 1 and card.of_slices == 4
+    assert whole.mig and whole.whole_card and whole.share == 1
+    assert PriceList(cat, "USD", {}).of(card) == Price(1.2, CATALOGUE)
+
+
 @pytest.mark.parametrize(
     ("change", "facts"),
     [
@@ -84,3 +96,4 @@ def test_a_bad_value_outside_the_cards_is_named_without_a_card(tmp_path: Path) -
     with pytest.raises(CatalogueError) as e:
         load_catalogue(path)
     assert "currency" in str(e.value) and "cards[" not in str(e.value)
+

@@ -182,9 +182,10 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
         raise CatalogueError(f"catalogue {where}: cards {twice} are listed twice")
     for c in doc.cards:
         offers.append(Offer(c.name, c.name, c.memory_gib * GIB, c.fp16_tflops, c.memory_bandwidth_gbps,
-                            c.price_per_hour, consumer=c.consumer, fp64_tflops=c.fp64_tflops,
-                            fp32_tflops=c.fp32_tflops, fp16_vector_tflops=c.fp16_vector_tflops,
-                            nvlink_gbps_each_way=c.nvlink_gbps / 2, of_slices=c.compute_slices))  # fmt: skip
+                            c.price_per_hour, slices=c.compute_slices, consumer=c.consumer,
+                            fp64_tflops=c.fp64_tflops, fp32_tflops=c.fp32_tflops,
+                            fp16_vector_tflops=c.fp16_vector_tflops, nvlink_gbps_each_way=c.nvlink_gbps / 2,
+                            of_slices=c.compute_slices))  # fmt: skip
         for m in c.mig:
             # A slice has its share of the SMs (so of every pipe) and of the memory, the bandwidth of its
             # memory slices, and no NVLink.
