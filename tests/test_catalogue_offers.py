@@ -4,11 +4,13 @@ file's and each offer's is worked out here by hand."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpu_exporter.report import catalogue as catalogue_module
 from gpu_exporter.report.catalogue import GIB, CatalogueError, load_catalogue
 from gpu_exporter.report.prices import CATALOGUE, Price, PriceList
 
@@ -97,3 +99,12 @@ def test_a_bad_value_outside_the_cards_is_named_without_a_card(tmp_path: Path) -
         load_catalogue(path)
     assert "currency" in str(e.value) and "cards[" not in str(e.value)
 
+
+def test_the_shipped_catalogue_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken or missing catalogue.yaml in the package (a packager's or a contributor's mistake)."""
+    monkeypatch.setattr(catalogue_module, "files", lambda package: tmp_path)
+    with pytest.raises(CatalogueError, match=re.escape("cannot read the catalogue catalogue.yaml (shipped): ")):
+        load_catalogue()
+    (tmp_path / "catalogue.yaml").write_text("cards: []\n")
+    with pytest.raises(CatalogueError, match=re.escape("catalogue catalogue.yaml (shipped): cards: ")):
+        load_catalogue()

@@ -160,7 +160,7 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
         text = path.read_text() if path else files(__package__).joinpath("catalogue.yaml").read_text()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise CatalogueError(f"cannot read the catalogue {path}: {reason}") from e
+        raise CatalogueError(f"cannot read the catalogue {where}: {reason}") from e
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
