@@ -160,7 +160,7 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
         text = path.read_text() if path else files(__package__).joinpath("catalogue.yaml").read_text()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise CatalogueError(f"cannot read the catalogue {path}: {reason}") from e
+        raise CatalogueError(f"cannot read the catalogue {where}: {reason}") from e
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -182,9 +182,10 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
         raise CatalogueError(f"catalogue {where}: cards {twice} are listed twice")
     for c in doc.cards:
         offers.append(Offer(c.name, c.name, c.memory_gib * GIB, c.fp16_tflops, c.memory_bandwidth_gbps,
-                            c.price_per_hour, consumer=c.consumer, fp64_tflops=c.fp64_tflops,
-                            fp32_tflops=c.fp32_tflops, fp16_vector_tflops=c.fp16_vector_tflops,
-                            nvlink_gbps_each_way=c.nvlink_gbps / 2, of_slices=c.compute_slices))  # fmt: skip
+                            c.price_per_hour, slices=c.compute_slices, consumer=c.consumer,
+                            fp64_tflops=c.fp64_tflops, fp32_tflops=c.fp32_tflops,
+                            fp16_vector_tflops=c.fp16_vector_tflops, nvlink_gbps_each_way=c.nvlink_gbps / 2,
+                            of_slices=c.compute_slices))  # fmt: skip
         for m in c.mig:
             # A slice has its share of the SMs (so of every pipe) and of the memory, the bandwidth of its
             # memory slices, and no NVLink.
