@@ -390,7 +390,7 @@ def test_the_queries_word_for_word() -> None:
         f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'
     )
     line = timeline(w, n2)
-    assert (line.key, line.what, line.kind, line.at) == ("timeline", "hours over time", "range", None)
+    assert (line.key, line.what, line.kind, line.at, line.shift) == ("timeline", "hours over time", "range", None, 0)
     assert line.expr == f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"
     # Where some GPU was seen through two scrapers (cost.seen_twice), each step's increase is counted once
     # (queries.once): the instances one scraper saw a GPU at added up, the copies of other scrapers (job,

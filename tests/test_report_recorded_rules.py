@@ -154,6 +154,11 @@ def test_the_recorded_queries_word_for_word() -> None:
     at = h + queries.LAG
     assert at == h + 7200
     got = {q.key: (q.kind, q.at, q.shift, q.expr) for q in queries.recorded_queries(w, n2)}
+    # Named in the progress lines as the raw path's queries are, saying which series they read.
+    assert {q.key: q.what for q in queries.recorded_queries(w, n2)} == {
+        "prices": "prices (recorded)", "seen": "GPUs seen, by target (recorded)", "info": "GPU models (recorded)",
+        "memory_total": "memory sizes (recorded)", "memory_peak": "memory peaks (recorded)",
+        "activity": "activity while held (recorded)", "holders_now": "holders now"}  # fmt: skip
     assert got == {
         "prices": ("range", None, 7200, f"max by ({gpu}, currency) (last_over_time("
                                         f"gpu:report_price_per_hour:hour{{{n2}}}{hour}))"),
@@ -196,3 +201,13 @@ def test_the_recorded_queries_word_for_word() -> None:
     assert f'sum without (instance) (last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid!=""}}{hour}))' \
         in twice.expr  # fmt: skip
     assert f'(last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid=""}}{hour}))' in twice.expr
+    # The same where the GPUs' prices changed and where the timeline is asked: each copy's own hours
+    # and prices, compared hour by hour.
+    priced = queries.exact_cost(w, n2, ["GPU-1"], "USD", copies=True, recorded=True).expr
+    for u in ('uuid!=""', 'uuid=""'):
+        assert f'last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid=~"GPU-1", {u}}}{hour})' in priced
+        assert f'gpu:report_price_per_hour:hour{{{n2}, uuid=~"GPU-1", {u}, currency="USD"}}{hour}' in priced
+    both = queries.timeline(w, n2, copies=True, recorded=True)
+    assert both.shift == queries.LAG and both.expr.startswith("sum by (state) (max by (node, gpu, uuid, ")
+    for u in ('uuid!=""', 'uuid=""'):
+        assert f"last_over_time(gpu:report_state_seconds:hour{{{n2}, {u}}}{hour})" in both.expr

@@ -449,12 +449,12 @@ def hourly(metric: str, matchers: str, *extra: str) -> str:
     return f"last_over_time({_sel(metric, matchers, *extra)}[1h] offset 1ms)"
 
 
-def recorded_range(metric: str, matchers: str, hours: int, *extra: str) -> str:
+def recorded_range(metric: str, matchers: str, hours: int) -> str:
     """The samples of ``hours`` hours of a recorded series, for a function over time, read at the last
     hour's end + LAG: the look-back spans the hours and ends a millisecond early (as ``hourly``), so
     that each engine reads the same samples whether it includes a range's start or not.  Read as they
     are, without a subquery's step by step evaluation: a tenth of the store's time, or less."""
-    return f"{_sel(metric, matchers, *extra)}[{hours * HOUR}s] offset 1ms"
+    return f"{_sel(metric, matchers)}[{hours * HOUR}s] offset 1ms"
 
 
 def recorded_window(start: float, end: float) -> Window | None:
@@ -488,8 +488,8 @@ def recorded_queries(w: Window, matchers: str) -> list[Query]:
     at = w.end + LAG
     raw = {q.key: q for q in queries(w, matchers)}
 
-    def over(outer: str, metric: str, *extra: str) -> str:
-        return f"{outer}({recorded_range(metric, matchers, w.points, *extra)})"
+    def over(outer: str, metric: str) -> str:
+        return f"{outer}({recorded_range(metric, matchers, w.points)})"
 
     return [
         Query("prices", "prices (recorded)", f"max by ({GPU}, currency) ({hourly(REC_PRICE, matchers)})", "range",
