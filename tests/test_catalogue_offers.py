@@ -4,8 +4,10 @@ file's and each offer's is worked out here by hand."""
 
 from __future__ import annotations
 
-import locale
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,12 +157,25 @@ def test_a_character_yaml_refuses_is_named_with_no_place_made_up(tmp_path: Path)
     assert str(path) in msg and re.search(r"not valid YAML: .*#x0001", msg), msg
 
 
-@pytest.mark.skipif(locale.getpreferredencoding(False).lower().replace("-", "") != "utf8", reason="a UTF-8 locale")
 def test_a_file_that_is_not_text_is_named_with_the_byte_that_is_not(tmp_path: Path) -> None:
     path = tmp_path / "cards.yaml"
     path.write_bytes(b"cards: [\xff]\n")
     msg = problem(path)
     assert f"cannot read the catalogue {path}: " in msg and "0xff" in msg, msg
+
+
+def test_a_catalogue_is_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """A latin-1 locale (LANG=de_DE.ISO-8859-1 on an old host) must not misread a card's name or source."""
+    path = tmp_path / "cards.yaml"
+    path.write_text("cards:\n- {name: Rechenkarte \u00b5, match: [x], memory_gib: 8, fp16_tflops: 10, "
+                    "memory_bandwidth_gbps: 100}\n", encoding="utf-8")  # fmt: skip
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "PYTHONIOENCODING": "utf-8"}  # fmt: skip
+    code = ("import sys; from pathlib import Path; from gpu_exporter.report.catalogue import load_catalogue; "
+            "sys.stdout.write(ascii([o.name for o in load_catalogue(Path(sys.argv[1])).offers]))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ascii(["Rechenkarte \u00b5"])
 
 
 def test_the_shipped_catalogue_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,7 +157,9 @@ def _part(rate: float | None, share: float) -> float | None:
 def load_catalogue(path: Path | None = None) -> Catalogue:
     where = path or "catalogue.yaml (shipped)"
     try:
-        text = path.read_text() if path else files(__package__).joinpath("catalogue.yaml").read_text()
+        # UTF-8 whatever the locale: a catalogue read as latin-1 would misread its names, not fail.
+        shipped = files(__package__).joinpath("catalogue.yaml")
+        text = path.read_text(encoding="utf-8") if path else shipped.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise CatalogueError(f"cannot read the catalogue {where}: {reason}") from e
