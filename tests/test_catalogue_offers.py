@@ -164,6 +164,7 @@ def test_a_file_that_is_not_text_is_named_with_the_byte_that_is_not(tmp_path: Pa
     assert f"cannot read the catalogue {path}: " in msg and "0xff" in msg, msg
 
 
+@pytest.mark.integration  # a Python of its own, under LC_ALL=C
 def test_a_catalogue_is_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     """A latin-1 locale (LANG=de_DE.ISO-8859-1 on an old host) must not misread a card's name or source."""
     path = tmp_path / "cards.yaml"

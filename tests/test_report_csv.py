@@ -146,6 +146,7 @@ class _Store:
 
     shown = "a canned store"
     impossible = 0  # values it left out
+    largest = (0, "")  # its largest answer, and what it answered
 
     def __init__(self, *_: object) -> None:
         pass

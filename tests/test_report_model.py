@@ -700,14 +700,16 @@ def test_a_range_cut_says_where_it_was_asked_to_start_and_end() -> None:
 
 def test_a_gpu_not_seen_in_a_piece_has_no_price_there() -> None:
     """GPU-1 changes price at step 61, GPU-2 at step 31; GPU-1's exporter was gone from step 31 to 60 (no
-    price, not seen): the range is cut at 31 and 61, and GPU-1 has no price in the piece it was not seen."""
+    price, not seen): the range is cut at 31 and 61, and GPU-1's price in the piece it was not seen is
+    the one before (it has no hours there to price; the store's answer tells a step without a price
+    from one whose price held only by the count of steps priced)."""
     from gpu_exporter.report.cost import plan
 
     w = window_for(START, END, 1200)  # 100 steps
     p = plan(w, priced(("1", [3.0] * 30 + [None] * 30 + [4.0] * 40), ("2", [1.0] * 30 + [1.5] * 70),
                        seen={"1": 70}, w=w), "USD")  # fmt: skip
     assert p.pieces == [(1, 30), (31, 60), (61, 100)]
-    assert p.by_piece == {gk("GPU-1"): [3.0, None, 4.0], gk("GPU-2"): [1.0, 1.5, 1.5]} and p.exact == {}
+    assert p.by_piece == {gk("GPU-1"): [3.0, 3.0, 4.0], gk("GPU-2"): [1.0, 1.5, 1.5]} and p.exact == {}
 
 
 def test_a_card_is_suggested_in_words_naming_the_holder_and_signal_and_a_whole_card_peak_gets_a_note() -> None:

@@ -345,9 +345,19 @@ def test_the_queries_word_for_word() -> None:
     n2 = 'node="n2"'
     tile = "[839999ms] offset 257s)"
     sub = "[604799999ms:840s]"
+
+    def price(offset: str) -> str:
+        selector = f"gpu_price_per_hour{{{n2}}}[839999ms]{offset}"
+        return f"max by (node, instance, gpu, uuid, currency) (last_over_time({selector})) >= 0"
+
+    assert w.start + w.step == 1_795_396_423
     expected = {
-        "prices": ("prices", "range", f"max by (node, instance, gpu, uuid, currency) (last_over_time("
-                                      f"gpu_price_per_hour{{{n2}}}[839999ms]))"),
+        # Each GPU's price where it is new: the first step (840 s after the start, 1,795,396,423), a step
+        # after one with another price or none; and on how many steps it had one.
+        "prices": ("prices", "range", f"({price('')}) unless ((({price('')}) == ({price(' offset 840s')})) and on () "
+                                      f"(vector(time()) > {w.start + w.step}))"),
+        "priced_steps": ("steps priced", "instant", "max by (node, instance, gpu, uuid, currency) (count_over_time(("
+                                                    f"last_over_time(gpu_price_per_hour{{{n2}}}{tile} >= 0){sub}))"),
         # One row per GPU and target (every label but the exporter's): the targets the report names.
         "seen": ("GPUs seen, by target", "instant", f"max without ({EXPORTED}) (count_over_time(max_over_time("
                                                     f'gpu_state_seconds_total{{{n2}, state="down"}}{tile}{sub}))'),
@@ -428,7 +438,9 @@ def test_the_queries_word_for_word() -> None:
     assert anywhere("") == down.format('gpu_state_seconds_total{state="down"}')
     # On a step boundary, no offset; without a selector, bare metric names.
     aligned = window_for(END - DAY, END, 15)
-    assert aligned.offset == 0 and "offset" not in " ".join(q.expr for q in queries(aligned, ""))
+    assert aligned.offset == 0 and "offset" not in " ".join(q.expr for q in queries(aligned, "") if q.key != "prices")
+    # The prices' only offset is the step before each step, to tell a new price from one that held.
+    assert re.findall(r"offset \d+s", {q.key: q.expr for q in queries(aligned, "")}["prices"]) == ["offset 120s"]
     assert {q.key: q.expr for q in queries(aligned, "")}["info"] == (
         "max by (node, instance, gpu, uuid, name, mig_mode) (max_over_time(max_over_time(gpu_info[119999ms])"
         "[86399999ms:120s]))"

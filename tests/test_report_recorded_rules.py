@@ -154,14 +154,23 @@ def test_the_recorded_queries_word_for_word() -> None:
     at = h + queries.LAG
     assert at == h + 7200
     got = {q.key: (q.kind, q.at, q.shift, q.expr) for q in queries.recorded_queries(w, n2)}
+
+    def price(ms: int) -> str:  # each hour's price as ``hourly`` reads it, or the hour before's
+        return (
+            f"max by ({gpu}, currency) (last_over_time(gpu:report_price_per_hour:hour{{{n2}}}[1h] offset {ms}ms)) >= 0"
+        )
+
     # Named in the progress lines as the raw path's queries are, saying which series they read.
     assert {q.key: q.what for q in queries.recorded_queries(w, n2)} == {
-        "prices": "prices (recorded)", "seen": "GPUs seen, by target (recorded)", "info": "GPU models (recorded)",
+        "prices": "prices (recorded)", "priced_steps": "steps priced (recorded)",
+        "seen": "GPUs seen, by target (recorded)", "info": "GPU models (recorded)",
         "memory_total": "memory sizes (recorded)", "memory_peak": "memory peaks (recorded)",
         "activity": "activity while held (recorded)", "holders_now": "holders now"}  # fmt: skip
     assert got == {
-        "prices": ("range", None, 7200, f"max by ({gpu}, currency) (last_over_time("
-                                        f"gpu:report_price_per_hour:hour{{{n2}}}{hour}))"),
+        "prices": ("range", None, 7200, f"({price(1)}) unless ((({price(1)}) == ({price(3600001)})) and on () "
+                                        f"(vector(time()) > {w.start + HOUR + 7200}))"),
+        "priced_steps": ("instant", at, 0, f"max by ({gpu}, currency) (count_over_time("
+                                           f"gpu:report_price_per_hour:hour{{{n2}}}{span}))"),
         "seen": ("instant", at, 0, f"max without ({queries.EXPORTED}) (count_over_time("
                                    f"gpu:report_down:hour{{{n2}}}{span}))"),
         "info": ("instant", at, 0, f"max by ({gpu}, name, mig_mode) (max_over_time("

@@ -290,6 +290,11 @@ class Progress:
                 self.say(f"still waiting for {waiting} ({time.monotonic() - self.t0:.0f} s)")
 
 
+# The answers that plan the rest: where prices changed, which GPUs need every step's, and whether a GPU
+# was seen through two scrapers.
+PLANNED_FROM = frozenset({"prices", "priced_steps", "seen"})
+
+
 def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress,
                 currency: str | None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
     def one(q: Query) -> Any:
@@ -312,7 +317,7 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
                 q = pending.pop(f)
                 results[q.key] = f.result()
                 progress.finished(q.what)
-                if q.key not in ("prices", "seen") or not {"prices", "seen"} <= set(results):
+                if q.key not in PLANNED_FROM or not set(results) >= PLANNED_FROM:
                     continue
                 # The prices say where to cut the range for the hours, and which GPUs need every step's;
                 # the targets, whether any GPU was seen through two scrapers, to be counted once.

@@ -1,7 +1,9 @@
 """What each GPU cost: its price in effect x its hours, step by step where the price changed.
 
-The prices come first, one point per GPU and step (the last price each step saw, so that an outage
-or a failed scrape at a step's end drops nothing).  From them:
+The prices come first: each GPU's price at the steps where it was new (the first step, a change, a
+step after one without a price: ``queries.price_queries``), each step's price the last that step saw,
+so that an outage or a failed scrape at a step's end drops nothing; a step between two of them has the
+price before it.  With them, on how many steps each GPU had a price.  From them:
 
 - a GPU with one price at every step the exporter saw it costs its hours x that price;
 - where prices changed, the range is cut at the steps where they did, and the hours are asked piece
@@ -86,11 +88,9 @@ def plan(w: Window, results: Results, currency: str | None) -> Plan:
                 # exporter's price); the highest, were they to differ.
                 k = round((t - w.start) / w.step)
                 steps[key][k] = max(v, steps[key].get(k, v))
-    # On how many steps the GPU was seen: by the target that saw it longest.
-    seen: dict[GpuKey, float] = {}
-    for labels, v in results["seen"]:
-        key = gpu_key(labels)
-        seen[key] = max(v, seen.get(key, v))
+    # On how many steps the GPU was seen: by the target that saw it longest; and on how many it had a
+    # price (without that count, every step with a price is in ``steps``, as an answer of every step's).
+    seen, priced = _most(results["seen"]), _most(results.get("priced_steps", []), currency)
     p = Plan([(1, w.points)])
     cuts: set[int] = set()
     changing: dict[GpuKey, dict[int, float]] = {}
@@ -98,7 +98,7 @@ def plan(w: Window, results: Results, currency: str | None) -> Plan:
         order = sorted(prices)
         p.last[key] = prices[order[-1]]
         # Without the "down" series (an older exporter), a GPU counts as seen at every step.
-        if len(prices) < seen.get(key, w.points):
+        if priced.get(key, len(prices)) < seen.get(key, w.points):
             p.exact[key] = uuids[key]  # no price at a step that has hours: only step by step is right
         elif len(set(prices.values())) == 1:
             p.steady[key] = prices[order[0]]
@@ -111,8 +111,26 @@ def plan(w: Window, results: Results, currency: str | None) -> Plan:
     starts = [1, *sorted(cuts)]
     p.pieces = [(a, b - 1) for a, b in zip(starts, [*starts[1:], w.points + 1], strict=True)]
     for key, prices in changing.items():
-        p.by_piece[key] = [next((prices[k] for k in range(a, b + 1) if k in prices), None) for a, b in p.pieces]
+        # The price at the piece's first step with one, else the one in effect since before the piece.
+        p.by_piece[key] = [next((prices[k] for k in range(a, b + 1) if k in prices), _before(prices, a))
+                           for a, b in p.pieces]  # fmt: skip
     return p
+
+
+def _most(rows: list[tuple[Labels, float]], currency: str | None = None) -> dict[GpuKey, float]:
+    """Each GPU's highest figure of any target (of ``currency``'s series where given)."""
+    out: dict[GpuKey, float] = {}
+    for labels, v in rows:
+        if currency is None or labels.get("currency") == currency:
+            key = gpu_key(labels)
+            out[key] = max(v, out.get(key, v))
+    return out
+
+
+def _before(prices: dict[int, float], step: int) -> float | None:
+    """The price of the last step before ``step`` that has one."""
+    earlier = [k for k in prices if k < step]
+    return prices[max(earlier)] if earlier else None
 
 
 def hours_rows(results: Results, p: Plan) -> list[tuple[Labels, float]]:

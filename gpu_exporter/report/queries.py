@@ -252,6 +252,25 @@ ACTIVITY_SIGNALS = ("sm_active", "utilization", "dram_active", "tensor_active", 
                     "fp16_active")  # fmt: skip
 
 
+def price_queries(w: Window, price: Callable[[int], str], priced_steps: str, shift: int = 0,
+                  suffix: str = "") -> list[Query]:  # fmt: skip
+    """Each GPU's price where it changed, and on how many steps it had one.
+
+    ``price`` is the expression of each GPU's price at a step, or (given seconds to look back) at the
+    step before.  The range query answers only the steps where a price is new: the first step,
+    a step whose price differs from the one before, and one after a step without a price.  A fleet's
+    prices hold for weeks, so that is a point or two per GPU where every step's price would be 720
+    (30 days: 130 MiB at 10,000 GPUs, past the answer bound); the steps between carry the price before
+    them (``cost.plan``).  ``priced_steps`` counts the steps with a price: a step without one (pricing
+    turned on or off in the range) reads the same as a step whose price held."""
+    first = w.start + w.step + shift  # the range query's first step, which has no step before it in the answer
+    same = f"({price(0)}) == ({price(w.step)})"
+    changed = f"({price(0)}) unless (({same}) and on () (vector(time()) > {first}))"
+    return [Query("prices", f"prices{suffix}", changed, "range", shift=shift),
+            Query("priced_steps", f"steps priced{suffix}", priced_steps,
+                  at=w.end + shift if shift else None)]  # fmt: skip
+
+
 def queries(w: Window, matchers: str) -> list[Query]:
     """What the report asks whatever the prices say (the hours and the timeline follow, once the prices
     tell where to cut the range and the targets whether any GPU was seen twice: ``hours``, ``timeline``).
@@ -259,11 +278,11 @@ def queries(w: Window, matchers: str) -> list[Query]:
     samples; an aggregation inside one is redone at every one of its steps."""
     t = _Tiles(w, matchers)
     price, state = "gpu_price_per_hour", "gpu_state_seconds_total"
-    step_price = f"last_over_time({_sel(price, matchers)}[{t.open}])"
+    priced = f"last_over_time({t.range(price)}) >= 0"
     return [
-        # Every GPU's price at the end of each step, by a range query: a handful of points per GPU-day,
-        # and one pass over the price samples tells which prices held, where they changed, and the last.
-        Query("prices", "prices", f"max by ({GPU}, currency) ({step_price})", "range"),
+        *price_queries(w, lambda back: f"max by ({GPU}, currency) (last_over_time({_sel(price, matchers)}[{t.open}]"
+                                       f"{f' offset {back}s' if back else ''})) >= 0",
+                       f"max by ({GPU}, currency) (count_over_time(({priced})[{t.span}:{t.s}]))"),
         # On how many steps each target saw each GPU (its unheld "down" series exists from its first poll):
         # every label but the exporter's is kept, so that the report names the targets it counted once.
         Query("seen", "GPUs seen, by target",
@@ -491,9 +510,13 @@ def recorded_queries(w: Window, matchers: str) -> list[Query]:
     def over(outer: str, metric: str) -> str:
         return f"{outer}({recorded_range(metric, matchers, w.points)})"
 
+    def price(back: int) -> str:  # as ``hourly`` reads it, ``back`` seconds earlier
+        selector = f"{_sel(REC_PRICE, matchers)}[1h] offset {back * 1000 + 1}ms"
+        return f"max by ({GPU}, currency) (last_over_time({selector})) >= 0"
+
     return [
-        Query("prices", "prices (recorded)", f"max by ({GPU}, currency) ({hourly(REC_PRICE, matchers)})", "range",
-              shift=LAG),
+        *price_queries(w, price, f"max by ({GPU}, currency) ({over('count_over_time', REC_PRICE)})", LAG,
+                       " (recorded)"),
         Query("seen", "GPUs seen, by target (recorded)",
               f"max without ({EXPORTED}) ({over('count_over_time', REC_DOWN)})", at=at),
         Query("info", "GPU models (recorded)", f"max by ({GPU}, name, mig_mode) ({over('max_over_time', REC_INFO)})",
