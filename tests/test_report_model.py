@@ -771,6 +771,26 @@ def test_a_users_gpus_and_a_job_of_mixed_cards_are_not_sized_as_one() -> None:
     assert build(W, mixed, CATALOGUE)["recommendations"] == []
 
 
+def test_a_holder_is_sized_as_a_job_by_its_kind_not_by_the_words_that_name_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a holder's GPUs are sized as one is its kind's, from its labels: not the first word of
+    its name, which is for people to read.  Named otherwise ("Slurm job 4242", "job owner alice"),
+    job 4242 on 2 GPUs is still one job, advised once for both, and alice still a user whose two GPUs
+    are advised each on its own."""
+    from gpu_exporter.report.holders import Holder
+
+    words = {"job": "Slurm job {h.hpc_job} of {h.user}", "user": "job owner {h.user}"}
+    monkeypatch.setattr(Holder, "name", property(lambda h: words[h.kind].format(h=h) if h.kind else ""))
+    r = empty()
+    job_of(r, "4242", 2)
+    job_of(r, "", 2, holder={"user": "alice"}, node="n2")
+    recs = build(W, r, CATALOGUE)["recommendations"]
+    assert sorted((x["holder"], x["gpus"], x["gpu"]) for x in recs) == [
+        ("Slurm job 4242 of alice", 2, "0, 1"),
+        ("job owner alice", 1, "0"),
+        ("job owner alice", 1, "1"),
+    ], recs
+
+
 def test_a_jobs_recommendation_is_titled_with_its_count_in_every_format() -> None:
     from gpu_exporter.report.render import as_html, as_markdown, as_table
 
