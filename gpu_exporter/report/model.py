@@ -226,7 +226,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         if advice is not None:
             recommendations.append(_recommendation(advice, usage, g.model))
     for members in jobs.values():
-        job = members[0] if len(members) == 1 else Sizer.together(members)
+        job = Sizer.together(members)  # of one GPU: that GPU
         advice = None if job is None else sizer.advise(job)
         if job is not None and advice is not None:
             recommendations.append(_recommendation(advice, job, job.model))
