@@ -716,6 +716,7 @@ def test_a_card_is_suggested_in_words_naming_the_holder_and_signal_and_a_whole_c
     r = light_h100s((3.0,))
     (rec,) = build(W, r, CATALOGUE)["recommendations"]
     assert rec["reason"].startswith("pod ml/job-0")  # the holder, first
+    assert rec["current_model"] == H100  # the card it would leave, which the advice's title names
     assert_mentions(rec["reason"], "6.0 GiB", "4% SM activity", "p95", H100, "GPU 0 on n1", "100 h",
                     "H100 80GB MIG 1g.10gb")  # fmt: skip
     whole = empty()
@@ -748,7 +749,7 @@ def test_a_job_on_eight_gpus_is_advised_once_for_all_of_them_with_its_interconne
     doc = build(W, r, CATALOGUE, Options(pricing=prices))
     (rec,) = doc["recommendations"]
     assert (rec["gpus"], rec["gpu"], rec["holder"]) == (8, "0, 1, 2, 3, 4, 5, 6, 7", "job 4242 of alice")
-    assert rec["suggested"] == "A100 40GB"
+    assert (rec["current_model"], rec["suggested"]) == (H100, "A100 40GB")
     assert rec["saving_per_month"] == pytest.approx((2.5 - 1.2) * 8 * 730)
     assert_mentions(rec["reason"], "8 GPUs", "8 x A100 40GB", "NVLink, 300 GB/s each way", "27% SM activity",
                     "NVLink 270 GB/s each way")  # fmt: skip
@@ -766,11 +767,69 @@ def test_a_users_gpus_and_a_job_of_mixed_cards_are_not_sized_as_one() -> None:
     H100 and an A100 cannot be one card's worth of advice: it gets none."""
     r = empty()
     job_of(r, "", 2, holder={"user": "alice"})
-    assert [x["gpus"] for x in build(W, r, CATALOGUE)["recommendations"]] == [1, 1]
+    assert [(x["gpus"], x["current_model"]) for x in build(W, r, CATALOGUE)["recommendations"]] == [(1, H100)] * 2
     mixed = empty()
     job_of(mixed, "77", 1)
     job_of(mixed, "77", 1, "NVIDIA A100-SXM4-80GB", first=1)
     assert build(W, mixed, CATALOGUE)["recommendations"] == []
+
+
+def test_a_holder_is_sized_as_a_job_by_its_kind_not_by_the_words_that_name_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a holder's GPUs are sized as one is its kind's, from its labels: not the first word of
+    its name, which is for people to read.  Named otherwise ("Slurm job 4242", "job owner alice"),
+    job 4242 on 2 GPUs is still one job, advised once for both, and alice still a user whose two GPUs
+    are advised each on its own."""
+    from gpu_exporter.report.holders import Holder
+
+    words = {"job": "Slurm job {h.hpc_job} of {h.user}", "user": "job owner {h.user}"}
+    monkeypatch.setattr(Holder, "name", property(lambda h: words[h.kind].format(h=h) if h.kind else ""))
+    r = empty()
+    job_of(r, "4242", 2)
+    job_of(r, "", 2, holder={"user": "alice"}, node="n2")
+    recs = build(W, r, CATALOGUE)["recommendations"]
+    assert sorted((x["holder"], x["gpus"], x["gpu"]) for x in recs) == [
+        ("Slurm job 4242 of alice", 2, "0, 1"),
+        ("job owner alice", 1, "0"),
+        ("job owner alice", 1, "1"),
+    ], recs
+
+
+def test_a_job_seen_for_an_hour_is_still_advised_once_for_all_its_gpus() -> None:
+    """Over a one-hour range, with --min-history-hours below it, job 4242's two GPUs get one advice for
+    both, as over a week: a short history is no reason to size a job GPU by GPU."""
+    w = window_for(END - 3600, END)
+    r = empty()
+    for i in range(2):
+        key = {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-n1-{i}"}
+        add_gpu(r, key, H100, {"busy": w.hours}, price=2.5, holder={"hpc_job": "4242", "user": "alice"},
+                peak=6 * GIB, activity=0.04, w=w)  # fmt: skip
+    (rec,) = build(w, r, CATALOGUE, Options(min_history_hours=0.5))["recommendations"]
+    assert (rec["gpus"], rec["gpu"], rec["holder"], rec["seen_hours"]) == (2, "0, 1", "job 4242 of alice", 1.0)
+
+
+def test_advice_from_gpu_utilization_says_the_gpu_gives_no_pipe_or_dram_activity() -> None:
+    """A GPU without GPM (its utilization and NVLink traffic, no SM, pipe or DRAM activity) is sized from
+    its utilization, and the advice says what that assumes: every pipe and the memory bandwidth as busy
+    as it."""
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}
+    add_gpu(r, key, H100, {"busy": W.hours}, price=3.0, holder={"namespace": "ml", "pod": "old"}, peak=6 * GIB)
+    r["activity"] += [({**key, "signal": "utilization"}, 0.04), ({**key, "signal": "nvlink_tx"}, 0.0)]
+    (rec,) = build(W, r, CATALOGUE)["recommendations"]
+    assert_mentions(rec["reason"], "4% GPU utilization", "the GPU gives no pipe and DRAM activity")
+
+
+def test_a_gpu_counted_twice_says_why_and_that_its_hours_are_scaled_down() -> None:
+    """150 h busy in the 100 h range: the note gives both figures, the likely cause (one exporter under
+    two names that no label tells apart) and what the report did about it."""
+    r = empty()
+    add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-0"}, H100, {"busy": 150.0}, price=3.0)
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    assert g["gpu_hours"] == 100.0
+    (note,) = g["notes"]
+    assert_mentions(note, "150 h", "100 h range", "scraped twice under names no label tells apart",
+                    "two addresses in one job")  # fmt: skip
+    assert note.endswith("its hours are scaled down to the range"), note
 
 
 def test_a_jobs_recommendation_is_titled_with_its_count_in_every_format() -> None:

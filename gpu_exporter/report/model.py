@@ -23,12 +23,14 @@ from .catalogue import PIPES, Catalogue
 from .client import Labels
 from .cost import GpuKey, cost_rows, currencies, hours_rows, pick_currency, plan
 from .cost import gpu_key as _gpu_key
-from .holders import Holder, holder_of
+from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
 from .queries import Window
 from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage, gpu_order
 
-JOB_KINDS = ("job", "pod", "container")  # holders sized as a whole where they hold several GPUs (not a user)
+# The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
+# one workload.
+JOB_KINDS = ("job", "pod", "container")
 
 SCHEMA = "gpu-exporter.report/v1"
 HOURS_DIGITS = 6
@@ -70,9 +72,10 @@ class _Gpu:
     cost: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     priced: bool = False
     price_now: float | None = None
-    holders: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # holder -> held hours
-    idle_holders: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # -> allocated idle hours
-    holders_now: set[str] = field(default_factory=set)  # who held it in the range's last step
+    # By holder, not by its name: what it is (its kind: a job's GPUs are sized together) stays with it.
+    holders: dict[Holder, float] = field(default_factory=lambda: defaultdict(float))  # holder -> held hours
+    idle_holders: dict[Holder, float] = field(default_factory=lambda: defaultdict(float))  # -> allocated idle hours
+    holders_now: set[Holder] = field(default_factory=set)  # who held it in the range's last step
     memory_total: float | None = None
     memory_peak: float | None = None
     signals: dict[str, float] = field(default_factory=dict)
@@ -125,10 +128,9 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         g.hours[state] += v
         h = holder_of(labels)
         if h.kind and state in (BUSY, ALLOCATED_IDLE):
-            name = h.name
-            g.holders[name] += v
+            g.holders[h] += v
             if state == ALLOCATED_IDLE:
-                g.idle_holders[name] += v
+                g.idle_holders[h] += v
             row = holders.setdefault(h, {"hours": defaultdict(float), "cost": 0.0, "wasted": 0.0, "gpus": {}})
             row["hours"][state] += v
             row["gpus"][_gpu_key(labels)] = g
@@ -164,7 +166,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         g.signals[signal] = max(v, g.signals.get(signal, v))
     for labels, v in results.get("holders_now", []):
         if v > 0 and (h := holder_of(labels)).kind and _gpu_key(labels) in gpus:
-            gpus[_gpu_key(labels)].holders_now.add(h.name)
+            gpus[_gpu_key(labels)].holders_now.add(h)
     for labels, _ in results["seen"]:
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].targets.add(tuple(sorted((k, x) for k, x in labels.items() if k not in IDENTITY)))
@@ -184,13 +186,13 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
 
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
-    jobs: dict[str, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
+    jobs: dict[Holder, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
     for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, gpu_order(kg[1].gpu), kg[1].uuid)):
         hours = sum(g.hours.values())
         price = sum(g.cost.values()) / hours if g.priced and hours > 0 else None
         # Its holder: who holds it now, else who held it longest (by hours, holders that come and go can
         # tie, and two engines would pick different ones).
-        top = _most({h: g.holders.get(h, 0.0) for h in g.holders_now}) or _most(g.holders)
+        top = _most({h: g.holders.get(h, 0.0) for h in g.holders_now}, g.holders)
         activity: float | None = g.signals.get("sm_active")
         signal = "SM activity" if activity is not None else "GPU utilization"
         activity = g.signals.get("utilization") if activity is None else activity
@@ -199,7 +201,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         # Each pipe's activity where the GPU has GPM (a pipe it does not report stays unknown).
         pipes = ({p: g.signals[f"{p}_active"] for p in PIPES if f"{p}_active" in g.signals}
                  if "sm_active" in g.signals else None)  # fmt: skip
-        usage = Usage(g.node, g.gpu, g.uuid, g.model, top, _most(now) or _most(g.idle_holders), g.hours[BUSY],
+        usage = Usage(g.node, g.gpu, g.uuid, g.model, top.name, _most(now, g.idle_holders).name, g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
                       g.mig_mode, pipes, g.signals.get("nvlink_tx"))  # fmt: skip
@@ -211,19 +213,20 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "memory_total_bytes": g.memory_total, "memory_peak_bytes": g.memory_peak,
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
-            "holder": top, "targets": [dict(t) for t in sorted(g.targets)],
+            "holder": top.name, "targets": [dict(t) for t in sorted(g.targets)],
             "notes": [*_over_the_range(total[key], w), *sizer.notes(usage)],
         })  # fmt: skip
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
-        # reclaim stands.
-        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.split(" ", 1)[0] in JOB_KINDS:
+        # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to
+        # read and may say anything (a pod "job-7", a job shown as "Slurm job 7").
+        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.kind in JOB_KINDS:
             jobs.setdefault(top, []).append(usage)
             continue
         advice = sizer.advise(usage)
         if advice is not None:
             recommendations.append(_recommendation(advice, usage, g.model))
     for members in jobs.values():
-        job = members[0] if len(members) == 1 else Sizer.together(members)
+        job = Sizer.together(members)  # of one GPU: that GPU
         advice = None if job is None else sizer.advise(job)
         if job is not None and advice is not None:
             recommendations.append(_recommendation(advice, job, job.model))
@@ -237,7 +240,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         held_gpus = acc["gpus"].values()
         unpriced = [x for x in held_gpus if not x.priced]
         priced_any = len(unpriced) < len(held_gpus)
-        unpriced_hours = sum(x.holders.get(h.name, 0.0) for x in unpriced)
+        unpriced_hours = sum(x.holders.get(h, 0.0) for x in unpriced)
         holder_rows.append({
             "kind": h.kind, "holder": h.name, "namespace": h.namespace, "pod": h.pod, "hpc_job": h.hpc_job,
             "container": h.container, "user": h.user,
@@ -326,9 +329,13 @@ def _no_figure(advice: Advice, u: Usage) -> str | None:
     return "no price" if u.price_per_hour is None else "too little history"
 
 
-def _most(hours: dict[str, float]) -> str:
-    """Who held it longest; of several as long, the first by name."""
-    return min(hours.items(), key=lambda kv: (-kv[1], kv[0]))[0] if hours else ""
+def _most(*held: dict[Holder, float]) -> Holder:
+    """Who held it longest, of the first of these that names anyone (nobody where none does); of
+    several as long, the first by name."""
+    for hours in held:
+        if hours:
+            return min(hours.items(), key=lambda kv: (-kv[1], kv[0].name))[0]
+    return NOBODY
 
 
 def _status(gpus: dict[GpuKey, _Gpu], priced: list[_Gpu], currency: str | None, results: Results,
