@@ -18,23 +18,17 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpu_exporter.report.catalogue import load_catalogue
 from tests import assert_mentions
-from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml.presets import GIB, b200, card_2026, gb200, l40s
 from tests.fakenvml.scenario import Counter, Scenario
-from tests.prometheus_helpers import Prometheus, VictoriaMetrics, prometheus, victoria_metrics
-from tests.test_rightsizing_live import ENGINES, HISTORY_S, ME, SETTLE_S, advice, reasons, report
-from tests.timing import NEVER_S
+from tests.rightsizing_live_helpers import ENGINES, ME, a_minute_in_both_stores, advice, config, reasons, report
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +38,6 @@ PRICING: dict[str, Any] = {"currency": "USD", "models": {
     "H200": 4.00, "H20": 2.20, "B200": 8.00, "GB200": 9.00, "A30": 1.10, "A10": 1.05, "A10G": 1.10, "L40": 1.20,
     "RTX PRO 6000": 1.80, "H100 NVL": 3.20, "H100": 3.00, "GH200": 4.50, "L40S": 1.40, "L4": 0.80, "A100": 2.00,
     "T4": 0.35}}  # fmt: skip
-POLL, PROFILING = "0.5s", "0.25s"
 JOB, JOB_GPUS = "777", ("9", "10")
 # NVLink data each way per link of the H100 NVL pair, KiB/s: 12 links x 4,000,000 x 1024 = 49 GB/s.
 LINK_KIB_PER_S = 4_000_000
@@ -119,10 +112,6 @@ def node(path: Path, pids: dict[str, int]) -> Scenario:
     return s
 
 
-def _every_gpu(store: Prometheus | VictoriaMetrics) -> bool:
-    return len(store.query("count by (gpu) (gpu_sm_active_ratio or gpu_utilization_ratio)")) == len(NODE)
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib: Path) -> Iterator[dict[str, Any]]:
     """A minute of the cards in both stores: each engine's URL, and the range to report on."""
@@ -131,29 +120,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib: Path) -> Itera
     try:
         s = node(tmp / "node.scn", {k: p.pid for k, p in sleepers.items()})
         s.write()
-        (tmp / "job-map").mkdir()
-        for gpu in JOB_GPUS:
-            (tmp / "job-map" / gpu).write_text(f"{JOB}\n")
-        cfg = tmp / "config.yaml"
-        cfg.write_text(yaml.safe_dump({"node_name": "node-a", "pricing": PRICING,
-                                       "slurm": {"job_mapping_dir": str(tmp / "job-map")}}))  # fmt: skip
-        with run_daemon(s.path, "--config", str(cfg), "--poll.interval", POLL, "--profiling.interval", PROFILING) as d:
-            target = f"127.0.0.1:{d.port}"
-            scrape = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                      "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [
-                          {"targets": [target], "labels": {"node": "node-a"}}]}]}  # fmt: skip
-            with prometheus([target], tmp / "prom", labels={"node": "node-a"}) as prom, \
-                    victoria_metrics(tmp / "vm", scrape) as vm:  # fmt: skip
-                for store in (prom, vm):
-                    wait_for(partial(_every_gpu, store), timeout=NEVER_S, what="every GPU's activity in the store")
-                started = time.time()
-                wait_for(lambda: time.time() - started >= HISTORY_S + 2 * SETTLE_S, timeout=HISTORY_S + NEVER_S,
-                         interval=1, what="a minute of history")  # fmt: skip
-                ends = {}
-                for engine, store in (("prometheus", prom), ("victoriametrics", vm)):
-                    (last,) = store.query('max(timestamp(gpu_state_seconds_total{node="node-a"}))')
-                    ends[engine] = int(float(last["value"][1])) - SETTLE_S
-                yield {"urls": {"prometheus": prom.url, "victoriametrics": vm.url}, "ends": ends, "config": cfg}
+        cfg = config(tmp, PRICING, dict.fromkeys(JOB_GPUS, JOB))
+        with a_minute_in_both_stores(s.path, cfg, tmp, len(NODE)) as live:
+            yield live
     finally:
         for p in sleepers.values():
             p.kill()
@@ -221,7 +190,9 @@ def test_the_nvl_pair_moving_data_gets_one_advice_with_nvlink(docs: dict[str, di
     (r,) = covering
     assert r["gpu"] == ", ".join(JOB_GPUS) and r["gpus"] == 2 and "MIG" not in r["reason"], r["reason"]
     moved = re.search(r"NVLink (\d+) GB/s each way", r["reason"])
-    assert moved is not None and 45 <= int(moved.group(1)) <= 52, r["reason"]
+    # Never less than it moved; under load a scrape may read a poll's counters late and the next one
+    # catch up, so a step's rate may run high, but never as high as the links counted twice (98).
+    assert moved is not None and 45 <= int(moved.group(1)) < 90, r["reason"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
