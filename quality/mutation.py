@@ -237,6 +237,7 @@ TARGETS: dict[str, Target] = {
                 "tests/test_report_config.py",
                 "tests/test_report_holder_kinds.py",
                 "tests/test_report_dedupe.py",
+                "tests/test_report_price_changes.py",  # the prices where they change plan as every step's
             )
         ),
         daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),

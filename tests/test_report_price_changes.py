@@ -90,3 +90,17 @@ def test_a_gpu_counted_without_a_price_at_every_step_it_was_seen_is_priced_step_
     assert plan(W, answered, "USD").exact == {("n1", "GPU-0", ""): "GPU-0"}
     answered["priced_steps"] = [(labels, 100.0) for labels, _ in answered["priced_steps"]]
     assert plan(W, answered, "USD").steady == {("n1", "GPU-0", ""): 2.0}
+
+
+def test_the_steps_priced_are_those_of_the_reports_currency() -> None:
+    """A GPU priced in EUR all along and in USD for 60 of its 100 steps: in USD it is priced step by step
+    (its EUR count is no USD price), in EUR it holds one price."""
+    usd = every_step({"0": [None] * 40 + [2.0] * 60})
+    eur = every_step({"0": [1.8] * 100})
+    both = as_the_store_answers(usd)
+    extra = as_the_store_answers(eur)
+    for k in ("prices", "priced_steps"):
+        both[k] += [({**labels, "currency": "EUR"}, v) for labels, v in extra[k]]
+    key = ("n1", "GPU-0", "")
+    assert plan(W, both, "USD").exact == {key: "GPU-0"} and key not in plan(W, both, "USD").steady
+    assert plan(W, both, "EUR").steady == {key: 1.8} and plan(W, both, "EUR").exact == {}
