@@ -11,9 +11,11 @@ import yaml
 
 from gpu_exporter.report import queries
 from gpu_exporter.report.command import NotRecorded, _recorded_mode, build_parser, pick_path
+from gpu_exporter.report.model import iso
 from gpu_exporter.report.queries import HOUR, recorded_window
 from gpu_exporter.report.settings import ReportConfigError
 from gpu_exporter.report.settings import load as load_report
+from tests import assert_mentions
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-report.rules.yml"
@@ -220,3 +222,24 @@ def test_the_recorded_queries_word_for_word() -> None:
     assert both.shift == queries.LAG and both.expr.startswith("sum by (state) (max by (node, gpu, uuid, ")
     for u in ('uuid!=""', 'uuid=""'):
         assert f"last_over_time(gpu:report_state_seconds:hour{{{n2}, {u}}}{hour})" in both.expr
+
+
+def test_a_range_ending_now_is_told_the_whole_hours_the_rules_have_written() -> None:
+    """--since 30d at 14:37 reads the raw series: its ends are no whole hours and its last 2 h are not
+    recorded yet.  The progress line gives the hours within it that are (from 15:00 30 days ago to
+    12:00 today: 717 h), as flags, without asking the store; a range with fewer than 24 such hours,
+    or one the rules already cover, gets none."""
+    h = 1_800_000_000 // HOUR * HOUR
+    now = h + 37 * 60  # 37 minutes past the hour
+    asked = _Store(None)
+    w, why = pick_path(asked, "auto", now - 720 * HOUR, now, now)  # type: ignore[arg-type]
+    assert w is None and asked.asked == []
+    assert_mentions(why, "not 1 to 30 days on whole hours", f"--start {iso(h - 719 * HOUR)}",
+                    f"--end {iso(h - 2 * HOUR)}", "717 of the range's 720 h")  # fmt: skip
+    # A range ending on a whole hour an hour ago: not written yet; its hours up to 2 h ago are.
+    _, late = pick_path(asked, "auto", h - 48 * HOUR, h - HOUR, h)  # type: ignore[arg-type]
+    assert_mentions(late, "1 to 2 h after it ends", f"--end {iso(h - 2 * HOUR)}", "46 of the range's 47 h")
+    # Too short for the recorded path once cut: nothing to suggest.
+    assert "--start" not in pick_path(asked, "auto", now - 25 * HOUR, now, now)[1]  # type: ignore[arg-type]
+    with pytest.raises(NotRecorded, match=r"--end .* would read them"):
+        pick_path(asked, "yes", now - 720 * HOUR, now, now)  # type: ignore[arg-type]

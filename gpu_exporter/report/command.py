@@ -27,6 +27,7 @@ from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .queries import (
+    HOUR,
     LAG,
     PROBES,
     Query,
@@ -354,9 +355,25 @@ def pick_path(client: PromClient, mode: str, start: float, end: float, now: floa
         if hours == w.points:
             return w, ""
         why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
+    if w is None or w.end + LAG > now:
+        why += _recorded_within(start, end, now)
     if mode == "yes":
         raise NotRecorded(f"--prometheus.recorded yes: {why}")
     return None, why
+
+
+def _recorded_within(start: float, end: float, now: float) -> str:
+    """The largest range of whole hours within [start, end] that the recording rules have written by
+    ``now``, as flags, where it is one they may cover: ``--since 30d`` ends now, and its first and last
+    hours are what keeps it from the recorded series, which the user may well give up for a tenth of
+    the store's time."""
+    first = -(-int(start) // HOUR) * HOUR
+    last = min(int(end) // HOUR * HOUR, (int(now) - LAG) // HOUR * HOUR)
+    within = recorded_window(first, last) if last > first else None
+    if within is None:
+        return ""
+    return (f"; --start {iso(within.start)} --end {iso(within.end)} would read them ({within.points} of the range's "
+            f"{(end - start) / HOUR:.4g} h), if the rules ran")  # fmt: skip
 
 
 def why_empty(client: PromClient, w: Window, matchers: str, selector: str | None) -> tuple[str, str]:
