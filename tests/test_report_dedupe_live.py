@@ -179,9 +179,12 @@ def test_two_jobs_scraping_one_exporter_count_its_gpus_once(live: Live) -> None:
     (line,) = [line for line in table.splitlines() if line.startswith("Counted once: ")]
     assert_mentions(line, f"GPUs 0, 1 on {live.sim_a}", "2 targets", f'{{instance="{live.sim_a}", job="gpu-a"}}',
                     f'{{instance="{live.sim_a}", job="gpu-b"}}')  # fmt: skip
-    # The timeline counts each step once too: its steps add up to the totals.
+    # The timeline counts each step once too: its steps add up to the totals, but for what the totals
+    # leave out where a GPU's extrapolated increases add up past the range (model.build scales such a
+    # GPU's hours down to it; the timeline shows the steps as the store answered): under a poll a GPU.
     for h in HOURS[1:]:
-        assert sum(p[h] for p in doc["timeline"]) == pytest.approx(t[h], abs=1e-5), h
+        shown = sum(p[h] for p in doc["timeline"])
+        assert t[h] - 1e-5 <= shown <= t[h] + t["gpus"] * ONE_POLL_H, (h, shown, t[h])
 
 
 def test_an_ha_pair_behind_one_store_counts_its_gpus_once(live: Live) -> None:
