@@ -28,7 +28,9 @@ while the history was written.
 With ``--recorded``, the recording rules of alerts/gpu-report.rules.yml are evaluated on the
 Prometheus history by promtool (``create-blocks-from rules``, at the phase of the hour a running
 Prometheus would evaluate them) and backfilled next to it, and the report runs both ways on
-Prometheus (``--prometheus.recorded no`` and ``yes``); ``--gpus`` sizes the fleet (nodes of 8) and
+Prometheus (``--prometheus.recorded no`` and ``yes``), and once more on a range that starts and ends
+1,000 s before the whole hours (``prometheus-parts``: its ends raw, the hours between recorded, as
+``--since 30d`` is read); ``--gpus`` sizes the fleet (nodes of 8) and
 ``--no-vm`` leaves VictoriaMetrics out.  Results go to results/report-fleet-<gpus>-<days>d.json:
 
     .venv/bin/python benchmarks/report_fleet.py --recorded --no-vm --days 2 --gpus 1600
@@ -396,6 +398,11 @@ def settle(pid: int, quiet_s: float = 10.0, timeout: float = 900.0) -> None:
     log("report-fleet: a store is still busy; measuring anyway")
 
 
+# The range read in parts ends this much before the history does (and starts as much earlier): 16 min
+# 40 s off the whole hour, so that both its ends are read raw.
+PARTS_END_EARLY = 1000
+
+
 def run_report(url: str, since: str, end: str, out: Path, *extra: str) -> tuple[float, str]:
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url, "--since", since,
@@ -468,6 +475,8 @@ def main(argv: list[str]) -> int:
         paths = {"prometheus": (prom_url, prom.pid, ("--prometheus.recorded", "no"))}
         if args.recorded:
             paths["prometheus-recorded"] = (prom_url, prom.pid, ("--prometheus.recorded", "yes"))
+            # A range off whole hours, as --since ends now: its ends raw, the hours between recorded.
+            paths["prometheus-parts"] = (prom_url, prom.pid, ("--prometheus.recorded", "auto"))
         if vm_pid:
             paths["victoriametrics"] = (vm_url, vm_pid, ("--prometheus.recorded", "no"))
         stores = {k: v[0] for k, v in paths.items()}
@@ -482,7 +491,8 @@ def main(argv: list[str]) -> int:
                 loads[store].append(os.getloadavg()[0])  # the machine is shared: say how busy it was
                 out = tmp / f"report-{store}.json"
                 before = cpu_seconds(pids[store])
-                wall, stderr[store] = run_report(url, since, end_at, out, *paths[store][2])
+                ends = str(int(end_at) - PARTS_END_EARLY) if store == "prometheus-parts" else end_at
+                wall, stderr[store] = run_report(url, since, ends, out, *paths[store][2])
                 runs[store].append(wall)
                 # The store's own CPU time for the report: what a machine of its own would spend, whatever
                 # else the shared machine runs meanwhile.

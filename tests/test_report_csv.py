@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gpu_exporter.report import command
 from gpu_exporter.report.charges import apportion
 from gpu_exporter.report.command import build_parser, main
+from gpu_exporter.report.cost import Part
 from gpu_exporter.report.csv_export import as_csv
 from gpu_exporter.report.model import build, iso
 from gpu_exporter.report.queries import window_for
@@ -73,7 +74,7 @@ def rows(text: str) -> list[dict[str, str]]:
 
 def report(r: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, str]]]:
     doc = build(W, r, CATALOGUE)
-    return doc, rows(as_csv(W, r, doc))
+    return doc, rows(as_csv([Part(W, r)], doc))
 
 
 def test_the_rows_add_up_to_the_reports_total_to_the_last_digit() -> None:

@@ -17,6 +17,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from gpu_exporter.report.cost import Part
 from gpu_exporter.report.focus import as_focus
 from gpu_exporter.report.model import build
 from tests.test_report_csv import W, week
@@ -69,7 +70,7 @@ ISO_4217 = {"USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "CNY", "INR", "SEK"
 def dataset() -> tuple[dict[str, Any], list[str], list[dict[str, str]]]:
     r = week()
     doc = build(W, r, CATALOGUE)
-    reader = csv.DictReader(io.StringIO(as_focus(W, r, doc)))
+    reader = csv.DictReader(io.StringIO(as_focus([Part(W, r)], doc)))
     out = list(reader)
     return doc, list(reader.fieldnames or []), out
 

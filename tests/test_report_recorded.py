@@ -68,14 +68,15 @@ OUTAGE = (10 * HOUR + 40 * 60, 11 * HOUR + 20 * 60)  # n2's exporter is gone: no
 FIRST_SEEN = {("n2", "1"): 5 * HOUR + 20 * 60}
 
 
-def history() -> str:
+def history(step: int = STEP) -> str:
+    """The history, sampled every ``step`` seconds."""
     lines: list[str] = []
     for node, gpu, name, prices, jobs in GPUS:
         counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         rows: list[tuple[int, dict[tuple[str, tuple[tuple[str, str], ...]], float], str, dict[str, str]]] = []
         restarted = True
-        for k in range((END - T0) // STEP + 1):
-            t = T0 + k * STEP
+        for k in range((END - T0) // step + 1):
+            t = T0 + k * step
             rel = t - START
             gone = node == "n2" and OUTAGE[0] <= rel < OUTAGE[1]
             if gone or rel < FIRST_SEEN.get((node, gpu), -math.inf):
@@ -87,7 +88,7 @@ def history() -> str:
                 counters = dict.fromkeys(counters, 0.0)
                 restarted = False
             else:
-                counters[key] = counters.get(key, 0.0) + STEP
+                counters[key] = counters.get(key, 0.0) + step
             counters.setdefault(("idle", ()), 0.0)
             counters.setdefault(("down", ()), 0.0)
             rows.append((t, dict(counters), state, holder))
@@ -124,11 +125,9 @@ def promtool(*args: str) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+def _backfilled(tmp: Path, step: int) -> Iterator[Prometheus]:
     """The raw history, then the recording rules evaluated on it and backfilled next to it."""
-    tmp = tmp_path_factory.mktemp("recorded")
-    (tmp / "history.om").write_text(history())
+    (tmp / "history.om").write_text(history(step))
     promtool("tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "prom" / "data"))
     with prometheus([], tmp / "prom") as prom:
         promtool("tsdb", "create-blocks-from", "rules", f"--url={prom.url}", f"--start={START}",
@@ -137,6 +136,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
         shutil.move(str(block), tmp / "prom" / "data" / block.name)
     with prometheus([], tmp / "prom") as prom:
         yield prom
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    yield from _backfilled(tmp_path_factory.mktemp("recorded"), STEP)
 
 
 def report(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -240,3 +244,125 @@ def test_victoriametrics_reads_the_same_recorded_hours(
     assert "reading the hourly recorded series" in err
     rec = both["yes"][0]
     assert (doc["totals"], doc["gpus"], doc["holders"]) == (rec["totals"], rec["gpus"], rec["holders"])
+
+
+# -- a range read in parts ---------------------------------------------------------------------------
+# The same history sampled every 5 minutes (a step of three scrapes is 15 minutes), and a range whose
+# ends are no whole hours: 25 minutes after START to 1,000 s before END.  Its ends are read raw, the
+# 46 whole hours between them recorded.
+FINE = 300
+HEAD, TAIL = (START + 1500, START + HOUR), (END - HOUR, END - 1000)
+OFF_HOURS = ("--start", str(HEAD[0]), "--end", str(TAIL[1]))
+
+
+@pytest.fixture(scope="module")
+def fine_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    yield from _backfilled(tmp_path_factory.mktemp("recorded-fine"), FINE)
+
+
+@pytest.fixture(scope="module")
+def in_parts(fine_store: Prometheus) -> dict[str, tuple[dict[str, Any], str]]:
+    """The range read in parts, raw whole, and each of its parts read on its own."""
+    return {
+        "parts": as_json(fine_store.url, *OFF_HOURS),
+        "raw": as_json(fine_store.url, *OFF_HOURS, "--prometheus.recorded", "no"),
+        "head": as_json(fine_store.url, "--start", str(HEAD[0]), "--end", str(HEAD[1])),
+        "middle": as_json(fine_store.url, "--start", str(HEAD[1]), "--end", str(TAIL[0]), "--prometheus.recorded",
+                          "yes"),
+        "tail": as_json(fine_store.url, "--start", str(TAIL[0]), "--end", str(TAIL[1])),
+    }  # fmt: skip
+
+
+def test_a_range_off_whole_hours_reads_its_ends_raw_and_the_hours_between_recorded(
+    in_parts: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    from gpu_exporter.report.model import iso
+
+    doc, err = in_parts["parts"]
+    assert "reading the range in parts" in err
+    assert f"raw from {iso(HEAD[0])} to {iso(HEAD[1])}" in err
+    assert f"recorded from {iso(HEAD[1])} to {iso(TAIL[0])}" in err and f"raw from {iso(TAIL[0])} to" in err
+    assert doc["range"]["start"] == iso(HEAD[0]) and doc["range"]["end"] == iso(TAIL[1])
+    assert "reading the raw series" in in_parts["raw"][1] and "reading the hourly" in in_parts["middle"][1]
+
+
+def test_a_range_read_in_parts_costs_what_its_parts_cost_on_their_own(
+    in_parts: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    """Each GPU's hours and cost, and each holder's, are the sum of the three reports of its parts (each
+    rounded to the fourth digit: so to 3 units of it)."""
+    doc = in_parts["parts"][0]
+    parts = [in_parts[k][0] for k in ("head", "middle", "tail")]
+    for g in doc["gpus"]:
+        each = [x for p in parts for x in p["gpus"] if (x["node"], x["gpu"]) == (g["node"], g["gpu"])]
+        assert len(each) == (2 if (g["node"], g["gpu"]) == ("n2", "1") else 3), g  # n2 GPU 1: first seen later
+        for field in ("gpu_hours", "busy_hours", "allocated_idle_hours", "idle_hours", "down_hours"):
+            assert g[field] == pytest.approx(sum(x[field] for x in each), abs=3e-6), (g["node"], g["gpu"], field)
+        if g["cost"] is None:
+            assert all(x["cost"] is None for x in each)
+        else:
+            assert g["cost"] == pytest.approx(sum(x["cost"] for x in each), abs=3e-4), (g["node"], g["gpu"])
+    for h in doc["holders"]:
+        each = [x for p in parts for x in p["holders"] if x["holder"] == h["holder"]]
+        assert h["busy_hours"] == pytest.approx(sum(x["busy_hours"] for x in each), abs=3e-6)
+        assert h["cost"] == pytest.approx(sum(x["cost"] or 0.0 for x in each), abs=3e-4)
+    assert doc["totals"]["cost"] == pytest.approx(sum(p["totals"]["cost"] for p in parts), abs=3e-4)
+    # n1 GPU 0's price changed from 3.00 to 3.50 within the middle: the price now is the tail's.
+    n1 = next(g for g in doc["gpus"] if (g["node"], g["gpu"]) == ("n1", "0"))
+    assert n1["price_now_per_hour"] == 3.5 and doc["totals"]["merged_gpus"] == 1
+
+
+def test_a_range_read_in_parts_costs_what_it_costs_read_raw(
+    in_parts: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    """The raw path steps by 1,300 s where the parts step by the hour and by 15 minutes or so: the same
+    hours but at a restart (n2's, whose hours each path counts to within a step of the 46.56 h it was
+    busy), the same money to 0.2%."""
+    doc, raw = in_parts["parts"][0], in_parts["raw"][0]
+    assert doc["totals"]["gpus"] == raw["totals"]["gpus"] == 5 and raw["range"]["step_seconds"] == 1300
+    step = 1300 / HOUR
+    for g, r in zip(doc["gpus"], raw["gpus"], strict=True):
+        assert (g["node"], g["gpu"]) == (r["node"], r["gpu"])
+        for field in ("busy_hours", "allocated_idle_hours", "idle_hours"):
+            assert g[field] == pytest.approx(r[field], abs=step), (g["node"], g["gpu"], field)
+    assert doc["totals"]["cost"] == pytest.approx(raw["totals"]["cost"], rel=0.002)
+    assert [r["kind"] for r in doc["recommendations"]] == [r["kind"] for r in raw["recommendations"]]
+
+
+def test_csv_of_a_range_read_in_parts_adds_up_to_its_total(fine_store: Prometheus, tmp_path: Path) -> None:
+    """The charges of a range read in parts: each GPU's price periods go on across the parts (n1 GPU 0's
+    two, the others' one), and add up to the report's total to the last digit."""
+    import csv
+    import io
+    from decimal import Decimal
+
+    from gpu_exporter.report.model import iso
+
+    out = report(fine_store.url, *OFF_HOURS)
+    doc = json.loads(out.stdout)
+    text = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", fine_store.url,
+                           *OFF_HOURS, "--format", "csv"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    rows = list(csv.DictReader(io.StringIO(text.stdout)))
+    assert sum(Decimal(r["cost"]) for r in rows if r["cost"]) == Decimal(str(doc["totals"]["cost"]))
+    periods: dict[tuple[str, str], set[tuple[str, str, str]]] = {(r["node"], r["gpu"]): set() for r in rows}
+    for r in rows:
+        if r["cost"]:
+            periods[(r["node"], r["gpu"])].add((r["period_start"], r["period_end"], r["price_per_hour"]))
+    assert len(periods[("n1", "0")]) == 2
+    assert periods[("n1", "1")] == {(doc["range"]["start"], doc["range"]["end"], "3.0")}
+    assert periods[("n2", "1")] == {(iso(HEAD[1]), doc["range"]["end"], "0.8")}  # first seen in the middle
+
+
+def test_victoriametrics_reads_a_range_in_parts_as_prometheus_does(
+    fine_store: Prometheus, tmp_path: Path, in_parts: dict[str, tuple[dict[str, Any], str]]
+) -> None:
+    with victoria_metrics(tmp_path / "vm") as vm:
+        vm.load(history(FINE) + recorded_samples(fine_store))
+        doc, err = as_json(vm.url, *OFF_HOURS)
+    assert "reading the range in parts" in err
+    prom = in_parts["parts"][0]
+    assert doc["totals"]["gpus"] == prom["totals"]["gpus"]
+    assert doc["totals"]["cost"] == pytest.approx(prom["totals"]["cost"], rel=0.002)
+    for g, p in zip(doc["gpus"], prom["gpus"], strict=True):
+        assert g["busy_hours"] == pytest.approx(p["busy_hours"], abs=FINE / HOUR)

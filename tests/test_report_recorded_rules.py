@@ -10,12 +10,10 @@ import pytest
 import yaml
 
 from gpu_exporter.report import queries
-from gpu_exporter.report.command import NotRecorded, _recorded_mode, build_parser, pick_path
-from gpu_exporter.report.model import iso
+from gpu_exporter.report.command import _recorded_mode, build_parser
 from gpu_exporter.report.queries import HOUR, recorded_window
 from gpu_exporter.report.settings import ReportConfigError
 from gpu_exporter.report.settings import load as load_report
-from tests import assert_mentions
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "gpu-report.rules.yml"
@@ -77,38 +75,6 @@ def test_the_path_is_the_flag_else_the_config_files_report_section_else_auto(tmp
     path.write_text(yaml.safe_dump({"report": {"recorded": "always"}}))
     with pytest.raises(ReportConfigError, match=r"report\.recorded"):
         load_report(path)
-
-
-class _Store:
-    """Answers the coverage query with ``hours`` (the hours the rules' marker was recorded for)."""
-
-    def __init__(self, hours: float | None) -> None:
-        self.hours = hours
-        self.asked: list[tuple[str, float]] = []
-
-    def instant(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
-        self.asked.append((expr, at))
-        return [] if self.hours is None else [({}, self.hours)]
-
-
-def test_the_recorded_path_is_taken_only_where_the_rules_ran_every_hour_of_the_range() -> None:
-    h = 1_800_000_000 // HOUR * HOUR
-    start, end, now = h - 48 * HOUR, h, h + 3 * HOUR
-    full = _Store(48)
-    w, why = pick_path(full, "auto", start, end, now)  # type: ignore[arg-type]
-    assert w == queries.Window(start, end, HOUR) and why == ""
-    assert full.asked == [(queries.coverage(w), end + queries.LAG)]
-    assert pick_path(_Store(47), "auto", start, end, now) == (  # type: ignore[arg-type]
-        None, "the recording rules ran for 47 of the range's 48 hours")  # fmt: skip
-    assert pick_path(_Store(None), "auto", start, end, now)[0] is None  # type: ignore[arg-type]
-    late = _Store(48)
-    assert "1 to 2 h after it ends" in pick_path(late, "auto", start, end, end + HOUR)[1]  # type: ignore[arg-type]
-    assert late.asked == []  # not yet recorded: not even asked
-    assert pick_path(full, "no", start, end, now) == (None, "")  # type: ignore[arg-type]
-    with pytest.raises(NotRecorded, match="ran for 47 of"):
-        pick_path(_Store(47), "yes", start, end, now)  # type: ignore[arg-type]
-    with pytest.raises(NotRecorded, match="whole hours"):
-        pick_path(full, "yes", start + 60, end, now)  # type: ignore[arg-type]
 
 
 def _recorded_queries(matchers: str) -> list[queries.Query]:
@@ -222,24 +188,3 @@ def test_the_recorded_queries_word_for_word() -> None:
     assert both.shift == queries.LAG and both.expr.startswith("sum by (state) (max by (node, gpu, uuid, ")
     for u in ('uuid!=""', 'uuid=""'):
         assert f"last_over_time(gpu:report_state_seconds:hour{{{n2}, {u}}}{hour})" in both.expr
-
-
-def test_a_range_ending_now_is_told_the_whole_hours_the_rules_have_written() -> None:
-    """--since 30d at 14:37 reads the raw series: its ends are no whole hours and its last 2 h are not
-    recorded yet.  The progress line gives the hours within it that are (from 15:00 30 days ago to
-    12:00 today: 717 h), as flags, without asking the store; a range with fewer than 24 such hours,
-    or one the rules already cover, gets none."""
-    h = 1_800_000_000 // HOUR * HOUR
-    now = h + 37 * 60  # 37 minutes past the hour
-    asked = _Store(None)
-    w, why = pick_path(asked, "auto", now - 720 * HOUR, now, now)  # type: ignore[arg-type]
-    assert w is None and asked.asked == []
-    assert_mentions(why, "not 1 to 30 days on whole hours", f"--start {iso(h - 719 * HOUR)}",
-                    f"--end {iso(h - 2 * HOUR)}", "717 of the range's 720 h")  # fmt: skip
-    # A range ending on a whole hour an hour ago: not written yet; its hours up to 2 h ago are.
-    _, late = pick_path(asked, "auto", h - 48 * HOUR, h - HOUR, h)  # type: ignore[arg-type]
-    assert_mentions(late, "1 to 2 h after it ends", f"--end {iso(h - 2 * HOUR)}", "46 of the range's 47 h")
-    # Too short for the recorded path once cut: nothing to suggest.
-    assert "--start" not in pick_path(asked, "auto", now - 25 * HOUR, now, now)[1]  # type: ignore[arg-type]
-    with pytest.raises(NotRecorded, match=r"--end .* would read them"):
-        pick_path(asked, "yes", now - 720 * HOUR, now, now)  # type: ignore[arg-type]

@@ -30,10 +30,9 @@ from typing import Any
 
 from ..accounting.states import ALLOCATED_IDLE, BUSY, STATES
 from .client import Labels
-from .cost import GpuKey, Plan, gpu_key, hours_rows, plan
+from .cost import GpuKey, Part, Plan, gpu_key, plan
 from .holders import NOBODY, Holder, holder_of
 from .model import HOURS_DIGITS, MONEY_DIGITS, iso
-from .queries import Window
 
 PERIOD, AVERAGE = "period", "average"  # a charge's price: the one in effect throughout, or cost / hours
 _UNIT = Decimal(1).scaleb(-MONEY_DIGITS)  # the smallest amount the report shows: 0.0001
@@ -69,8 +68,8 @@ class _Row:
     key: GpuKey
     holder: Holder
     state: str
-    first: int  # the plan's pieces, by index, both included
-    last: int
+    start: int  # the price period [start, end), unix seconds
+    end: int
     hours: float = 0.0
     raw_cost: float | None = None
     price: float | None = None
@@ -122,7 +121,7 @@ def apportion(target: int, raws: Sequence[float]) -> list[int]:
 def _instances(results: dict[str, Any], pieces: Iterable[list[tuple[Labels, float]]]) -> dict[GpuKey, set[str]]:
     """Where each GPU was scraped, for one without a node label, from every answer the report reads it in."""
     seen: dict[GpuKey, set[str]] = defaultdict(set)
-    answers = [*pieces, results.get("cost", []), *(results.get(k, []) for k in ("info", "memory_total",
+    answers = [*pieces, *(results.get(k, []) for k in ("info", "memory_total",
                                                                              "memory_peak", "activity"))]  # fmt: skip
     for answer in answers:
         for labels, _ in answer:
@@ -131,20 +130,21 @@ def _instances(results: dict[str, Any], pieces: Iterable[list[tuple[Labels, floa
     return seen
 
 
-def charges(w: Window, results: dict[str, Any], doc: dict[str, Any]) -> list[Charge]:
-    """The report's cost, one charge per GPU, holder, price period and state; ``doc`` is the report
-    ``model.build`` made of these ``results``."""
-    currency: str | None = doc["currency"]
+def _part_rows(part: Part, currency: str | None) -> tuple[list[_Row], list[list[tuple[Labels, float]]]]:
+    """One part's charges before scaling and rounding, each over its price period in unix seconds; and
+    the part's answers of hours (each GPU named from them)."""
+    w, results = part.w, part.results
     p = plan(w, results, currency)
     pieces = [results["hours"]] if len(p.pieces) == 1 else [results[f"hours:{a}:{b}"] for a, b in p.pieces]
-    total: dict[GpuKey, float] = defaultdict(float)
-    for labels, v in hours_rows(results, p):
-        if labels.get("state", "") in STATES:
-            total[gpu_key(labels)] += v
-    scale = {key: w.hours / t for key, t in total.items() if t > w.hours}
-
     periods: dict[GpuKey, list[tuple[int, int, float | None, str | None]]] = {}
     rows: dict[tuple[GpuKey, Holder, str, int], _Row] = {}
+
+    def row(key: GpuKey, holder: Holder, state: str, first: int, last: int, price: float | None,
+            basis: str | None) -> _Row:  # fmt: skip
+        start, end = w.start + (p.pieces[first][0] - 1) * w.step, w.start + p.pieces[last][1] * w.step
+        return rows.setdefault((key, holder, state, first), _Row(key, holder, state, start, end, price=price,
+                                                                 basis=basis))  # fmt: skip
+
     for i, piece in enumerate(pieces):
         for labels, v in piece:
             state = labels.get("state", "")
@@ -154,29 +154,68 @@ def charges(w: Window, results: dict[str, Any], doc: dict[str, Any]) -> list[Cha
             if key not in periods:
                 periods[key] = _periods(key, p)
             first, last, price, basis = next(x for x in periods[key] if x[0] <= i <= x[1])
-            holder = _holder(labels, state)
-            row = rows.setdefault((key, holder, state, first), _Row(key, holder, state, first, last, price=price,
-                                                                    basis=basis))  # fmt: skip
-            v *= scale.get(key, 1.0)
-            row.hours += v
+            r = row(key, _holder(labels, state), state, first, last, price, basis)
+            r.hours += v
             if price is not None:
-                row.raw_cost = (row.raw_cost or 0.0) + v * price
-    # Priced step by step: the cost query's figure over the range (a GPU's one period, so piece 0).
+                r.raw_cost = (r.raw_cost or 0.0) + v * price
+    # Priced step by step: the cost query's figure over the part (a GPU's one period, so piece 0).
     for labels, v in results.get("cost", []):
         key, state = gpu_key(labels), labels.get("state", "")
         if key not in p.exact or labels.get("currency") != currency or state not in STATES:
             continue
-        holder = _holder(labels, state)
-        row = rows.setdefault((key, holder, state, 0), _Row(key, holder, state, 0, len(p.pieces) - 1, basis=AVERAGE))
-        row.raw_cost = (row.raw_cost or 0.0) + v * scale.get(key, 1.0)
-    for row in rows.values():
-        if row.basis == AVERAGE and row.raw_cost is not None and row.hours > 0:
-            row.price = round(row.raw_cost / row.hours, HOURS_DIGITS)
+        r = row(key, _holder(labels, state), state, 0, len(p.pieces) - 1, None, AVERAGE)
+        r.raw_cost = (r.raw_cost or 0.0) + v
+    return list(rows.values()), [*pieces, results.get("cost", [])]
+
+
+def _joined(rows: list[_Row]) -> list[_Row]:
+    """The parts' charges (in the parts' order), each one that goes on where one of the part before
+    left off (the same GPU, holder, state and price, or both priced step by step) made one with it: a
+    price period does not end where the range's parts do."""
+    out: list[_Row] = []
+    open_at: dict[tuple[GpuKey, Holder, str, int], _Row] = {}  # a charge, by where it ends
+    for r in rows:
+        before = open_at.pop((r.key, r.holder, r.state, r.start), None)
+        if before is not None and before.basis == r.basis and (r.basis == AVERAGE or before.price == r.price):
+            before.end, before.hours = r.end, before.hours + r.hours
+            if r.raw_cost is not None:
+                before.raw_cost = (before.raw_cost or 0.0) + r.raw_cost
+            r = before
+        else:
+            out.append(r)
+        open_at[(r.key, r.holder, r.state, r.end)] = r
+    return out
+
+
+def charges(parts: Sequence[Part], doc: dict[str, Any]) -> list[Charge]:
+    """The report's cost, one charge per GPU, holder, price period and state; ``doc`` is the report
+    ``model.build`` made of these parts' answers (one part: the whole range)."""
+    currency: str | None = doc["currency"]
+    rows: list[_Row] = []
+    answers: list[list[tuple[Labels, float]]] = []
+    instances: dict[GpuKey, set[str]] = defaultdict(set)
+    for part in parts:
+        part_rows, part_answers = _part_rows(part, currency)
+        rows += part_rows
+        answers += part_answers
+        for key, found in _instances(part.results, part_answers).items():
+            instances[key] |= found
+    rows = _joined(rows)
+    range_hours = sum(part.w.hours for part in parts)
+    total: dict[GpuKey, float] = defaultdict(float)
+    for r in rows:
+        total[r.key] += r.hours
+    scale = {key: range_hours / t for key, t in total.items() if t > range_hours}
+    for r in rows:
+        r.hours *= scale.get(r.key, 1.0)
+        r.raw_cost = None if r.raw_cost is None else r.raw_cost * scale.get(r.key, 1.0)
+        if r.basis == AVERAGE and r.raw_cost is not None and r.hours > 0:
+            r.price = round(r.raw_cost / r.hours, HOURS_DIGITS)
 
     # Float noise is no charge: a row of no hours and no cost at the report's precision is left out.
-    kept = [r for r in rows.values() if round(r.hours, HOURS_DIGITS) > 0 or abs(r.raw_cost or 0.0) >= float(_UNIT) / 2]
+    kept = [r for r in rows if round(r.hours, HOURS_DIGITS) > 0 or abs(r.raw_cost or 0.0) >= float(_UNIT) / 2]
     costs = _cents(kept, doc["totals"]["cost"])
-    return _named(w, results, p, pieces, kept, costs, doc, currency)
+    return _named(instances, answers, kept, costs, doc, currency)
 
 
 def _cents(rows: list[_Row], total: float | None) -> dict[int, Decimal]:
@@ -200,14 +239,13 @@ def _cents(rows: list[_Row], total: float | None) -> dict[int, Decimal]:
     return out
 
 
-def _named(w: Window, results: dict[str, Any], p: Plan, pieces: list[list[tuple[Labels, float]]], rows: list[_Row],
+def _named(instances: dict[GpuKey, set[str]], answers: list[list[tuple[Labels, float]]], rows: list[_Row],
            costs: dict[int, Decimal], doc: dict[str, Any], currency: str | None) -> list[Charge]:  # fmt: skip
     """The charges, each GPU named as the report names it (its node: the node label, else the first
     target that saw it), in the report's order of GPUs, then by period, holder and state."""
-    instances = _instances(results, pieces)
     labels_of: dict[GpuKey, Labels] = {}
-    for piece in [*pieces, results.get("cost", [])]:
-        for labels, _ in piece:
+    for answer in answers:
+        for labels, _ in answer:
             labels_of.setdefault(gpu_key(labels), labels)
     models = {(g["node"], g["gpu"], g["uuid"]): g["model"] for g in doc["gpus"]}
     order = {(g["node"], g["gpu"], g["uuid"]): n for n, g in enumerate(doc["gpus"])}
@@ -215,12 +253,10 @@ def _named(w: Window, results: dict[str, Any], p: Plan, pieces: list[list[tuple[
     for i, r in enumerate(rows):
         node = r.key[0] or min(instances.get(r.key, set()), default="")
         gpu, uuid = labels_of[r.key].get("gpu", "") if r.key in labels_of else r.key[2], r.key[1]
-        start = w.start + (p.pieces[r.first][0] - 1) * w.step
-        end = w.start + p.pieces[r.last][1] * w.step
         cost = costs.get(i)
-        c = Charge(node, gpu, uuid, models.get((node, gpu, uuid)), r.holder, r.state, start, end,
+        c = Charge(node, gpu, uuid, models.get((node, gpu, uuid)), r.holder, r.state, r.start, r.end,
                    round(r.hours, HOURS_DIGITS) + 0.0, r.price if cost is not None else None,
                    r.basis if cost is not None else None, cost, currency if cost is not None else None)  # fmt: skip
         rank = order.get((node, gpu, uuid), len(order))
-        out.append(((rank, node, gpu, uuid, start, r.holder.name, STATES.index(r.state)), c))
+        out.append(((rank, node, gpu, uuid, r.start, r.holder.name, STATES.index(r.state)), c))
     return [c for _, c in sorted(out, key=lambda x: x[0])]

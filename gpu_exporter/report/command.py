@@ -21,32 +21,29 @@ from typing import Any, TextIO
 from ..settings.durations import parse_duration
 from .catalogue import CatalogueError, load_catalogue
 from .client import MAX_ANSWER_BYTES, MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
-from .cost import pick_currency, plan, seen_twice
+from .cost import Part, pick_currency, plan, seen_twice
 from .csv_export import as_csv
 from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
+from .paths import NotRecorded, Read, reads, together
 from .queries import (
     HOUR,
-    LAG,
     PROBES,
     Query,
     RangeError,
     SelectorError,
     Window,
     anywhere,
-    coverage,
     exact_cost,
     hours,
     presence,
     probe,
     queries,
     recorded_queries,
-    recorded_window,
     scrape_interval,
     selector_matchers,
     timeline,
-    window_for,
 )
 from .render import as_html, as_markdown, as_table
 from .settings import ReportConfigError, ReportSettings
@@ -193,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=RECORDED_MODES,
         metavar="auto|yes|no",
         help="read the hourly series that alerts/gpu-report.rules.yml records, where they cover the range: a "
-        "range of 1 to 30 days on whole hours, ended 2 h ago or more (auto, the default: else the raw series); "
-        "yes: fail where they do not; no: always the raw series",
+        "range of 1 to 30 days on whole hours, ended 2 h ago or more, or the whole hours of one (--since 30d) "
+        "with its ends read raw (auto, the default: else the raw series); yes: fail where they cover no "
+        "part of it; no: always the raw series",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (why a report is empty still is)")
     return p  # fmt: skip
@@ -335,45 +333,10 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
     return results
 
 
-class NotRecorded(Exception):
-    """--prometheus.recorded yes, and the recorded series do not cover the range."""
-
-
-def pick_path(client: PromClient, mode: str, start: float, end: float, now: float) -> tuple[Window | None, str]:
-    """The recorded path's window where it is to be read (``mode`` auto or yes, and the rules ran for
-    every hour of the range), else None; and why not, for a progress line."""
-    if mode == "no":
-        return None, ""
-    w = recorded_window(start, end)
-    if w is None:
-        why = "the range is not 1 to 30 days on whole hours"
-    elif w.end + LAG > now:
-        why = f"the recording rules write an hour's figures 1 to 2 h after it ends (the range ends {iso(w.end)})"
-    else:
-        got = client.instant(coverage(w), w.end + LAG)
-        hours = got[0][1] if got else 0.0
-        if hours == w.points:
-            return w, ""
-        why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
-    if w is None or w.end + LAG > now:
-        why += _recorded_within(start, end, now)
-    if mode == "yes":
-        raise NotRecorded(f"--prometheus.recorded yes: {why}")
-    return None, why
-
-
-def _recorded_within(start: float, end: float, now: float) -> str:
-    """The largest range of whole hours within [start, end] that the recording rules have written by
-    ``now``, as flags, where it is one they may cover: ``--since 30d`` ends now, and its first and last
-    hours are what keeps it from the recorded series, which the user may well give up for a tenth of
-    the store's time."""
-    first = -(-int(start) // HOUR) * HOUR
-    last = min(int(end) // HOUR * HOUR, (int(now) - LAG) // HOUR * HOUR)
-    within = recorded_window(first, last) if last > first else None
-    if within is None:
-        return ""
-    return (f"; --start {iso(within.start)} --end {iso(within.end)} would read them ({within.points} of the range's "
-            f"{(end - start) / HOUR:.4g} h), if the rules ran")  # fmt: skip
+def _asked(r: Read, matchers: str, last: bool) -> list[Query]:
+    """What a part of the range is asked: who holds each GPU now only of the last part."""
+    qs = recorded_queries(r.w, matchers) if r.recorded else queries(r.w, matchers)
+    return qs if last else [q for q in qs if q.key != "holders_now"]
 
 
 def why_empty(client: PromClient, w: Window, matchers: str, selector: str | None) -> tuple[str, str]:
@@ -429,7 +392,7 @@ def write(text: str, output: Path | None) -> None:
 
 # The formats FinOps tools read: charges per GPU, holder and price period, which the JSON does not hold, so
 # they are worked out from the query results too.
-EXPORTS: dict[str, Callable[[Window, dict[str, Any], dict[str, Any]], str]] = {"csv": as_csv, "focus": as_focus}
+EXPORTS: dict[str, Callable[[list[Part], dict[str, Any]], str]] = {"csv": as_csv, "focus": as_focus}
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "json": lambda doc: json.dumps(doc, indent=2),
     "table": as_table,
@@ -512,29 +475,40 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         return 2
     say = Progress(sys.stderr, 0)  # what must be said, --quiet or not
     try:
-        rec, why_raw = pick_path(client, _recorded_mode(args), span.start, span.end, now())
-        if rec is not None:
-            w = asked = rec
-            qs = recorded_queries(w, matchers)
-        else:
-            counts = [client.instant(probe(matchers, window), span.end) for window in PROBES]
-            per_hour, per_minute = (c[0][1] if c else None for c in counts)
-            asked = window_for(span.start, span.end, scrape_interval(per_hour, per_minute))
-            w = asked.from_epoch()
-            qs = queries(w, matchers)
-        progress = Progress(None if args.quiet else sys.stderr, len(qs) + 2)  # the hours and timeline come later
-        progress.say("reading the hourly recorded series (alerts/gpu-report.rules.yml)" if rec is not None else
-                     "reading the raw series" + (f": {why_raw}" if why_raw else ""))  # fmt: skip
+        probed: list[float] = []  # the scrape interval, asked of the store once, where a part is read raw
+
+        def interval() -> float:
+            if not probed:
+                counts = [client.instant(probe(matchers, window), span.end) for window in PROBES]
+                probed.append(scrape_interval(*(c[0][1] if c else None for c in counts)))
+            return probed[0]
+
+        planned, said = reads(client, _recorded_mode(args), span.start, span.end, now(), interval)
+        asked = planned[0].w
+        if len(planned) == 1 and not planned[0].recorded:
+            planned = [Read(asked.from_epoch(), False)]
+        asks = [_asked(r, matchers, last=n == len(planned) - 1) for n, r in enumerate(planned)]
+        total = sum(len(qs) + 2 for qs in asks)  # the hours and the timeline of each part come later
+        progress = Progress(None if args.quiet else sys.stderr, total)
+        progress.say(said)
         if span.requested_end is not None:
-            say.say(f"the range ended in the future ({iso(span.requested_end)}): cut to now, {iso(w.end)}")
-        if w != asked:
+            say.say(f"the range ended in the future ({iso(span.requested_end)}): cut to now, {iso(span.end)}")
+        if planned[0].w != asked:
             say.say(f"the range started before any store holds samples ({iso(asked.start)}): cut to "
-                    f"{iso(w.start)}")  # fmt: skip
-        progress.say(f"{len(qs) + 2} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
+                    f"{iso(planned[0].w.start)}")  # fmt: skip
+        if len(planned) == 1:
+            w = planned[0].w
+            progress.say(f"{total} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
+        else:
+            w = Window(planned[0].w.start, planned[-1].w.end, HOUR)
+            progress.say(f"{total} queries to {client.shown} over {w.hours:g} h, in {len(planned)} parts")
         with progress:
-            results = run_queries(client, w, matchers, qs, progress, opts.currency, rec is not None)
+            parts = [Part(r.w, run_queries(client, r.w, matchers, qs, progress, opts.currency, r.recorded))
+                     for r, qs in zip(planned, asks, strict=True)]  # fmt: skip
+        results = parts[0].results if len(parts) == 1 else together(parts)
+        longest = max(parts, key=lambda p: p.w.hours).w
         empty = None if any(v for k, v in results.items() if k.startswith("hours")) else \
-            why_empty(client, w, matchers, args.selector)  # fmt: skip
+            why_empty(client, longest, matchers, args.selector)  # fmt: skip
         doc = build(
             w,
             results,
@@ -543,8 +517,9 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
                 opts,
                 requested_end=span.requested_end,
                 empty_because=empty,
-                requested_start=None if w == asked else asked.start,
+                requested_start=None if planned[0].w == asked else asked.start,
             ),
+            parts=None if len(parts) == 1 else parts,
         )
     except (QueryError, NotRecorded) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
@@ -558,7 +533,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         say.say(f"{client.impossible} values from the store were impossible (negative, or past {MAX_VALUE:g}) and are "
                 "left out: is it a gpu-exporter store, and is its data intact?")  # fmt: skip
     try:
-        text = EXPORTS[args.format](w, results, doc) if args.format in EXPORTS else RENDERERS[args.format](doc)
+        text = EXPORTS[args.format](parts, doc) if args.format in EXPORTS else RENDERERS[args.format](doc)
         write(text, args.output)
     except UsageError as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)

@@ -156,3 +156,35 @@ def cost_rows(results: Results, p: Plan, currency: str | None) -> list[tuple[Lab
                 rows.append((labels, v * price))
     return rows + [(labels, v) for labels, v in results.get("cost", [])
                    if gpu_key(labels) in p.exact and labels.get("currency") == currency]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of the range and the answers read over it: the whole range, or one of the parts a range
+    is read in (``parts``: the recorded series' whole hours in the middle, the raw series' at the ends)."""
+
+    w: Window
+    results: Results
+
+
+@dataclass
+class Money:
+    """What the report's figures add up: hours and cost by GPU, holder and state (rows of several parts
+    are added as they come), and each GPU's price at the end of the range."""
+
+    hours: list[tuple[Labels, float]]
+    cost: list[tuple[Labels, float]]
+    last: dict[GpuKey, float]
+
+
+def money(parts: list[Part], currency: str | None) -> Money:
+    """The money of the range, part by part: each part is priced by its own plan (its own prices, its
+    own pieces), so that hours x price stays exact within each; the price at the end is the last part's
+    that has one for the GPU."""
+    out = Money([], [], {})
+    for part in parts:
+        p = plan(part.w, part.results, currency)
+        out.hours += hours_rows(part.results, p)
+        out.cost += cost_rows(part.results, p, currency)
+        out.last.update(p.last)
+    return out

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .charges import Charge, charges
-from .queries import Window
+from .cost import Part
 
 COLUMNS = ("node", "gpu", "uuid", "model", "holder_kind", "holder", "namespace", "pod", "hpc_job", "container",
            "user", "state", "period_start", "period_end", "hours", "price_per_hour", "price_basis", "cost",
@@ -63,5 +63,5 @@ def write(rows: Iterable[Charge]) -> str:
     return out.getvalue()
 
 
-def as_csv(w: Window, results: dict[str, Any], doc: dict[str, Any]) -> str:
-    return write(charges(w, results, doc))
+def as_csv(parts: Sequence[Part], doc: dict[str, Any]) -> str:
+    return write(charges(parts, doc))

@@ -29,12 +29,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .charges import Charge, charges
+from .cost import Part
 from .csv_export import number, safe
-from .queries import Window
 
 VERSION = "1.2"
 SOURCE = "gpu-exporter"
@@ -96,5 +96,5 @@ def write(rows: Iterable[Charge], billing: tuple[str, str], currency: str | None
     return out.getvalue()
 
 
-def as_focus(w: Window, results: dict[str, Any], doc: dict[str, Any]) -> str:
-    return write(charges(w, results, doc), (doc["range"]["start"], doc["range"]["end"]), doc["currency"])
+def as_focus(parts: Sequence[Part], doc: dict[str, Any]) -> str:
+    return write(charges(parts, doc), (doc["range"]["start"], doc["range"]["end"]), doc["currency"])

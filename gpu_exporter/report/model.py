@@ -21,7 +21,7 @@ from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
 from .catalogue import PIPES, Catalogue
 from .client import Labels
-from .cost import GpuKey, cost_rows, currencies, hours_rows, pick_currency, plan
+from .cost import GpuKey, Part, currencies, money, pick_currency
 from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
@@ -99,7 +99,10 @@ class Options:
     empty_because: tuple[str, str] | None = None  # (status, why) when the store had nothing to show
 
 
-def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Options()) -> dict[str, Any]:
+def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Options(),
+          parts: list[Part] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The report of ``results`` over the range ``w``; where the range was read in ``parts``
+    (``split``), its money comes from theirs, and ``results`` holds their other answers together."""
     gpus: dict[GpuKey, _Gpu] = {}
 
     def gpu(labels: Labels) -> _Gpu:
@@ -111,8 +114,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         return gpus[key]
 
     currency = pick_currency(results, opts.currency)
-    priced_by = plan(w, results, currency)
-    rows_of_hours = hours_rows(results, priced_by)
+    priced_by = money([Part(w, results)] if parts is None else parts, currency)
+    rows_of_hours = priced_by.hours
     total: dict[GpuKey, float] = defaultdict(float)
     for labels, v in rows_of_hours:
         if labels.get("state", "") in STATES:
@@ -134,7 +137,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             row = holders.setdefault(h, {"hours": defaultdict(float), "cost": 0.0, "wasted": 0.0, "gpus": {}})
             row["hours"][state] += v
             row["gpus"][_gpu_key(labels)] = g
-    for labels, v in cost_rows(results, priced_by, currency):
+    for labels, v in priced_by.cost:
         state = labels.get("state", "")
         if state not in STATES:  # as its hours: a state unknown here
             continue
