@@ -121,8 +121,7 @@ def apportion(target: int, raws: Sequence[float]) -> list[int]:
 def _instances(results: dict[str, Any], pieces: Iterable[list[tuple[Labels, float]]]) -> dict[GpuKey, set[str]]:
     """Where each GPU was scraped, for one without a node label, from every answer the report reads it in."""
     seen: dict[GpuKey, set[str]] = defaultdict(set)
-    answers = [*pieces, *(results.get(k, []) for k in ("info", "memory_total",
-                                                                             "memory_peak", "activity"))]  # fmt: skip
+    answers = [*pieces, *(results[k] for k in ("info", "memory_total", "memory_peak", "activity"))]
     for answer in answers:
         for labels, _ in answer:
             if instance := labels.get("instance"):
@@ -223,18 +222,15 @@ def _cents(rows: list[_Row], total: float | None) -> dict[int, Decimal]:
     over the GPUs, then over each GPU's rows."""
     if total is None:
         return {}
-    priced = [i for i, r in enumerate(rows) if r.raw_cost is not None]
+    raw = {i: r.raw_cost for i, r in enumerate(rows) if r.raw_cost is not None}
     by_gpu: dict[GpuKey, list[int]] = defaultdict(list)
-    for i in priced:
+    for i in raw:
         by_gpu[rows[i].key].append(i)
-    keys = list(by_gpu)
     per_unit = 10**MONEY_DIGITS
-    gpu_units = apportion(round(total * per_unit), [sum(rows[i].raw_cost or 0.0 for i in by_gpu[k]) * per_unit
-                                                    for k in keys])  # fmt: skip
+    gpu_units = apportion(round(total * per_unit), [sum(raw[i] for i in idx) * per_unit for idx in by_gpu.values()])
     out: dict[int, Decimal] = {}
-    for k, units in zip(keys, gpu_units, strict=True):
-        idx = by_gpu[k]
-        for i, u in zip(idx, apportion(units, [(rows[i].raw_cost or 0.0) * per_unit for i in idx]), strict=True):
+    for idx, units in zip(by_gpu.values(), gpu_units, strict=True):
+        for i, u in zip(idx, apportion(units, [raw[i] * per_unit for i in idx]), strict=True):
             out[i] = u * _UNIT
     return out
 
@@ -252,11 +248,11 @@ def _named(instances: dict[GpuKey, set[str]], answers: list[list[tuple[Labels, f
     out: list[tuple[tuple[Any, ...], Charge]] = []
     for i, r in enumerate(rows):
         node = r.key[0] or min(instances.get(r.key, set()), default="")
-        gpu, uuid = labels_of[r.key].get("gpu", "") if r.key in labels_of else r.key[2], r.key[1]
+        gpu, uuid = labels_of[r.key].get("gpu", ""), r.key[1]  # every charge is of a row of these answers
         cost = costs.get(i)
         c = Charge(node, gpu, uuid, models.get((node, gpu, uuid)), r.holder, r.state, r.start, r.end,
-                   round(r.hours, HOURS_DIGITS) + 0.0, r.price if cost is not None else None,
-                   r.basis if cost is not None else None, cost, currency if cost is not None else None)  # fmt: skip
+                   round(r.hours, HOURS_DIGITS) + 0.0, r.price, r.basis, cost,
+                   currency if cost is not None else None)  # fmt: skip
         rank = order.get((node, gpu, uuid), len(order))
         out.append(((rank, node, gpu, uuid, r.start, r.holder.name, STATES.index(r.state)), c))
     return [c for _, c in sorted(out, key=lambda x: x[0])]
