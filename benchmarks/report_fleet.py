@@ -30,7 +30,7 @@ Prometheus history by promtool (``create-blocks-from rules``, at the phase of th
 Prometheus would evaluate them) and backfilled next to it, and the report runs both ways on
 Prometheus (``--prometheus.recorded no`` and ``yes``), and once more on a range that starts and ends
 1,000 s before the whole hours (``prometheus-parts``: its ends raw, the hours between recorded, as
-``--since 30d`` is read); ``--gpus`` sizes the fleet (nodes of 8) and
+``--since 30d`` is read; ``prometheus-parts-raw``: that range raw); ``--gpus`` sizes the fleet (nodes of 8) and
 ``--no-vm`` leaves VictoriaMetrics out.  Results go to results/report-fleet-<gpus>-<days>d.json:
 
     .venv/bin/python benchmarks/report_fleet.py --recorded --no-vm --days 2 --gpus 1600
@@ -434,6 +434,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gpus", type=int, default=NODES * GPUS_PER_NODE, help="the fleet's size (nodes of 8)")
     p.add_argument("--recorded", action="store_true", help="also the report on the recorded series (Prometheus)")
     p.add_argument("--no-vm", dest="vm", action="store_false", help="leave VictoriaMetrics out")
+    p.add_argument(
+        "--name",
+        help="the results file's name (default report-fleet-<gpus>-<days>d, a point of the "
+        "curve report_fleet_fit.py draws: a run on another machine belongs in a file of its own)",
+    )
     args = p.parse_args(argv)
     exit_on_sigterm()
     res: dict[str, Any] = {"machine": machine(), "nodes": math.ceil(args.gpus / GPUS_PER_NODE), "gpus": args.gpus,
@@ -477,6 +482,7 @@ def main(argv: list[str]) -> int:
             paths["prometheus-recorded"] = (prom_url, prom.pid, ("--prometheus.recorded", "yes"))
             # A range off whole hours, as --since ends now: its ends raw, the hours between recorded.
             paths["prometheus-parts"] = (prom_url, prom.pid, ("--prometheus.recorded", "auto"))
+            paths["prometheus-parts-raw"] = (prom_url, prom.pid, ("--prometheus.recorded", "no"))  # the same range
         if vm_pid:
             paths["victoriametrics"] = (vm_url, vm_pid, ("--prometheus.recorded", "no"))
         stores = {k: v[0] for k, v in paths.items()}
@@ -491,7 +497,7 @@ def main(argv: list[str]) -> int:
                 loads[store].append(os.getloadavg()[0])  # the machine is shared: say how busy it was
                 out = tmp / f"report-{store}.json"
                 before = cpu_seconds(pids[store])
-                ends = str(int(end_at) - PARTS_END_EARLY) if store == "prometheus-parts" else end_at
+                ends = str(int(end_at) - PARTS_END_EARLY) if store.startswith("prometheus-parts") else end_at
                 wall, stderr[store] = run_report(url, since, ends, out, *paths[store][2])
                 runs[store].append(wall)
                 # The store's own CPU time for the report: what a machine of its own would spend, whatever
@@ -510,7 +516,7 @@ def main(argv: list[str]) -> int:
                                       if "the largest answer" in line), None) for s, e in stderr.items()}  # fmt: skip
     res["report_summary"] = {s: summary(d) for s, d in docs.items()}
     if args.recorded or not args.vm:
-        name = f"report-fleet-{args.gpus}-{args.days:g}d"
+        name = args.name or f"report-fleet-{args.gpus}-{args.days:g}d"
         (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
         print("\n".join(sizes_markdown([res])))
         return 0

@@ -238,6 +238,10 @@ TARGETS: dict[str, Target] = {
                 "tests/test_report_holder_kinds.py",
                 "tests/test_report_dedupe.py",
                 "tests/test_report_price_changes.py",  # the prices where they change plan as every step's
+                "tests/test_report_paths.py",  # a range read in parts: which series, and its money
+                "tests/test_report_csv.py",  # the charges FinOps tools read (issue 37)
+                "tests/test_report_charges.py",
+                "tests/test_report_focus.py",
             )
         ),
         daemon_tests=(REPORT_DAEMON_TESTS := ("tests/test_report_history.py",)),
@@ -265,6 +269,14 @@ TARGETS: dict[str, Target] = {
     # Issue 25: which price each GPU's hours are multiplied by, and what a suggested card costs.
     "cost": Target("gpu_exporter/report/cost.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     "prices": Target("gpu_exporter/report/prices.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
+    # Which series each part of a range is read from, and the parts' answers put together: a part read
+    # twice or not at all, a price now from the wrong part, a timeline hour lost.  The daemon pass is
+    # the real Prometheus and VictoriaMetrics with recorded series (test_report_recorded).
+    "paths": Target(
+        "gpu_exporter/report/paths.py", tests=REPORT_TESTS, daemon_tests=("tests/test_report_recorded.py",)
+    ),
+    # The charges of --format csv and focus: a period cut or joined wrongly, cents that do not add up.
+    "charges": Target("gpu_exporter/report/charges.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     # Who holds a GPU, read back from a series' labels: a holder lost or merged loses its cost and the
     # one to reclaim an idle GPU from.
     "report_holders": Target("gpu_exporter/report/holders.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),

@@ -95,6 +95,17 @@ def test_since_30d_reads_its_ends_raw_and_the_hours_between_recorded() -> None:
     )
 
 
+def test_an_end_is_cut_into_the_finest_steps_of_three_scrapes_to_an_hour() -> None:
+    assert end_window(H, H + 3600, 15).step == 45  # three scrape intervals
+    assert end_window(H, H + 600, 0).step == 5  # 5 s at least
+    assert end_window(H, H + 3 * HOUR, 1).step == 15  # 720 steps at most
+    assert end_window(H, H + 2 * HOUR, 1200).step == HOUR  # an hour at most: three 20-minute scrapes
+    assert end_window(H, H + 1381, 15).step == 1381  # a prime: one step
+    with pytest.raises(RangeError, match="7300 s"):
+        end_window(H, H + 7300, 1200)  # no divisor from 3,600 s to an hour but 3,600: none
+    assert split(H - 30.5, H + 48 * HOUR, H + 100 * HOUR, 15) is None  # no whole second: the raw path says so
+
+
 def test_an_end_no_step_can_tile_is_made_an_hour_longer() -> None:
     """A head of 30 s is shorter than a step (three scrape intervals, 45 s), and a tail of 9,421 s (a
     prime) has no step of 45 s to an hour: each takes the recorded hour next to it too."""
@@ -132,6 +143,30 @@ def test_a_range_without_24_whole_hours_written_within_it_is_read_raw() -> None:
         (H - 48 * HOUR, H - 2 * HOUR, True),
         (H - 2 * HOUR, H - HOUR, False),
     ]
+
+
+def test_the_edges_of_the_recorded_path_are_its_own() -> None:
+    """A range that ended 2 h ago exactly is written; one of exactly 24 and 720 whole hours within a
+    range off them is read in parts; one that ends off the hour long before now ends its middle at the
+    hour before its end; and the raw path's steps are three scrape intervals at least."""
+    got, said = reads(_Store(H), "auto", H - 48 * HOUR, H, H + LAG, _interval())
+    assert [r.recorded for r in got] == [True] and said == RECORDED
+    # Read raw, a range is cut into steps of three scrape intervals at least (45 s, not 10 s).
+    got, _ = reads(_Store(None), "auto", H - 2 * HOUR, H, H + LAG, _interval())
+    assert got == [Read(Window(H - 2 * HOUR, H, 45), False)]
+    for hours in (24, 720):
+        s = split(H - hours * HOUR - 100, H + 100, H + 10 * HOUR, 15)
+        assert s is not None and (s.middle.start, s.middle.end) == (H - hours * HOUR, H), hours
+    assert split(H - 23 * HOUR - 100, H + 100, H + 10 * HOUR, 15) is None
+    assert split(H - 721 * HOUR - 100, H + 100, H + 10 * HOUR, 15) is None
+    s = split(H - 48 * HOUR - 100, H - 1000, H + 10 * HOUR, 15)
+    assert s is not None and s.middle.end == H - HOUR and s.tail is not None and s.tail.end == H - 1000
+    got, said = reads(_Store(H), "no", H - HOUR, H, H + 10 * HOUR, _interval())
+    assert got == [Read(Window(H - HOUR, H, 45), False)] and said == "reading the raw series"
+    # A range of 25 whole hours ending an hour ago: not written yet, and only 23 h within it are.
+    got, said = reads(_Store(H), "auto", H - 25 * HOUR, H - HOUR, H, _interval())
+    assert [r.recorded for r in got] == [False]
+    assert_mentions(said, "1 to 2 h after it ends", iso(H - HOUR), "24 to 720 whole hours")
 
 
 # -- the money of parts ----------------------------------------------------------------------------

@@ -507,7 +507,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
                      for r, qs in zip(planned, asks, strict=True)]  # fmt: skip
         results = parts[0].results if len(parts) == 1 else together(parts)
         longest = max(parts, key=lambda p: p.w.hours).w
-        empty = None if any(v for k, v in results.items() if k.startswith("hours")) else \
+        empty = None if any(v for p in parts for k, v in p.results.items() if k.startswith("hours")) else \
             why_empty(client, longest, matchers, args.selector)  # fmt: skip
         doc = build(
             w,

@@ -83,6 +83,8 @@ def split(start: float, end: float, now: float, interval: float) -> Split | None
     """The range in three where it has 24 to 720 whole hours that the rules have written by ``now``,
     each end (raw, None where empty) long enough to be cut into steps of three scrape intervals
     (``interval``) to an hour; None where it has not."""
+    if start != int(start) or end != int(end):
+        return None  # the raw path says why it cannot tile such a range
     first = math.ceil(start / HOUR) * HOUR
     last = min(math.floor(end / HOUR), (math.floor(now) - LAG) // HOUR) * HOUR
     ends: list[Window | None] = []
@@ -93,7 +95,7 @@ def split(start: float, end: float, now: float, interval: float) -> Split | None
                 ends.append(None)
                 break
             try:
-                ends.append(end_window(a, b, interval))
+                ends.append(end_window(int(a), int(b), interval))
                 break
             except RangeError:  # too short, or a length with no divisor near a step: an hour more
                 first, last = (first + HOUR, last) if head else (first, last - HOUR)
@@ -112,36 +114,36 @@ def reads(client: Store, mode: str, start: float, end: float, now: float,
     """The parts the range is read in, in time order, and a progress line that says from which series.
     ``interval`` is the scrape interval (asked of the store, where a part is read raw); mode ``yes``
     fails where no part of the range can be read recorded, ``no`` reads it raw."""
-    why = ""
-    if mode != "no":
-        w = recorded_window(start, end)
-        if w is not None and w.end + LAG <= now:
-            hours = _covered(client, w)
-            if hours == w.points:
-                return [Read(w, True)], RECORDED
-            why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
+    if mode == "no":
+        return [Read(window_for(start, end, interval()), False)], "reading the raw series"
+    w = recorded_window(start, end)
+    if w is not None and w.end + LAG <= now:
+        hours = _covered(client, w)
+        if hours == w.points:
+            return [Read(w, True)], RECORDED
+        why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
+    else:
+        why = (
+            "the range is not 1 to 30 days on whole hours"
+            if w is None
+            else f"the recording rules write an hour's figures 1 to 2 h after it ends (the range ends {iso(w.end)})"
+        )
+        parts = split(start, end, now, interval())
+        if parts is None:
+            why += ", nor does it hold 24 to 720 whole hours written with its ends read raw"
+        elif (hours := _covered(client, parts.middle)) == parts.middle.points:
+            together = [Read(x, x is parts.middle) for x in (parts.head, parts.middle, parts.tail)
+                        if x is not None]  # fmt: skip
+            shown = "; ".join(f"{'recorded' if r.recorded else 'raw'} from {iso(r.w.start)} to {iso(r.w.end)}"
+                              for r in together)  # fmt: skip
+            return together, f"reading the range in parts: {shown}"
         else:
-            why = (
-                "the range is not 1 to 30 days on whole hours"
-                if w is None
-                else f"the recording rules write an hour's figures 1 to 2 h after it ends (the range ends {iso(w.end)})"
-            )
-            parts = split(start, end, now, interval())
-            if parts is None:
-                why += ", nor does it hold 24 to 720 whole hours written with its ends read raw"
-            elif (hours := _covered(client, parts.middle)) == parts.middle.points:
-                together = [Read(x, x is parts.middle) for x in (parts.head, parts.middle, parts.tail)
-                            if x is not None]  # fmt: skip
-                shown = "; ".join(f"{'recorded' if r.recorded else 'raw'} from {iso(r.w.start)} to {iso(r.w.end)}"
-                                  for r in together)  # fmt: skip
-                return together, f"reading the range in parts: {shown}"
-            else:
-                why = f"the recording rules ran for {hours:.0f} of the {parts.middle.points} whole hours within it"
-                if not hours:  # most stores: say where the rules are, which would make it ten times cheaper
-                    why += " (alerts/gpu-report.rules.yml, docs/fleet.md: a tenth of the store's time)"
+            why = f"the recording rules ran for {hours:.0f} of the {parts.middle.points} whole hours within it"
+            if not hours:  # most stores: say where the rules are, which would make it ten times cheaper
+                why += " (alerts/gpu-report.rules.yml, docs/fleet.md: a tenth of the store's time)"
     if mode == "yes":
         raise NotRecorded(f"--prometheus.recorded yes: {why}")
-    return [Read(window_for(start, end, interval()), False)], "reading the raw series" + (f": {why}" if why else "")
+    return [Read(window_for(start, end, interval()), False)], f"reading the raw series: {why}"
 
 
 # The answers whose rows are put together as they come: the model takes each GPU's highest figure of
@@ -152,18 +154,13 @@ _ROWS = ("prices", "seen", "info", "memory_total", "memory_peak", "activity")
 def together(parts: list[Part]) -> dict[str, Any]:
     """The non-money answers of the parts, as the model reads one range's: rows put together, who holds
     each GPU now from the last part, the timeline by whole hour.  Their money is ``cost.money``'s."""
-    out: dict[str, Any] = {key: [row for part in parts for row in part.results.get(key, [])] for key in _ROWS}
-    out["holders_now"] = parts[-1].results.get("holders_now", [])
-    out["hours"] = [row for part in parts for key, rows in part.results.items() if key.startswith("hours")
-                    for row in rows]  # fmt: skip
-    points: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    labels_of: dict[str, Labels] = {}
+    out: dict[str, Any] = {key: [row for part in parts for row in part.results[key]] for key in _ROWS}
+    out["holders_now"] = parts[-1].results["holders_now"]
+    points: dict[tuple[tuple[str, str], ...], dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for part in parts:
-        for labels, values in part.results.get("timeline", []):
-            state = labels.get("state", "")
-            labels_of[state] = labels
+        for labels, values in part.results["timeline"]:
             for t, v in values:
                 # A step's hours go to the whole hour it ends in (an end's last, partial hour: the end).
-                points[state][min(-(-t // HOUR) * HOUR, part.w.end)] += v
-    out["timeline"] = [(labels_of[s], sorted(p.items())) for s, p in points.items()]
+                points[tuple(sorted(labels.items()))][min(-(-t // HOUR) * HOUR, part.w.end)] += v
+    out["timeline"] = [(dict(key), sorted(p.items())) for key, p in points.items()]
     return out

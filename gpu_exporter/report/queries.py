@@ -155,19 +155,17 @@ def window_for(start: float, end: float, scrape_interval: float = 0.0) -> Window
     return Window(lo, hi, step)
 
 
-def end_window(start: float, end: float, scrape_interval: float = 0.0) -> Window:
+def end_window(start: int, end: int, scrape_interval: float) -> Window:
     """The steps of a raw end of a range read in parts (``paths``): the finest that tile it exactly, as
     ``window_for``'s, but as few as one, at most an hour each (the recorded hours' own step, so that no
     price is held longer than an hour's); an end a few hours long at most, whose activity is the
     highest of its steps', needs no percentile's worth of them."""
-    if start != int(start) or end != int(end):
-        raise RangeError("the range's start and end must be whole seconds")
-    span = int(end) - int(start)
+    span = end - start
     least = max(MIN_STEP, math.ceil(3 * scrape_interval), math.ceil(span / MAX_POINTS))
-    step = next((d for d in _divisors(span) if d >= least), span) if span > 0 else 0
+    step = next((d for d in _divisors(span) if d >= least), span)
     if not least <= step <= HOUR:
         raise RangeError(f"an end of {span} s has no step of {least} s to an hour that tiles it")
-    return Window(int(start), int(end), step)
+    return Window(start, end, step)
 
 
 @dataclass(frozen=True)
