@@ -13,7 +13,8 @@ import yaml
 
 from gpu_exporter.accounting.settings import PricingSettings
 from gpu_exporter.report.catalogue import load_catalogue
-from gpu_exporter.report.command import UsageError, _options, build_parser, main, write
+from gpu_exporter.report.command import UsageError, _options, build_parser, main
+from gpu_exporter.report.output import OutputError, write
 from gpu_exporter.report.prices import PRICING, PriceList
 from gpu_exporter.report.settings import ReportConfigError
 from gpu_exporter.report.settings import load as load_report
@@ -100,7 +101,7 @@ def test_output_never_follows_a_link_someone_else_planted(tmp_path: Path) -> Non
     planted = tmp_path / "report.txt"
     planted.symlink_to(secret)
     os.lchown(planted, 65534, 65534)  # nobody's
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(OutputError) as e:
         write("the report\n", planted)
     assert str(planted) in str(e.value) and "uid 65534" in str(e.value)
     assert secret.read_text() == "root:hash\n" and (secret.stat().st_mode & 0o777) == 0o600

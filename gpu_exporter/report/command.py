@@ -6,9 +6,7 @@ import argparse
 import json
 import math
 import os
-import stat
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +24,7 @@ from .csv_export import as_csv
 from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
+from .output import OutputError, write
 from .paths import NotRecorded, Read, reads, together
 from .queries import (
     HOUR,
@@ -355,41 +354,6 @@ def why_empty(client: PromClient, w: Window, matchers: str, selector: str | None
                      "gpu_state_seconds_total series)?")  # fmt: skip
 
 
-def _target(output: Path) -> Path:
-    """The file to replace: ``output`` itself, or where it links to if the link is the caller's own.
-    A link someone else put there (in /tmp, say) is refused, as install(1) and editors do: followed,
-    root's report would replace whatever root-only file it names."""
-    try:
-        st = os.lstat(output)
-    except FileNotFoundError:
-        return output
-    except OSError as e:
-        raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
-    if not stat.S_ISLNK(st.st_mode):
-        return output
-    if st.st_uid != os.geteuid():
-        raise UsageError(f"refusing to write {output}: it is a symbolic link owned by uid {st.st_uid}, not by you "
-                         f"(uid {os.geteuid()}); remove it, or name the file it points to")  # fmt: skip
-    return output.resolve()
-
-
-def write(text: str, output: Path | None) -> None:
-    if output is None:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return
-    output = _target(output)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from whoever it is for
-        os.replace(tmp, output)
-    except OSError as e:
-        raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
-
-
 # The formats FinOps tools read: charges per GPU, holder and price period, which the JSON does not hold, so
 # they are worked out from the query results too.
 EXPORTS: dict[str, Callable[[list[Part], dict[str, Any]], str]] = {"csv": as_csv, "focus": as_focus}
@@ -535,7 +499,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
     try:
         text = EXPORTS[args.format](parts, doc) if args.format in EXPORTS else RENDERERS[args.format](doc)
         write(text, args.output)
-    except UsageError as e:
+    except (UsageError, OutputError) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 2
     size, what = client.largest
