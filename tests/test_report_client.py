@@ -384,6 +384,9 @@ def lying(value: object = "1", *, result: object = None, metric: object = None, 
         kind = path.rsplit("/", 1)[-1]
         labels = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "state": "busy", "name": "NVIDIA L4"} \
             if metric is None else metric  # fmt: skip
+        if kind == "query" and result is None and metric is None and "count_over_time" in handler.prom_query:
+            rows = [{"metric": {}, "value": [1.0, "60"]}]  # the scrape interval's probe, answered as a store does
+            return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
         if kind == "query":
             rows = [{"metric": labels, "value": [1.0, value]}] * (2 if twice else 1)
             data = {"resultType": "vector", "result": rows if result is None else result}
@@ -434,6 +437,34 @@ def test_an_answer_of_the_wrong_shape_is_a_clear_error_not_a_traceback(answer: A
         out = report(url)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("gpu-exporter report: "), out.stderr
+
+
+def _every_query(series: list[dict[str, object]]) -> Answer:
+    def answer(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        kind = "vector" if path.endswith("/query") else "matrix"
+        return 200, json.dumps({"status": "success", "data": {"resultType": kind, "result": series}}).encode()
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("series", "wrong"),
+    [([{"value": [1.0, "60"]}], "no 'metric' key"),
+     ([{"metric": {"node": "n1", "gpu": str(i), "x": "y" * 200}, "value": [1.0, "1e-3"], "values": [[1.0, "1"]]}
+       for i in range(3)], "one series without labels"),
+     ([{"metric": {}, "value": [1.0, "0.001"]}], "whole number of at least 1")],
+    ids=["no-metric-key", "one-huge-series-for-every-query", "a-fraction-of-a-sample"],
+)  # fmt: skip
+def test_a_malformed_answer_is_named_not_read_as_a_scrape_interval(series: list[dict[str, object]], wrong: str) -> None:
+    """Issue 50, item 4: an answer without a ``metric`` key, or a store that answers every query with
+    the same series, ended in "the range is 3600 s long, less than a step can be": the scrape
+    interval's probe had taken a malformed answer for an interval.  Now the answer's shape is judged
+    first, and the error names the query and what was wrong."""
+    with api(_every_query(series)) as (url, _):
+        out = report(url, "--since", "1h")
+    assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr
+    assert "less than a step can be" not in out.stderr and wrong in out.stderr, out.stderr
+    assert "probe" in out.stderr or "metric" in out.stderr, out.stderr
 
 
 def test_a_stores_error_text_cannot_drive_the_terminal() -> None:

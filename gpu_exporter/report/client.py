@@ -426,7 +426,9 @@ def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _labels(r: dict[str, Any]) -> Labels:
-    metric = r.get("metric", {})
+    if "metric" not in r:  # both engines send it always, {} for an aggregate: its absence is no label set
+        raise QueryError(f"a series without its labels (no 'metric' key): {_shown(r)}")
+    metric = r["metric"]
     if not isinstance(metric, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
         raise QueryError(f"a series whose labels are not names and strings: {_shown(metric)}")
     return metric

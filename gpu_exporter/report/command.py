@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..settings.durations import parse_duration
+from ..untrusted import for_terminal
 from .catalogue import CatalogueError, load_catalogue
 from .client import MAX_ANSWER_BYTES, MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
 from .cost import Part, pick_currency, plan, seen_twice
@@ -332,6 +333,22 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
     return results
 
 
+def _count(rows: list[tuple[dict[str, str], float]], window: str) -> float | None:
+    """The probe's answer, judged for its shape before it becomes the scrape interval: one series
+    without labels (a max over every GPU) whose value is a whole count of samples, or none."""
+    what = f"the scrape interval's probe (samples in {window})"
+    if not rows:
+        return None
+    if len(rows) != 1 or rows[0][0]:
+        first = for_terminal(repr(rows[0][0]))[:120]
+        raise QueryError(f"{what}: a max over every GPU is one series without labels; the store sent {len(rows)}, "
+                         f"the first labelled {first}: is it Prometheus-compatible?")  # fmt: skip
+    v = rows[0][1]
+    if v < 1 or v != int(v):
+        raise QueryError(f"{what}: a count of samples is a whole number of at least 1; the store sent {v!r}")
+    return v
+
+
 def _asked(r: Read, matchers: str, last: bool) -> list[Query]:
     """What a part of the range is asked: who holds each GPU now only of the last part."""
     qs = recorded_queries(r.w, matchers) if r.recorded else queries(r.w, matchers)
@@ -443,8 +460,8 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
 
         def interval() -> float:
             if not probed:
-                counts = [client.instant(probe(matchers, window), span.end) for window in PROBES]
-                probed.append(scrape_interval(*(c[0][1] if c else None for c in counts)))
+                counts = [_count(client.instant(probe(matchers, w), span.end), w) for w in PROBES]
+                probed.append(scrape_interval(*counts))
             return probed[0]
 
         planned, said = reads(client, _recorded_mode(args), span.start, span.end, now(), interval)
