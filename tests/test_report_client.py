@@ -472,3 +472,65 @@ def test_a_stores_error_text_cannot_drive_the_terminal() -> None:
             as (url, _):  # fmt: skip
         out = report(url)
     assert out.returncode == 1 and "\x1b" not in out.stderr and "\\x1b]0;pwned" in out.stderr, out.stderr
+
+
+def priced_in(currency: str) -> Answer:
+    """One GPU, honest in everything but the currency label of its price series."""
+    honest = lying("3600")
+
+    def answer(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        status, body = honest(handler, path)
+        if "price" not in handler.prom_query:
+            return status, body
+        doc = json.loads(body)
+        for r in doc["data"]["result"]:
+            r["metric"] = {**r["metric"], "currency": currency}
+        return status, json.dumps(doc).encode()
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "currency", ["=1+7", "{}", "\x1b[31mEUR", "U" * 11], ids=["formula", "braces", "escape", "long"]
+)
+@pytest.mark.parametrize("fmt", ["csv", "html", "table", "focus"])
+def test_a_currency_label_the_exporter_never_writes_is_named_and_left_out(currency: str, fmt: str) -> None:
+    """Issue 50, item 2: the currency label from the store became a live CSV formula, an IndexError in
+    the HTML's format string, and a raw escape in the terminal.  Checked where it is read, it is named
+    escaped, its series left out of the money, and the report still runs."""
+    with api(priced_in(currency)) as (url, _):
+        out = report(url, "--format", fmt)
+    assert "Traceback" not in out.stderr and out.returncode not in (1, 2), out.stderr
+    assert "\x1b" not in out.stdout + out.stderr and currency not in out.stdout
+    assert "left out of the money" in out.stderr and repr(currency) in out.stderr, out.stderr  # named, escaped
+    assert not any(cell.startswith("=") for line in out.stdout.splitlines() for cell in line.split(","))
+
+
+def named(node: str, model: str) -> Answer:
+    """One GPU whose node and model labels are what a hostile store sends, in every answer."""
+    honest = lying("3600")
+
+    def answer(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
+        status, body = honest(handler, path)
+        doc = json.loads(body)
+        for r in doc["data"]["result"]:
+            if r["metric"]:
+                r["metric"] = {**r["metric"], "node": node, "name": model}
+        return status, json.dumps(doc).encode()
+
+    return answer
+
+
+@pytest.mark.parametrize("fmt", ["csv", "focus", "html", "table", "markdown", "json"])
+def test_hostile_node_and_model_labels_reach_no_output_raw(fmt: str) -> None:
+    """The other labels the report shows (node, model) from a store that lies: no formula, no escape, no
+    markup, no format placeholder taken for one, and no traceback, in every format."""
+    node, model = '=HYPERLINK("x")\x1b[2J', "{0}<script>alert(1)</script>\x07"
+    with api(named(node, model)) as (url, _):
+        out = report(url, "--format", fmt)
+    assert "Traceback" not in out.stderr and out.returncode not in (1, 2), out.stderr
+    assert "\x1b" not in out.stdout + out.stderr and "\x07" not in out.stdout
+    if fmt in ("html", "markdown"):
+        assert "<script>" not in out.stdout
+    if fmt in ("csv", "focus"):
+        assert not any(c.startswith(("=", '"=')) for line in out.stdout.splitlines() for c in line.split(","))

@@ -405,10 +405,18 @@ def test_a_currency_picked_among_several_counts_every_gpu_priced_in_it() -> None
         key = {"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-{i}"}
         add_gpu(r, key, H100, {"busy": 100.0}, price=3.0)
         r["prices"][-1][0]["currency"] = cur
-    with pytest.raises(ValueError, match="several currencies \\(EUR, USD\\); pick one with --currency"):
-        build(W, r, CATALOGUE)
     doc = build(W, r, CATALOGUE, Options(currency="USD"))
     assert [g["cost"] for g in doc["gpus"]] == [None, 300.0, 300.0] and doc["totals"]["cost"] == 600.0
+    # Issue 50: one GPU priced in a second currency (a forged series, one node's old setting) stopped
+    # every report without --currency.  The report is in the currency most GPUs are priced in, and
+    # the other GPU says why it has no cost.
+    doc = build(W, r, CATALOGUE)
+    assert doc["currency"] == "USD" and [g["cost"] for g in doc["gpus"]] == [None, 300.0, 300.0]
+    assert_mentions(doc["gpus"][0]["notes"][-1], "EUR", "USD", "--currency EUR")
+    assert not any("EUR" in n for g in doc["gpus"][1:] for n in g["notes"])
+    r["prices"][-1][0]["currency"] = "GBP"  # an even split is no fleet's currency: the report still asks
+    with pytest.raises(ValueError, match="several currencies \\(EUR, GBP, USD\\); pick one with --currency"):
+        build(W, r, CATALOGUE)
 
 
 def test_a_gpu_priced_in_two_currencies_at_once_is_priced_in_the_one_picked() -> None:

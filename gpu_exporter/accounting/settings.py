@@ -12,6 +12,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from ..settings.durations import parse_duration
 
+# What a currency label may be: the daemon takes no other, and the report leaves out a series from the
+# store whose currency is not one (it was a CSV formula, a format string and a terminal escape).
+CURRENCY = r"^[A-Za-z][A-Za-z0-9]{0,9}$"
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Price = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
@@ -20,7 +24,7 @@ class PricingSettings(BaseModel):
     """What the cards cost: per hour by GPU model, and energy per kWh, in one currency."""
 
     model_config = ConfigDict(extra="forbid")
-    currency: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9]{0,9}$", description="e.g. USD, EUR; the currency label")
+    currency: str = Field(pattern=CURRENCY, description="e.g. USD, EUR; the currency label")
     models: dict[str, Price] = Field(
         default_factory=dict,
         description="price per hour by model: a key matches a GPU whose name holds it as a word "

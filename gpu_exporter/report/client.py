@@ -34,6 +34,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
+from ..accounting.settings import CURRENCY as CURRENCY_PATTERN
 from ..settings.yamlfile import MAX_SECRET_BYTES, read_bounded
 from ..untrusted import for_terminal
 
@@ -45,6 +46,7 @@ MAX_WAIT_S = 30.0  # the longest Retry-After honoured
 TOKEN_ENV = "GPU_EXPORTER_PROMETHEUS_BEARER_TOKEN"
 PASSWORD_ENV = "GPU_EXPORTER_PROMETHEUS_PASSWORD"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
+CURRENCY = re.compile(CURRENCY_PATTERN)
 _OWN_HEADERS = {"content-type", "content-length", "host", "accept", "user-agent"}
 # An answer is decoded whole, at about four times its size in memory (a 120 MB answer took 521 MiB):
 # 128 MiB is some 2 million samples, far past what one query of a report of hundreds of GPUs
@@ -124,6 +126,9 @@ class PromClient:
         self.max_answer = opts.max_answer_bytes
         self.origin = _origin(self.base)
         self.impossible = 0  # values left out as no store could mean them (negative, past MAX_VALUE)
+        # Series left out for a currency label the exporter could never have written: what each was, shown
+        # escaped (issue 50: one became a CSV formula, a format string and a terminal escape).
+        self.bad_currencies: list[str] = []
         # The largest answer read and what it answered: how close a report came to max_answer, which a
         # fleet reaches by its size (one series per GPU, holder and state) before any deadline.
         self.largest: tuple[int, str] = (0, "")
@@ -280,7 +285,7 @@ class PromClient:
         if data.get("resultType") != "vector":
             raise QueryError(f"expected a vector from {expr!r}, got {_shown(data.get('resultType'))}")
         rows = [(_labels(r), _sample(_point(r, "value"))[1]) for r in _results(data)]
-        return [(labels, v) for labels, v in _unique(rows) if self._sane(v)]
+        return [(labels, v) for labels, v in _unique(rows) if self._sane(v) and self._vetted(labels)]
 
     def range(self, expr: str, start: float, end: float, step: float,
               what: str = "") -> list[tuple[Labels, list[tuple[float, float]]]]:  # fmt: skip
@@ -295,7 +300,21 @@ class PromClient:
             if not isinstance(points, list):
                 raise QueryError(f"a series without its values: {_shown(r)}")
             series.append((_labels(r), [_sample(p) for p in points]))
-        return [(labels, [(t, v) for t, v in points if self._sane(v)]) for labels, points in _unique(series)]
+        return [(labels, [(t, v) for t, v in points if self._sane(v)])
+                for labels, points in _unique(series) if self._vetted(labels)]  # fmt: skip
+
+    def _vetted(self, labels: Labels) -> bool:
+        """Whether a series' labels may be computed with: a ``currency`` the exporter's own settings would
+        take (CURRENCY), checked here, once, where every answer is read.  A series that fails is left
+        out of the money and remembered for the report to say, escaped."""
+        currency = labels.get("currency")
+        if currency is None or CURRENCY.fullmatch(currency):
+            return True
+        with self._largest_lock:
+            self.bad_currencies.append(
+                f"currency {_shown(currency)} on {_shown(labels.get('node', '?'))} GPU {_shown(labels.get('gpu', '?'))}"
+            )
+        return False
 
     def _sane(self, v: float) -> bool:
         """A finite value the report can count; an impossible one (negative, or past MAX_VALUE) is

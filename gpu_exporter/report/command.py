@@ -20,7 +20,7 @@ from ..settings.durations import parse_duration
 from ..untrusted import for_terminal
 from .catalogue import CatalogueError, load_catalogue
 from .client import MAX_ANSWER_BYTES, MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
-from .cost import Part, pick_currency, plan, seen_twice
+from .cost import Part, currencies, pick_currency, plan, seen_twice
 from .csv_export import as_csv
 from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
@@ -510,6 +510,13 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         return 2
     if doc["status"] != OK:
         say.say(doc["status_reason"])
+    if client.bad_currencies:
+        shown = "; ".join(client.bad_currencies[:3]) + ("; ..." if len(client.bad_currencies) > 3 else "")
+        say.say(f"{len(client.bad_currencies)} series from the store had a currency label the exporter never writes "
+                f"(a letter, then at most 9 letters or digits) and are left out of the money: {shown}")  # fmt: skip
+    if opts.currency is None and doc["currency"] and len(found := currencies(results)) > 1:
+        say.say(f"the GPUs are priced in several currencies ({', '.join(found)}): the money is in {doc['currency']}, "
+                "the one most GPUs are priced in; the others' GPUs are left out of it (--currency picks)")  # fmt: skip
     if client.impossible:
         say.say(f"{client.impossible} values from the store were impossible (negative, or past {MAX_VALUE:g}) and are "
                 "left out: is it a gpu-exporter store, and is its data intact?")  # fmt: skip

@@ -56,13 +56,33 @@ def currencies(results: Results) -> list[str]:
 
 
 def pick_currency(results: Results, asked: str | None) -> str | None:
-    """The currency of the report: the one asked for, else the only one the prices are in."""
+    """The currency of the report: the one asked for, else the one most GPUs are priced in.  One price
+    series in a second currency (a forged one, or one node's old setting) stopped every report run
+    without ``--currency``; now only an even split does, where no figure would be the fleet's."""
     if asked is not None:
         return asked
     found = currencies(results)
-    if len(found) > 1:
+    if len(found) <= 1:
+        return found[0] if found else None
+    gpus: dict[str, set[GpuKey]] = {c: set() for c in found}
+    for labels, points in results["prices"]:
+        if labels.get("currency") in gpus and points:
+            gpus[labels["currency"]].add(gpu_key(labels))
+    most = max(len(g) for g in gpus.values())
+    leaders = [c for c in found if len(gpus[c]) == most]
+    if len(leaders) > 1:
         raise ValueError(f"the GPUs are priced in several currencies ({', '.join(found)}); pick one with --currency")
-    return found[0] if found else None
+    return leaders[0]
+
+
+def other_currencies(results: Results, currency: str | None) -> dict[GpuKey, list[str]]:
+    """GPUs with a price in a currency other than the report's: each one's other currencies."""
+    out: dict[GpuKey, set[str]] = {}
+    for labels, points in results["prices"]:
+        c = labels.get("currency")
+        if c and c != currency and points:
+            out.setdefault(gpu_key(labels), set()).add(c)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 @dataclass

@@ -14,6 +14,7 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..untrusted import for_terminal
 from .charges import Charge, charges
 from .cost import Part
 
@@ -24,8 +25,12 @@ _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def safe(text: str) -> str:
-    """Text a spreadsheet shows as text: a leading ``'`` before what it would read as a formula."""
-    return "'" + text if text.startswith(_FORMULA) else text
+    """Text a spreadsheet shows as text: a leading ``'`` before what it would read as a formula, and
+    other control characters than line breaks and tabs written as escapes (a file that is ``cat`` to a
+    terminal drives no cursor)."""
+    text = "'" + text if text.startswith(_FORMULA) else text
+    # Line breaks and tabs stay: the csv module quotes them, and a name reads back whole.
+    return "".join(c if c in "\r\n\t" or c.isprintable() else for_terminal(c) for c in text)
 
 
 def number(v: float | None, digits: int = 6) -> str:
@@ -51,7 +56,7 @@ def _row(c: Charge) -> list[str]:
         number(c.price_per_hour),
         c.basis or "",
         "" if c.cost is None else str(c.cost),
-        c.currency or "",
+        safe(c.currency or ""),  # checked where it is read (client.CURRENCY); neutralised here all the same
     ]
 
 

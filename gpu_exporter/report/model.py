@@ -21,7 +21,7 @@ from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
 from .catalogue import PIPES, Catalogue
 from .client import Labels
-from .cost import GpuKey, Part, currencies, money, pick_currency
+from .cost import GpuKey, Part, currencies, money, other_currencies, pick_currency
 from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
@@ -114,6 +114,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         return gpus[key]
 
     currency = pick_currency(results, opts.currency)
+    elsewhere = other_currencies(results, currency)
     priced_by = money([Part(w, results)] if parts is None else parts, currency)
     rows_of_hours = priced_by.hours
     total: dict[GpuKey, float] = defaultdict(float)
@@ -217,7 +218,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
             "holder": top.name, "targets": [dict(t) for t in sorted(g.targets)],
-            "notes": [*_over_the_range(total[key], w), *sizer.notes(usage)],
+            "notes": [*_over_the_range(total[key], w), *sizer.notes(usage),
+                      *_priced_elsewhere(elsewhere.get(key) if not g.priced else None, currency)],
         })  # fmt: skip
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
         # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to
@@ -293,6 +295,14 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         "recommendations": recommendations,
         "timeline": _timeline(results),
     }
+
+
+def _priced_elsewhere(others: list[str] | None, currency: str | None) -> list[str]:
+    """Why a GPU priced only in another currency has no cost: it is not summed with the report's."""
+    if not others:
+        return []
+    return [f"priced in {', '.join(others)}, not in the report's {currency}: left out of the money "
+            f"(--currency {others[0]} reports it)"]  # fmt: skip
 
 
 def _higher(a: float | None, b: float) -> float:

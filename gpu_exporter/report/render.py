@@ -330,8 +330,13 @@ def _rec_bars(r: dict[str, Any], i: int, cur: str | None) -> str:
     count = f"{n} x " if n > 1 else ""
     bars = _svg_bars([(f"now: {count}{r['current_model']}", [(COLOURS["idle"], now)]),
                       (f"{count}{r['suggested']}", [(COLOURS["busy"], now - r["saving_per_month"])])],
-                     "{:,.0f} " + (cur or "") + "/month", f"rec-{i}", width=640, label_w=240)  # fmt: skip
+                     "{:,.0f} " + _literal(cur or "") + "/month", f"rec-{i}", width=640, label_w=240)  # fmt: skip
     return f'<div class="bars">{bars}</div>'
+
+
+def _literal(text: str) -> str:
+    """Text put into a format string as itself: a brace from a label is no placeholder."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def as_html(doc: dict[str, Any]) -> str:
