@@ -205,3 +205,17 @@ def test_a_driver_whose_functions_mislead_is_read_as_it_writes(tmp_path: Path, t
         assert procs[two_live[1]] == 5 * GIB and 0 not in procs and len(procs) == 6
     # Once for each of the three lists, not again at the second poll.
     assert log.count("nvml_process_record_size") == 3, log
+
+
+def test_the_real_gpu_probe_is_ready_to_run() -> None:
+    """benchmarks/real_gpu/process_records_probe.py runs only where there is a GPU: here it must at
+    least import, and its CUDA child compile."""
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "real_gpu" / "process_records_probe.py"
+    spec = importlib.util.spec_from_file_location("process_records_probe", path)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    compile(probe.HOLDER, "holder", "exec")
+    assert callable(probe.main) and "process_records_probe.py" in (ROOT / "benchmarks/real_gpu/check.sh").read_text()
