@@ -9,6 +9,7 @@ import ctypes
 import json
 import os
 import pwd
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -219,3 +220,29 @@ def test_the_real_gpu_probe_is_ready_to_run() -> None:
     spec.loader.exec_module(probe)
     compile(probe.HOLDER, "holder", "exec")
     assert callable(probe.main) and "process_records_probe.py" in (ROOT / "benchmarks/real_gpu/check.sh").read_text()
+
+
+@pytest.mark.parametrize(
+    "wrote,expected,count,cleared",
+    [
+        (32, 24, 2, False),  # R535 behind R550's functions: read as written
+        (24, 32, 2, False),  # and the other way
+        (24, 32, 1, False),  # one record says its size too
+        (24, 24, 2, True),  # a driver that clears the whole buffer: its functions decide
+        (32, 32, 3, True),
+    ],
+)
+def test_the_size_is_where_the_written_bytes_end(wrote: int, expected: int, count: int, cleared: bool) -> None:
+    """A record's last byte is the top byte of a count or an instance id, 0x00 or 0xFF, never 0xA5."""
+    from gpu_exporter.sources.nvml.process_records import Layout, _records
+
+    room = 2 * count + 8
+    buf = bytearray([FILL] * room * 32)
+    if cleared:
+        buf[: room * wrote] = bytes(room * wrote)
+    shape = struct.Struct({24: "@IQII", 32: "@IQIIQ"}[wrote])
+    for i in range(count):
+        fields = (4242 + i, (i + 1) * GIB, 0xFFFFFFFF, 0xFFFFFFFF, 0)[: len(shape.format) - 1]
+        shape.pack_into(buf, i * wrote, *fields)
+    records = _records(bytes(buf), count, "nvmlDeviceGetComputeRunningProcesses_v3", Layout("_v3", expected))
+    assert [(r.pid, r.used_memory) for r in records] == [(4242 + i, (i + 1) * GIB) for i in range(count)]

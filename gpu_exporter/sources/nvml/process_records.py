@@ -47,7 +47,10 @@ _LARGEST = 32
 # Native alignment, as the C structs are laid out: pid, 4 bytes of padding, memory (, gi, ci (, cc)).
 _LAYOUTS = {16: struct.Struct("@IQ"), 24: struct.Struct("@IQII"), 32: struct.Struct("@IQIIQ")}
 _SIZES = {"_v3": (24, 32), "_v2": (24,), "": (16,)}  # what each symbol has ever written
-_HEADROOM = 8  # processes that start between the sizing call and the read
+# Room for processes that start between the sizing call and the read, and more than twice the count:
+# a driver that clears the whole buffer then shows more bytes than its records could fill at the
+# largest size, and the expected size stands (_measured).
+_HEADROOM = 8
 
 
 class Record(NamedTuple):
@@ -107,7 +110,7 @@ def running(handle: Any, function: str, layout: Layout) -> list[Record]:
     for _ in range(3):
         if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
             bindings.check(ret)
-        room = count.value + _HEADROOM
+        room = 2 * count.value + _HEADROOM
         buf = (ctypes.c_ubyte * (room * _LARGEST))()
         ctypes.memset(buf, _FILL, ctypes.sizeof(buf))
         count = ctypes.c_uint(room)
@@ -134,7 +137,8 @@ def _records(raw: bytes, n: int, name: str, layout: Layout) -> list[Record]:
 
 def _measured(raw: bytes, n: int, layout: Layout) -> int:
     """The record size the driver wrote: where its bytes end, over the count; the expected size
-    where that is no size the symbol has ever written."""
+    where that is no size the symbol has ever written (more than the records could fill: a driver
+    that cleared the buffer)."""
     written = len(raw.rstrip(bytes([_FILL])))
     size, rest = divmod(written, n)
     return size if not rest and size in _SIZES[layout.suffix] else layout.size
