@@ -1,7 +1,8 @@
 """The driver's process lists, read in the record size the driver writes, whatever the bindings think.
 
 ``nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses_v3`` kept its name while its record
-changed size twice (the drivers' nvml.h, as NVIDIA/nvidia-settings carries it; nvitop #79, #88, #89):
+changed size twice (the drivers' nvml.h as NVIDIA/nvidia-settings carries it: b2f0e7f for 510.39,
+39c3e28 for 535.43, 0cb3bef for 535.98, 74cae7f for 535.104.05; nvitop #79, #88, #89):
 
 ============================  ==========================================================
 510.39 to 530.41              24 bytes (``nvmlProcessInfo_v2_t``: pid, memory, GPU/compute instance)
