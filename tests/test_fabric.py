@@ -8,7 +8,13 @@ driver (no such call), and a mask field the driver does not report have no serie
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpu_exporter.alerting.engine import RuleEngine, holding_now
 from gpu_exporter.alerting.settings import RulesSettings
@@ -16,13 +22,15 @@ from gpu_exporter.once import findings
 from gpu_exporter.snapshot import NodeSnapshot
 from tests import assert_mentions
 from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value
-from tests.fakenvml import NOT_SUPPORTED, Scenario
+from tests.fakenvml import NOT_SUPPORTED, Scenario, subprocess_env
 from tests.fakenvml.presets import HEALTHY_FABRIC, a100_sxm, h100_sxm
 from tests.fakenvml.runtime import call_count
 from tests.fakenvml.values import fabric_health_mask
+from tests.test_gpm import oldest_bindings
 
 GIB = 2**30
 CALL = "nvmlDeviceGetGpuFabricInfoV"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def polls(n: int = 1) -> tuple[list[NodeSnapshot], ErrorLog]:
@@ -162,3 +170,63 @@ def test_every_issue_a_reading_can_carry_has_its_advice() -> None:
     from gpu_exporter.metric_defs import FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED
 
     assert {*FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED} <= FABRIC_ADVICE.keys()
+
+
+# A child on each allowed nvidia-ml-py: polls three times, prints its fabric series.
+FABRIC_POLL = """
+import json
+from tests.exporter_helpers import make_poller, samples_of
+poller, errors = make_poller()
+names = [sorted({n for n, _ in samples_of(poller.poll()) if n.startswith("gpu_fabric")}) for _ in range(3)]
+poller.close()
+print(json.dumps(names))
+"""
+
+
+@pytest.mark.integration  # a child Python process on the oldest bindings
+@pytest.mark.parametrize("bindings", ["oldest", "newest"])
+def test_bindings_without_the_fabric_call_say_so_once(tmp_path: Path, bindings: str) -> None:
+    """nvidia-ml-py 12.535.77, the oldest allowed, has no nvmlDeviceGetGpuFabricInfoV (12.550.89 binds
+    it): on a driver that has it, the fabric series are missing, and the log says why, once."""
+    s = Scenario(tmp_path / "node.scn")
+    s.driver(580)
+    h100s(s, 2)
+    s.write()
+    env = subprocess_env(s.path)
+    if bindings == "oldest":
+        env["PYTHONPATH"] = str(oldest_bindings())
+    out = subprocess.run([sys.executable, "-c", FABRIC_POLL], env=env, capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    names = json.loads(out.stdout.splitlines()[-1])
+    said = (out.stdout + out.stderr).count("fabric_off_in_bindings")
+    if bindings == "oldest":
+        assert names == [[]] * 3 and said == 1, out.stderr
+        assert_mentions(out.stdout + out.stderr, CALL, "12.550.89")
+    else:
+        assert all("gpu_fabric_state" in n for n in names) and said == 0, out.stderr
+
+
+def test_bindings_that_read_part_of_a_fabric_say_what_they_leave_out_once(
+    scenario: Scenario, nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bindings before 13.580.65 have no v3 struct (the health summary), before 13.595.45 no GFM_STATE
+    field: the rest of the fabric is read, and the log names what is not, once for the node."""
+    from structlog.testing import capture_logs
+
+    from gpu_exporter.sources.nvml import fabric
+
+    scenario.driver(580)
+    h100s(scenario, 2)
+    scenario.write()
+    monkeypatch.delattr(nvml, "c_nvmlGpuFabricInfo_v3_t")
+    monkeypatch.setattr(fabric, "UNDECODED", ("fabric_manager_disconnected",))
+    monkeypatch.setattr(fabric, "_said", set())
+    with capture_logs() as logs:
+        snaps, _ = polls(3)
+    said = [e["missing"] for e in logs if e["event"] == "fabric_off_in_bindings"]
+    assert said == ["c_nvmlGpuFabricInfo_v3_t (the health summary)",
+                    "the health mask fields of fabric_manager_disconnected"]  # fmt: skip
+    s = samples_of(snaps[-1])
+    assert value(s, "gpu_fabric_state", gpu="1") == 3
+    assert not [k for k in s if k[0] == "gpu_fabric_health"]  # the summary, v3's alone

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The exporter against a real NVIDIA driver, in one short run (about 3 minutes): NVML probe (as
-# root and as an unprivileged user, and with the oldest nvidia-ml-py the project allows), the
+# root and as an unprivileged user, and with the oldest nvidia-ml-py the project allows), the process
+# records as the driver writes them with two processes on GPU 0 (process_records_probe.py), the
 # questions of issue 26 that no fake can settle (fields_probe.py: field values accumulating in a
 # reused array, how wide the PCIe counters are and whether they agree with the driver's sample and a
 # known host-to-device copy, what field 91 and NvLinkState answer past the last link, what an unknown
@@ -16,12 +17,16 @@ log="$OUT/log.txt"
 say() { echo "== $*" | tee -a "$log"; }
 say "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
 say "probe as root"; $py "$here/nvml_probe.py" >> "$log" 2>&1
+say "process records as the driver writes them, two processes on GPU 0 (issue 49)"
+$py "$here/process_records_probe.py" > "$OUT/process-records.json" 2>>"$log"; echo "rc=$?" >> "$log"
 say "probe as uid 65534"
 cp "$here/nvml_probe.py" /tmp/nvml_probe.py && chmod 644 /tmp/nvml_probe.py
 setpriv --reuid=65534 --regid=65534 --clear-groups env PYTHONPATH="${PYTHONPATH:-}" "$(command -v $py)" /tmp/nvml_probe.py --quick >> "$log" 2>&1 || say "unprivileged probe failed: $?"
 if [ -n "${OLD_NVML:-}" ]; then
   say "probe with nvidia-ml-py from $OLD_NVML"
   PYTHONPATH="$OLD_NVML:${PYTHONPATH:-}" $py "$here/nvml_probe.py" --quick >> "$log" 2>&1
+  say "process records with nvidia-ml-py from $OLD_NVML"
+  PYTHONPATH="$OLD_NVML:${PYTHONPATH:-}" $py "$here/process_records_probe.py" > "$OUT/process-records-oldest-nvml.json" 2>>"$log"; echo "rc=$?" >> "$log"
   say "--once with nvidia-ml-py from $OLD_NVML"
   PYTHONPATH="$OLD_NVML:${PYTHONPATH:-}" $py -m gpu_exporter --once --format json > "$OUT/once-oldest-nvml.json" 2>>"$log"; echo "rc=$?" >> "$log"
 fi

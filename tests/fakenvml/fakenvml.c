@@ -481,7 +481,16 @@ struct profile {
     unsigned int nvlink_max;     /* NvLink link indices the driver accepts at all */
     unsigned int fabric_version; /* the newest nvmlGpuFabricInfo_v<N>_t it takes (0: none) */
     unsigned int c2c_errors;     /* whether it defines the C2C error counters, 231-233 */
+    unsigned int v3_record;      /* bytes per entry the Get*RunningProcesses_v3 calls write */
 };
+
+/* v3_record: R535 changed what the _v3 process calls write, under the same name, from nvmlProcessInfo_v2_t
+ * (24 bytes) to an nvmlProcessInfo_t with usedGpuCcProtectedMemory appended (32 bytes): nvml.h of 535.43.02
+ * (NVIDIA/nvidia-settings 39c3e28); 535.98 dropped the _v3 calls, 535.104.05 brought them back with the
+ * 32-byte struct (nvidia-settings 0cb3bef, 74cae7f; nvitop #88, #89).  R550 went back to 24 bytes and moved
+ * the protected memory to nvmlDeviceGetRunningProcessDetailList's nvmlProcessDetail_v1_t, the layout of this
+ * header (and nvidia-ml-py 12.550.52's c_nvmlProcessInfo_v3_t = c_nvmlProcessInfo_v2_t).  The 535 profile is
+ * 535.183.01, after 535.104: 32 bytes; the layout of 535.98 (no _v3) is a `hide` of the _v3 symbols. */
 
 /* fabric_version: nvmlGpuFabricInfo_v2_t (the health mask) is in nvidia-ml-py 12.550's bindings,
  * v3_t (the health summary) first in 13.580.65's; a driver refuses a newer struct with
@@ -490,11 +499,11 @@ struct profile {
  * 230, then 235) and in nvidia-ml-py 12.570.172; CUDA 12.9's and 12.575.51's define them.  575 itself
  * is modelled by 570's profile, so a 575 scenario answers them as 570 does (unknown). */
 static const struct profile profiles[] = {
-    {535, 197, 18, 0, 0},
-    {550, 228, 18, 2, 0},
-    {570, 269, 18, 2, 0},
-    {580, 274, 18, 3, 1},
-    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS, 3, 1},
+    {535, 197, 18, 0, 0, 32},
+    {550, 228, 18, 2, 0, 24},
+    {570, 269, 18, 2, 0, 24},
+    {580, 274, 18, 3, 1, 24},
+    {UINT_MAX, NVML_FI_MAX, NVML_NVLINK_MAX_LINKS, 3, 1, 24},
 };
 
 /* Entry points a branch does not have yet, by the first branch whose nvidia-ml-py binds them; a
@@ -506,6 +515,11 @@ static const struct {
 } introduced[] = {
     {"nvmlDeviceGetTemperatureV", 570}, /* first bound by nvidia-ml-py 12.570 */
     {"nvmlDeviceGetGpuFabricInfoV", 550}, /* first bound by nvidia-ml-py 12.550 */
+    /* Confidential computing came with R535 (nvml.h of 535.43.02; nvidia-ml-py 12.535.77 binds it), the
+     * versioned process list with R550 (12.550's bindings; not in 12.535.77): together they tell a _v3
+     * that writes 32 bytes (the one without the other) from one that writes 24, as nvitop reads them. */
+    {"nvmlDeviceGetConfComputeMemSizeInfo", 535},
+    {"nvmlDeviceGetRunningProcessDetailList", 550},
     /* In nvml.h since CUDA 11.4 (R470) and 11.6 (R510), per NVIDIA's go-nvml copies of each header:
      * every modelled branch has them, so only a branch below 535 given its own profile would not. */
     {"nvmlDeviceGetMPSComputeRunningProcesses", 470},
@@ -2520,6 +2534,15 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, enum proc_kind kind, 
             nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + j;
             o->pid = p->pid;
             o->usedGpuMemory = p->used;
+        } else if (version == 3 && cur->profile->v3_record == sizeof(nvmlProcessDetail_v1_t)) {
+            /* R535's nvmlProcessInfo_t: this header's nvmlProcessDetail_v1_t is the same layout (the
+             * profile's note); no confidential computing here, so no protected memory. */
+            nvmlProcessDetail_v1_t *o = (nvmlProcessDetail_v1_t *)infos + j;
+            o->pid = p->pid;
+            o->usedGpuMemory = p->used;
+            o->gpuInstanceId = p->gi;
+            o->computeInstanceId = p->ci;
+            o->usedGpuCcProtectedMemory = 0;
         } else {
             nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + j;
             o->pid = p->pid;
@@ -2583,6 +2606,64 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device
                                                              nvmlProcessInfo_v1_t *infos)
 {
     return running_processes(device, PROC_MPS, infoCount, infos, 1, __func__);
+}
+
+/* The versioned process list (R550 on, introduced[]).  nvml.h: "For Hopper or newer fully supported
+ * devices"; the caller sets `version` and `mode` (compute, graphics, MPS, or all three), a NULL
+ * procArray or too few entries gets INSUFFICIENT_SIZE with the count, no process SUCCESS. */
+nvmlReturn_t DECLDIR nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+    struct dev *d, *g;
+    if (!plist)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    resolve(device, &d, &g);
+    unsigned int arch = NVML_DEVICE_ARCH_UNKNOWN;
+    if (gpu_arch(g, &arch) == NVML_SUCCESS && arch != NVML_DEVICE_ARCH_UNKNOWN && arch < NVML_DEVICE_ARCH_HOPPER)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (plist->version != nvmlProcessDetailList_v1 || plist->mode > NVML_PROCESS_MODE_ALL)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    static const enum proc_kind kinds[] = {[NVML_PROCESS_MODE_COMPUTE] = PROC_COMPUTE,
+                                           [NVML_PROCESS_MODE_GRAPHICS] = PROC_GRAPHICS, [NVML_PROCESS_MODE_MPS] = PROC_MPS};
+    unsigned int n = 0;
+    for (int i = 0; i < g->nprocs; i++)
+        for (unsigned int m = 0; m < NVML_PROCESS_MODE_ALL; m++)
+            n += (plist->mode == m || plist->mode == NVML_PROCESS_MODE_ALL) &&
+                 proc_matches(&g->procs[i], kinds[m], device, d);
+    if (plist->numProcArrayEntries < n || (!plist->procArray && n > 0)) {
+        plist->numProcArrayEntries = n;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int j = 0;
+    for (int i = 0; i < g->nprocs; i++)
+        for (unsigned int m = 0; m < NVML_PROCESS_MODE_ALL; m++) {
+            const struct proc *p = &g->procs[i];
+            if (!((plist->mode == m || plist->mode == NVML_PROCESS_MODE_ALL) && proc_matches(p, kinds[m], device, d)))
+                continue;
+            nvmlProcessDetail_v1_t *o = &plist->procArray[j++];
+            o->pid = p->pid;
+            o->usedGpuMemory = p->used;
+            o->gpuInstanceId = p->gi;
+            o->computeInstanceId = p->ci;
+            o->usedGpuCcProtectedMemory = 0;
+        }
+    plist->numProcArrayEntries = n;
+    return leave(NVML_SUCCESS);
+}
+
+/* Confidential computing's memory split (R535 on, introduced[]): nvml.h "For Ampere or newer"; no
+ * scenario turns confidential computing on, so every GPU answers NOT_SUPPORTED, as one without it. */
+nvmlReturn_t DECLDIR nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, nvmlConfComputeMemSizeInfo_t *memInfo)
+{
+    struct dev *d;
+    if (!memInfo)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = enter_dev(device, &d);
+    if (r)
+        return r;
+    return leave(NVML_ERROR_NOT_SUPPORTED);
 }
 
 /* ---------------------------------------------------------------------------------------------

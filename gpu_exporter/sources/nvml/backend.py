@@ -87,6 +87,8 @@ class NvmlBackend:
         cuda = try_call(pynvml.nvmlSystemGetCudaDriverVersion_v2)
         # Some declared field ids mean what they say only from some driver version on (reads.py).
         self._readers = replace(self._readers, driver_version=_version(driver))
+        if self._readers.processes is not None:
+            self._readers.processes.driver_changed()
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as e:

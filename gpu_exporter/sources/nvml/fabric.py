@@ -14,10 +14,13 @@ from types import MappingProxyType
 from typing import Any
 
 import pynvml
+import structlog
 
 from ...metric_defs import FABRIC_ISSUES, FABRIC_REGISTRATION_FAILED
 from ...snapshot import FabricReading
 from .device import Device, raise_error
+
+log = structlog.get_logger(__name__)
 
 FUNCTION = "nvmlDeviceGetGpuFabricInfoV"
 SINCE = (550,)  # the first driver with it (nvidia-ml-py 12.550 binds it): an older one is not asked
@@ -59,12 +62,30 @@ def _decoders() -> tuple[tuple[str, int, int, frozenset[int], frozenset[int]], .
 
 
 DECODERS = _decoders()
+# Issues whose mask field the installed bindings do not name (12.570 names the first four, 13.580
+# INCORRECT_CONFIGURATION, 13.595 GFM_STATE: metric_defs.FABRIC_ISSUES).
+UNDECODED = tuple(issue for issue in FABRIC_ISSUES if issue not in {d[0] for d in DECODERS})
+
+
+_said: set[str] = set()
+
+
+def _bindings_lack(what: str, needs: str) -> None:
+    """Say once that the driver has (or may report) a fabric feature the installed nvidia-ml-py cannot
+    ask for or decode: its series would otherwise be missing without a word (issue 49)."""
+    if what not in _said:
+        _said.add(what)
+        log.warning("fabric_off_in_bindings", missing=what, bindings=getattr(pynvml, "__file__", None),
+                    reason=f"the installed nvidia-ml-py lacks it: its series are left out; {needs} has it")  # fmt: skip
 
 
 def read_fabric(dev: Device, driver: tuple[int, ...]) -> FabricReading | None:
     """This poll's fabric reading; None where the GPU has no fabric, or the driver or bindings cannot say."""
     fn = getattr(pynvml, FUNCTION, None)
-    if fn is None or FUNCTION in dev.unsupported or driver < SINCE:
+    if driver < SINCE or FUNCTION in dev.unsupported:
+        return None
+    if fn is None:  # which GPU has a fabric cannot be asked either: said once for the node
+        _bindings_lack(FUNCTION + " (the fabric of NVSwitch and multi-node NVLink GPUs)", "nvidia-ml-py 12.550.89")
         return None
     structs = _structs(driver)[dev.fabric_refused :]
     for struct in structs:
@@ -77,7 +98,13 @@ def read_fabric(dev: Device, driver: tuple[int, ...]) -> FabricReading | None:
                 continue
             dev.call(FUNCTION, raise_error, e)  # counted, and NOT_SUPPORTED remembered, as every query
             return None
-        return decode(info)
+        reading = decode(info)
+        if reading is not None:  # this GPU has a fabric: what of it the bindings cannot read is said
+            if driver >= SUMMARY_SINCE and not hasattr(pynvml, "c_nvmlGpuFabricInfo_v3_t"):
+                _bindings_lack("c_nvmlGpuFabricInfo_v3_t (the health summary)", "nvidia-ml-py 13.580.65")
+            if UNDECODED:
+                _bindings_lack("the health mask fields of " + ", ".join(UNDECODED), "nvidia-ml-py 13.595.45")
+        return reading
     return None
 
 

@@ -14,6 +14,7 @@ import pynvml
 from ... import untrusted
 from ...snapshot import ProcessReading
 from ..procfs import process_user
+from . import process_records
 from .device import Device, raise_error
 
 _NO_UTIL: tuple[float | None, float | None] = (None, None)
@@ -32,6 +33,11 @@ class ProcessReader:
         self._interval = interval
         self._mono = monotonic
         self._wall = wall  # the clock of the driver's sample timestamps (nvml.h: "CPU Timestamp")
+        self._layout: process_records.Layout | None = None  # this driver's record size (process_records)
+
+    def driver_changed(self) -> None:
+        """NVML was opened again, perhaps on another driver: its process records are judged anew."""
+        self._layout = None
 
     def processes(
         self,
@@ -46,25 +52,25 @@ class ProcessReader:
         The clients of an MPS server are only in the MPS list: the compute list shows the server
         (nvidia-cuda-mps-server), which owns the CUDA context (NVIDIA's MPS guide).  A client is a CUDA
         program like any other, so it counts as ``compute``; a pid in several lists is read from the
-        first.  The MPS call is ``_v3`` by name: nvidia-ml-py's unversioned one turns a driver
-        without it into NVMLLibraryMismatchError, no NVMLError, where ``_v3`` says FUNCTION_NOT_FOUND.
-        ``Device.call`` remembers that, and the NOT_SUPPORTED of a card before Volta (nvml.h), until
+        first.  The lists are read in the record size the driver writes (``process_records``), not
+        the one the installed nvidia-ml-py assumes; a driver without a list says FUNCTION_NOT_FOUND,
+        which ``Device.call`` remembers, as the NOT_SUPPORTED of a card before Volta (nvml.h), until
         the next static refresh, so neither is asked again every poll and the other lists go on.
         """
-        N = pynvml
+        if self._layout is None:
+            self._layout = process_records.choose(dev.handle)
         found: dict[int, ProcessReading] = {}
-        lists = (("compute", "nvmlDeviceGetComputeRunningProcesses", N.nvmlDeviceGetComputeRunningProcesses),
-                 ("compute", "nvmlDeviceGetMPSComputeRunningProcesses", N.nvmlDeviceGetMPSComputeRunningProcesses_v3),
-                 ("graphics", "nvmlDeviceGetGraphicsRunningProcesses",
-                  N.nvmlDeviceGetGraphicsRunningProcesses))  # fmt: skip
-        for kind, what, fn in lists:
-            for p in dev.call(what, fn) or ():
+        lists = (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                 ("compute", "nvmlDeviceGetMPSComputeRunningProcesses"),
+                 ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"))  # fmt: skip
+        for kind, what in lists:
+            for p in dev.call(what, process_records.running, what, self._layout) or ():
                 if p.pid in found:
                     continue
                 name = names.get(p.pid) or process_name(p.pid)
                 user = users[p.pid] if p.pid in users else process_user(p.pid)
                 sm, mem = util.get(p.pid, _NO_UTIL) if util else _NO_UTIL
-                found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.usedGpuMemory, kind=kind,
+                found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.used_memory, kind=kind,
                                               user=user, sm_utilization_ratio=sm,
                                               memory_utilization_ratio=mem)  # fmt: skip
         return tuple(found.values())
