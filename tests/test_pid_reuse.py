@@ -27,6 +27,7 @@ from gpu_exporter.sources.procfs import start_time, user_name
 from tests.conftest import spawn_sleeper
 from tests.exporter_helpers import ErrorLog
 from tests.fakenvml import Scenario
+from tests.fakenvml.presets import preset
 from tests.fakenvml.runtime import advance_clock, driver_monotonic, driver_wall_clock
 
 GIB = 1024**3
@@ -321,3 +322,20 @@ def test_a_real_process_that_exits_keeps_neither_its_name_nor_its_user(scenario:
     finally:
         poller.close()
     assert (p.name, p.user, p.start_time) == ("unknown", None, None)  # the fake reads /proc/<pid>/cmdline too
+
+
+def test_a_reused_pid_on_a_mig_device_gets_its_own_name_and_user(tmp_path: Path, scenario: Scenario, nvml: Any) -> None:
+    """MIG devices keep their processes' names apart from the parent GPU's: keyed the same way."""
+    preset("a100-mig", scenario.path).write()
+    root = tmp_path / "proc"
+    lay_out(root, 30003, start=5000, comm="victim-train", uid=VICTIM, cgroup=slurm_job("4242"))
+    errors = ErrorLog()
+    poller = Poller(NvmlBackend(errors, proc_root=str(root)), errors=errors)
+    try:
+        (p,) = (p for m in poller.poll().gpus[0].migs for p in m.processes if p.pid == 30003)
+        assert (p.name, p.user, p.start_time) == ("victim-train", user_name(VICTIM), 5000)
+        lay_out(root, 30003, start=6000, comm="attacker", uid=ATTACKER, cgroup=slurm_job("4300"))
+        (p,) = (p for m in poller.poll().gpus[0].migs for p in m.processes if p.pid == 30003)
+    finally:
+        poller.close()
+    assert (p.name, p.user, p.start_time) == ("attacker", user_name(ATTACKER), 6000)
