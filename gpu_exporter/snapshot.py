@@ -44,6 +44,10 @@ class ProcessReading:
     # The Slurm job and the container it runs in, from its /proc/<pid>/cgroup (see gpu_exporter.holders).
     job: JobRef | None = None
     container: ContainerRef | None = None
+    # When it started, in clock ticks after boot (/proc/<pid>/stat's starttime), None where /proc does
+    # not show it: with the pid, what tells it from a later process given the same pid.  What is
+    # learnt once per process (its name, user, job, container, pod) is kept under both.
+    start_time: int | None = None
 
     @property
     def holder(self) -> Holder:

@@ -26,8 +26,11 @@ shows a container by its short ID until its name comes.  With pod attribution on
 pod's process never gets one: pods stay its holder.  A process with a pod gets neither a job nor a
 container.
 
-Per-process facts are read once per process (cached by pid while the process is listed); a
-process that cannot be read, or exits while it is read, gets neither.
+Per-process facts are read once per process: cached by pid and start time (the reading's
+``start_time``, from ``/proc/<pid>/stat``) while the process is listed.  A pid whose start time
+changed is another process (the kernel reuses pids), whose facts are read again; so is one that
+vanished from /proc, whose start time is then unknown.  A process that cannot be read, or exits
+while it is read, gets neither.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ log = structlog.get_logger(__name__)
 
 _D = TypeVar("_D", GpuReading, MigReading)
 MAX_JOBS = 4096  # jobs whose user, account and partition are remembered (those holding a device)
+# One process: its pid and start time.  A pid alone may be a later process's (see the module).
+ProcKey = tuple[int, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,7 @@ class HolderAttributor:
         self._user_of_uid = user_of_uid
         self.name_budget = name_budget
         self._waited: set[Key] = set()  # containers a poll already waited for, while still nameless
-        self._procs: dict[int, _Proc] = {}
+        self._procs: dict[ProcKey, _Proc] = {}
         self._jobs: dict[str, _Job] = {}
         self._said: set[tuple[str, ...]] = set()
 
@@ -115,26 +120,27 @@ class HolderAttributor:
     def attach(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
         files: JobMap = self.mapping.read() if self.mapping is not None else {}
         # Each process once: the jobs its device's files list (its MIG instance's, else its GPU's).
-        candidates: dict[int, tuple[str, ...]] = {}
+        candidates: dict[ProcKey, tuple[str, ...]] = {}
         for g in gpus:
             whole = files.get((g.index, None), ())
             for m in g.migs:
                 for p in m.processes:
-                    candidates.setdefault(p.pid, files.get((g.index, m.gpu_instance_id), ()) or whole)
+                    candidates.setdefault(_key(p), files.get((g.index, m.gpu_instance_id), ()) or whole)
             for p in g.processes:
-                candidates.setdefault(p.pid, whole)
-        for pid in [pid for pid in self._procs if pid not in candidates]:
-            del self._procs[pid]
-        claims: dict[int, Key] = {}
-        done: dict[int, tuple[JobRef | None, ContainerRef | None]] = {}
+                candidates.setdefault(_key(p), whole)
+        # A process no longer listed, or its pid now another process's, is forgotten.
+        for gone in [k for k in self._procs if k not in candidates]:
+            del self._procs[gone]
+        claims: dict[ProcKey, Key] = {}
+        done: dict[ProcKey, tuple[JobRef | None, ContainerRef | None]] = {}
         for g in gpus:
             for p in (*g.processes, *(p for m in g.migs for p in m.processes)):
-                if p.pid not in done and p.pod is None:
-                    done[p.pid] = self._process(p, candidates[p.pid], claims)
+                if _key(p) not in done and p.pod is None:
+                    done[_key(p)] = self._process(p, candidates[_key(p)], claims)
         if claims:
             known = self._known(list(dict.fromkeys(claims.values())))  # each once, in the poll's order
-            for pid, key in claims.items():
-                done[pid] = (done[pid][0], self._container(pid, key, known.get(key)))
+            for proc, key in claims.items():
+                done[proc] = (done[proc][0], self._container(proc, key, known.get(key)))
         out = []
         for g in gpus:
             migs = tuple(self._device(m, files.get((g.index, m.gpu_instance_id), ()), g.index, done)
@@ -146,9 +152,13 @@ class HolderAttributor:
     # -- one device and one process ---------------------------------------------------------------
 
     def _device(
-        self, d: _D, allocated: tuple[str, ...], gpu: int, done: dict[int, tuple[JobRef | None, ContainerRef | None]]
+        self,
+        d: _D,
+        allocated: tuple[str, ...],
+        gpu: int,
+        done: dict[ProcKey, tuple[JobRef | None, ContainerRef | None]],
     ) -> _D:
-        procs = tuple(p if p.pid not in done else replace(p, job=done[p.pid][0], container=done[p.pid][1])
+        procs = tuple(p if _key(p) not in done else replace(p, job=done[_key(p)][0], container=done[_key(p)][1])
                       for p in d.processes)  # fmt: skip
         jobs = {j: self._job(j).ref(j) for j in allocated}
         for p in procs:
@@ -164,10 +174,10 @@ class HolderAttributor:
                        containers=tuple(sorted(containers, key=lambda c: (c.engine, c.id))))  # fmt: skip
 
     def _process(self, p: ProcessReading, candidates: tuple[str, ...],
-                 claims: dict[int, Key]) -> tuple[JobRef | None, ContainerRef | None]:  # fmt: skip
-        info = self._procs.get(p.pid)
+                 claims: dict[ProcKey, Key]) -> tuple[JobRef | None, ContainerRef | None]:  # fmt: skip
+        info = self._procs.get(_key(p))
         if info is None:
-            info = self._procs[p.pid] = self._read(p)
+            info = self._procs[_key(p)] = self._read(p)
         facts = info.facts
         if not facts.visible:
             # Not visible (another PID namespace, gone): only a device with one job can say whose it is.
@@ -184,7 +194,7 @@ class HolderAttributor:
         # With pod attribution on, a pod's process is the pod's, whether or not its pod was found.
         pods_own = self.pod_mode and facts.kubepods
         if self.containers and facts.container_id is not None and facts.engine is not None and not pods_own:
-            claims[p.pid] = (facts.engine, facts.container_id)  # its container is settled with the others'
+            claims[_key(p)] = (facts.engine, facts.container_id)  # its container is settled with the others'
         return job, None
 
     def _known(self, keys: list[Key]) -> dict[Key, Known | None]:
@@ -201,12 +211,12 @@ class HolderAttributor:
         self._waited = {key for key, k in known.items() if k is None}
         return known
 
-    def _container(self, pid: int, key: Key, known: Known | None) -> ContainerRef | None:
+    def _container(self, proc: ProcKey, key: Key, known: Known | None) -> ContainerRef | None:
         engine, cid = key
-        if known is not None and not known.holds(self._procs[pid].facts):
+        if known is not None and not known.holds(self._procs[proc].facts):
             # Its cgroup is named after the container but is not where the container runs: made by
             # someone who may create cgroups (inside another container): the process stays its user's.
-            self._once("container_claim_refused", engine, cid, engine=engine, container_id=cid[:12], pid=pid,
+            self._once("container_claim_refused", engine, cid, engine=engine, container_id=cid[:12], pid=proc[0],
                        detail="a process's cgroup names a container its engine runs elsewhere; "
                               "it is not counted as that container's")  # fmt: skip
             return None
@@ -261,3 +271,7 @@ class HolderAttributor:
 
 
 _NOT_READ = cgroups.CgroupFacts(visible=True)
+
+
+def _key(p: ProcessReading) -> ProcKey:
+    return (p.pid, p.start_time)

@@ -29,6 +29,11 @@ pod vouches for the same UID, and no other pod's processes for it, that UID is t
 (``gpu_holder_info``'s ``uid``, the label OpenCost joins on).  Anything else leaves it unsaid: a
 process of another pod on the device (its HOSTNAME is its own pod's), processes that disagree, or
 a pod with its own ``hostname``.
+
+A process's cgroup and HOSTNAME are read once and kept under its pid and start time (the reading's
+``start_time``, from ``/proc/<pid>/stat``): the kernel gives a pid that was freed to the next
+process, whoever's it is, so a pid whose start time changed (or that vanished from /proc) is read
+again, and never inherits the pod of the process that had it before.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from .devices import NO_SUCH_DEVICE, REASONS, Unattributed, gpu_keys, mig_keys
 log = structlog.get_logger(__name__)
 
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
+ProcKey = tuple[int, int | None]  # a process: its pid and start time (see the module)
 MAX_LOGGED_UNMATCHED = 1024
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -86,7 +92,8 @@ def read_proc(pid: int, proc_root: str = "/proc") -> ProcInfo:
 
 
 class Attributor:
-    """Adds pods to readings.  Per-process facts are cached by pid for the life of the process."""
+    """Adds pods to readings.  Per-process facts are cached by pid and start time for the life of the
+    process."""
 
     def __init__(
         self,
@@ -99,21 +106,22 @@ class Attributor:
         self._counts: Mapping[str, int] = dict.fromkeys(REASONS, 0)
         self._unmatched_logged: set[str] = set()
         self._proc = proc
-        self._cache: dict[int, ProcInfo] = {}
+        self._cache: dict[ProcKey, ProcInfo] = {}
         self._bound: dict[str, str] = {}  # pod UID -> the pod name its processes were believed for
         self._refused: set[tuple[str, str]] = set()  # (uid, name) conflicts already logged
 
     def attach(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
         mapping = self._devices()
-        seen: set[int] = set()
+        seen: set[ProcKey] = set()
         for g in gpus:  # every process's facts first: claims are judged across the node
             for p in (*g.processes, *(p for m in g.migs for p in m.processes)):
-                seen.add(p.pid)
-                if p.pid not in self._cache:
-                    self._cache[p.pid] = self._proc(p.pid)
-        for pid in list(self._cache):
-            if pid not in seen:
-                del self._cache[pid]
+                seen.add(key := (p.pid, p.start_time))
+                if key not in self._cache:
+                    self._cache[key] = self._proc(p.pid)
+        # Gone, or its pid now another process's: its facts (and its HOSTNAME claim) go with it.
+        for key in list(self._cache):
+            if key not in seen:
+                del self._cache[key]
         trusted = self._trusted_claims(mapping)
         out = []
         matched: set[str] = set()
@@ -192,7 +200,7 @@ class Attributor:
                    trusted: dict[str, str]) -> tuple[ProcessReading, ...]:  # fmt: skip
         if not holders:
             return procs
-        return tuple(replace(p, pod=_pick(holders, self._cache[p.pid], trusted)) for p in procs)
+        return tuple(replace(p, pod=_pick(holders, self._cache[(p.pid, p.start_time)], trusted)) for p in procs)
 
 
 def _order(r: PodRef) -> tuple[str, str, str]:

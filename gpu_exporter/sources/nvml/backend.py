@@ -51,6 +51,7 @@ class NvmlBackend:
         wall: Callable[[], float] = time.time,
         disabled: frozenset[str] = frozenset(),
         slow_interval: float = 30.0,  # the setting poll_slow_interval's default
+        proc_root: str = "/proc",  # where processes' names, users and start times are read
     ) -> None:
         self._errors = errors
         self._mono = monotonic
@@ -64,7 +65,9 @@ class NvmlBackend:
             clocks=Collector.CLOCKS not in disabled,
             ecc=Collector.ECC not in disabled,
             processes=(
-                ProcessReader(profiling_interval, monotonic, wall) if Collector.PROCESSES not in disabled else None
+                ProcessReader(profiling_interval, monotonic, wall, proc_root)
+                if Collector.PROCESSES not in disabled
+                else None
             ),
             gpm=self._gpm if Collector.PROFILING not in disabled else None,
             disabled=frozenset(disabled),

@@ -63,7 +63,7 @@ def read_migs(dev: Device, processes: ProcessReader | None, gpm: GpmReader | Non
             memory_free_bytes=mem.free if mem is not None else None,
             processes=processes.processes(mig, dev.mig_process_names, dev.process_users) if processes else (),
         ))  # fmt: skip
-    dev.mig_process_names = {p.pid: p.name for m in found for p in m.processes}
+    dev.mig_process_names = {(p.pid, p.start_time): p.name for m in found for p in m.processes}
     seen = {(m.gpu_instance_id, m.uuid) for m in found}
     dev.gpu_instances = {k: v for k, v in dev.gpu_instances.items() if k in seen}
     if gpm is None:

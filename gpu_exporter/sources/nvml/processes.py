@@ -13,11 +13,13 @@ import pynvml
 
 from ... import untrusted
 from ...snapshot import ProcessReading
-from ..procfs import process_user
+from ..procfs import process_user, start_time
 from . import process_records
 from .device import Device, raise_error
 
 _NO_UTIL: tuple[float | None, float | None] = (None, None)
+# One process: its pid and start time (``procfs.start_time``).  A pid alone may be a later process's.
+ProcessKey = tuple[int, int | None]
 
 
 STEPPED_US = 1_000_000  # the wall clock went back by more than this: it was stepped
@@ -28,11 +30,16 @@ class ProcessReader:
     driver spends about 2 ms of CPU per read on an H200, so it gets its own, slower cadence."""
 
     def __init__(
-        self, interval: float, monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+        self,
+        interval: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        proc_root: str = "/proc",
     ) -> None:
         self._interval = interval
         self._mono = monotonic
         self._wall = wall  # the clock of the driver's sample timestamps (nvml.h: "CPU Timestamp")
+        self.proc_root = proc_root
         self._layout: process_records.Layout | None = None  # this driver's record size (process_records)
 
     def driver_changed(self) -> None:
@@ -42,12 +49,16 @@ class ProcessReader:
     def processes(
         self,
         dev: Device,
-        names: dict[int, str],
-        users: dict[int, str | None],
-        util: dict[int, tuple[float | None, float | None]] | None = None,
+        names: dict[ProcessKey, str],
+        users: dict[ProcessKey, str | None],
+        util: dict[ProcessKey, tuple[float | None, float | None]] | None = None,
     ) -> tuple[ProcessReading, ...]:
         """Compute, MPS client and graphics processes, each once; ``names`` and ``users`` are those
-        already looked up, by pid, ``util`` the per-process utilization last read.
+        already looked up, by pid and start time, ``util`` the per-process utilization last read.
+
+        Each process's start time is read every poll (one small file), before anything else of it:
+        a pid whose start time changed is another process, whose name and user are read again; one
+        read whose pid was reused between the two reads is put right at the next poll.
 
         The clients of an MPS server are only in the MPS list: the compute list shows the server
         (nvidia-cuda-mps-server), which owns the CUDA context (NVIDIA's MPS guide).  A client is a CUDA
@@ -67,12 +78,13 @@ class ProcessReader:
             for p in dev.call(what, process_records.running, what, self._layout) or ():
                 if p.pid in found:
                     continue
-                name = names.get(p.pid) or process_name(p.pid)
-                user = users[p.pid] if p.pid in users else process_user(p.pid)
-                sm, mem = util.get(p.pid, _NO_UTIL) if util else _NO_UTIL
+                key = (p.pid, start_time(p.pid, self.proc_root))
+                name = names.get(key) or process_name(p.pid, self.proc_root)
+                user = users[key] if key in users else process_user(p.pid, self.proc_root)
+                sm, mem = util.get(key, _NO_UTIL) if util else _NO_UTIL
                 found[p.pid] = ProcessReading(pid=p.pid, name=name, used_memory_bytes=p.used_memory, kind=kind,
                                               user=user, sm_utilization_ratio=sm,
-                                              memory_utilization_ratio=mem)  # fmt: skip
+                                              memory_utilization_ratio=mem, start_time=key[1])  # fmt: skip
         return tuple(found.values())
 
     def utilization(self, dev: Device, processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading, ...]:
@@ -122,7 +134,7 @@ class ProcessReader:
             sample = latest.get(p.pid)
             sm = dev.ratio(what, sample.smUtil) if sample is not None else 0.0
             mem = dev.ratio(what, sample.memUtil) if sample is not None else 0.0
-            dev.process_util[p.pid] = (sm, mem)
+            dev.process_util[(p.pid, p.start_time)] = (sm, mem)
             out.append(replace(p, sm_utilization_ratio=sm, memory_utilization_ratio=mem))
         return tuple(out)
 
@@ -143,14 +155,14 @@ def _without_util(processes: tuple[ProcessReading, ...]) -> tuple[ProcessReading
     return tuple(replace(p, sm_utilization_ratio=None, memory_utilization_ratio=None) for p in processes)
 
 
-def process_name(pid: int) -> str:
+def process_name(pid: int, proc_root: str = "/proc") -> str:
     """The process's name from /proc when this container can see it, else as NVML knows it.
 
     Its owner chose it: the bytes need not be UTF-8 (the kernel cuts a name at 15 bytes, in the
     middle of a character if need be), so they are decoded leniently, here and for NVML's answer.
     """
     try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
+        with open(f"{proc_root}/{pid}/comm", "rb") as f:
             name = untrusted.text(f.read().strip())
         if name:
             return name

@@ -169,8 +169,9 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     processes = proc.processes(dev, dev.process_names, dev.process_users,
                                dev.process_util if not mig_mode else None) if proc else ()  # fmt: skip
     # Names of processes that exited go with them, so the cache stays the size of the GPU's users.
-    dev.process_names = {p.pid: p.name for p in processes}
-    dev.process_users = {p.pid: p.user for p in processes}
+    # Kept by pid and start time: a later process given the pid is looked up afresh.
+    dev.process_names = {(p.pid, p.start_time): p.name for p in processes}
+    dev.process_users = {(p.pid, p.start_time): p.user for p in processes}
     if proc and processes and not mig_mode:
         processes = proc.utilization(dev, processes)
     gpm = readers.gpm if static.gpm_supported else None
