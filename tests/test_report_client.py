@@ -384,9 +384,14 @@ def lying(value: object = "1", *, result: object = None, metric: object = None, 
         kind = path.rsplit("/", 1)[-1]
         labels = {"node": "n1", "gpu": "0", "uuid": "GPU-0", "state": "busy", "name": "NVIDIA L4"} \
             if metric is None else metric  # fmt: skip
-        if kind == "query" and result is None and metric is None and "count_over_time" in handler.prom_query:
-            rows = [{"metric": {}, "value": [1.0, "60"]}]  # the scrape interval's probe, answered as a store does
-            return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
+        if (
+            kind == "query"
+            and result is None
+            and metric is None
+            and "count_over_time" in getattr(handler, "prom_query", "")
+        ):
+            probe = {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, "60"]}]}  # as a store answers
+            return 200, json.dumps({"status": "success", "data": probe}).encode()
         if kind == "query":
             rows = [{"metric": labels, "value": [1.0, value]}] * (2 if twice else 1)
             data = {"resultType": "vector", "result": rows if result is None else result}
@@ -480,7 +485,7 @@ def priced_in(currency: str) -> Answer:
 
     def answer(handler: BaseHTTPRequestHandler, path: str) -> tuple[int, bytes]:
         status, body = honest(handler, path)
-        if "price" not in handler.prom_query:
+        if "price" not in getattr(handler, "prom_query", ""):
             return status, body
         doc = json.loads(body)
         for r in doc["data"]["result"]:

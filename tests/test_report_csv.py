@@ -148,7 +148,7 @@ class _Store:
     shown = "a canned store"
     impossible = 0  # values it left out
     largest = (0, "")  # its largest answer, and what it answered
-    bad_currencies: list[str] = []  # series it left out for their currency label
+    bad_currencies: tuple[str, ...] = ()  # series it left out for their currency label
 
     def __init__(self, *_: object) -> None:
         pass
