@@ -54,12 +54,14 @@ class Device:
         # timestamp"), which NTP or an admin can step by an hour either way.
         self.monotonic = monotonic
         self.pcie: PcieCounters | None = None
-        self.pcie_sampled: tuple[float, Sample] | None = None  # (monotonic, the sample): the paced one
+        # (the next one's plan, monotonic, cadence.py; the sample): the one taken at the slow cadence
+        self.pcie_sampled: tuple[float, Sample] | None = None
         self.process_names: dict[int, str] = {}
         self.mig_process_names: dict[int, str] = {}
         self.process_users: dict[int, str | None] = {}  # pid -> user, looked up once per process
         self.process_util_seen = 0  # driver timestamp (us) of the newest per-process sample read
         self.process_util_at: float | None = None  # when it was last read (monotonic)
+        self.process_util_due = 0.0  # when the next read is planned (monotonic, cadence.py)
         self.process_util: dict[int, tuple[float | None, float | None]] = {}  # pid -> (sm, memory) then
         self.gpm: SamplePair[Any] | None = None
         self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)
