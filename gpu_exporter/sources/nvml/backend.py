@@ -185,7 +185,7 @@ class NvmlBackend:
         dev.mig_gpm = {k: v for k, v in dev.mig_gpm.items() if not v.closed}
 
     # -- per poll -------------------------------------------------------------------------------
-    def _paced_sample(self, dev: Device) -> Sample:
+    def _paced_sample(self, dev: Device) -> tuple[Sample, bool]:
         return _paced(dev, self._readers.slow)
 
     def read_gpu(self, static: GpuStatic) -> GpuReading:
@@ -201,10 +201,10 @@ class NvmlBackend:
         # The rate from the byte counters where they can be trusted (pcie.py), else the driver's
         # sample; the sample blocks, so it runs outside the baton, beside the other GPUs' reads.
         pcie = dev.pcie or PcieCounters()
-        # Without byte counters (R535, GeForce) the rate is the driver's sample, two 20 ms waits: taken
-        # at the slow cadence, the last one shown meanwhile.  With counters, a check takes it fresh.
-        sample = partial(self._paced_sample, dev) if dev.pcie_counts is None else partial(_pcie_sample, dev)
-        rates, totals = pcie.poll(dev.pcie_counts, sample)
+        # Without byte counters (R535, GeForce), or with narrow ones that cannot be trusted (a busy
+        # L40S), the rate is the driver's sample, two 20 ms waits: taken at the slow cadence, the last
+        # one shown meanwhile.  The first poll and a static refresh's check take it at once.
+        rates, totals = pcie.poll(dev.pcie_counts, partial(_pcie_sample, dev), partial(self._paced_sample, dev))
         if rates is None and totals is None:
             return reading
         tx, rx = rates or (None, None)
@@ -213,15 +213,16 @@ class NvmlBackend:
                        pcie_tx_bytes_total=total_tx, pcie_rx_bytes_total=total_rx)  # fmt: skip
 
 
-def _paced(dev: Device, slow: Cadence) -> Sample:
+def _paced(dev: Device, slow: Cadence) -> tuple[Sample, bool]:
+    """The driver's sample on the slow cadence: (the sample, whether it was taken just now)."""
     now = dev.monotonic()
     last = dev.pcie_sampled
     planned = slow.take(last[0] if last is not None else None, now)
     if planned is None and last is not None:
-        return last[1]
+        return last[1], False
     taken = _pcie_sample(dev)
     dev.pcie_sampled = (planned if planned is not None else now, taken)
-    return taken
+    return taken, True
 
 
 def _pcie_sample(dev: Device) -> Sample:
