@@ -118,3 +118,12 @@ def test_a_read_that_fell_a_whole_period_behind_starts_the_grid_again() -> None:
     assert cadence.take(110.0, 108.0) == 120.0  # within half a poll of its plan
     assert cadence.take(120.0, 161.0) == 171.0  # polls were missed: not four reads in a row to catch up
     assert Cadence.of(0.0, 5.0).take(100.0, 100.0) == 100.0  # 0: every poll
+
+
+def test_the_daemons_backend_keeps_to_the_poll_interval_of_its_settings() -> None:
+    from gpu_exporter.cli import make_backend
+    from gpu_exporter.settings.config import load_settings
+
+    backend = make_backend(load_settings({"poll_interval": 7}), lambda f, e: None)
+    assert isinstance(backend, NvmlBackend)
+    assert backend._readers.slow == Cadence(30.0, 3.5)  # half a 7 s poll of slack on the 30 s cadence
