@@ -176,7 +176,8 @@ def make_backend(
 
     slow = settings.poll_slow_interval if slow_interval is None else slow_interval
     return NvmlBackend(errors, profiling_interval=profiling_interval or settings.profiling_interval,
-                       disabled=settings.collectors.disabled(), slow_interval=slow)  # fmt: skip
+                       disabled=settings.collectors.disabled(), slow_interval=slow,
+                       poll_interval=settings.poll_interval)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

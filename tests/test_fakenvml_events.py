@@ -137,3 +137,24 @@ def test_devices_without_event_support(scenario: Scenario, nvml: Any) -> None:
         N.nvmlDeviceGetSupportedEventTypes(N.nvmlDeviceGetHandleByIndex(0))
     with pytest.raises(N.NVMLError_NotSupported):
         N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(1), EVENT_XID_CRITICAL, es)
+
+
+def test_events_via_delivers_a_gpus_xid_to_another_gpus_set_naming_its_own_device(
+    scenario: Scenario, nvml: Any
+) -> None:
+    """The `events.via` quirk (NVIDIA's mock library): GPU 1's XID arrives in the set that watches GPU
+    0, its event naming GPU 1; the set that watches GPU 1 gets nothing."""
+    N = nvml
+    two_gpus(scenario)
+    scenario.gpu(1).events_via(0).add_xid(79)
+    scenario.write()
+    N.nvmlInit()
+    sets = [N.nvmlEventSetCreate() for _ in range(2)]
+    for i, es in enumerate(sets):
+        N.nvmlDeviceRegisterEvents(N.nvmlDeviceGetHandleByIndex(i), N.nvmlEventTypeXidCriticalError, es)
+    e = N.nvmlEventSetWait(sets[0], 1000)
+    assert (N.nvmlDeviceGetIndex(e.device), e.eventData) == (1, 79)
+    for es in sets:
+        with pytest.raises(N.NVMLError_Timeout):
+            N.nvmlEventSetWait(es, 50)
+        N.nvmlEventSetFree(es)

@@ -112,3 +112,47 @@ def test_a_counter_of_a_narrow_type_wraps_at_its_width(bits: int) -> None:
     top = 2**bits
     c.poll((top - 10, 0, 0, bits), d)
     assert c.poll((10, 20, S, bits), d) == ((20.0, 20.0), (top + 10, 20))
+
+
+@dataclass
+class Paced:
+    """The slow cadence's sample: taken only when ``due``, else the last one."""
+
+    driver: Driver
+    due: bool = False
+    last: Sample = None
+
+    def __call__(self) -> tuple[Sample, bool]:
+        if not self.due:
+            return self.last, False
+        self.due, self.last = False, self.driver()
+        return self.last, True
+
+
+def test_an_untrusted_counter_shows_the_paced_sample_and_is_used_again_once_one_agrees() -> None:
+    d = Driver(rate=(20e9, 1e3))
+    c, paced = PcieCounters(), Paced(d, last=(19e9, 1e3))
+    c.poll((0, 0, 0, 64), d, paced)
+    tx = int(20e9) % G
+    # The first check (a sample now: the counter jumped): short by lost wraps.
+    assert c.poll((tx, 1000, S, 64), d, paced) == ((20e9, 1e3), None)
+    for k in range(2, 6):  # between the slow cadence's samples: its last one, and no call
+        tx += int(20e9)
+        assert c.poll((tx % G, 1000 * k, k * S, 64), d, paced) == ((19e9, 1e3), None)
+    assert len(d.taken) == 2
+    d.rate, paced.due = (1e9, 1e3), True  # the load dropped within what the counter can count
+    tx += int(1e9)
+    rates, totals = c.poll((tx % G, 6000, 6 * S, 64), d, paced)
+    assert rates == (1e9, 1e3) and totals is not None and len(d.taken) == 3
+
+
+def test_a_trusted_counter_that_jumps_is_checked_only_when_the_slow_cadence_samples() -> None:
+    d = Driver(rate=(3e9, 0.0))
+    c, paced = PcieCounters(), Paced(d)
+    c.poll((0, 0, 0, 64), d, paced)
+    assert c.poll((int(3e9), 0, S, 64), d, paced)[0] == (3e9, 0.0)  # checked against a sample now
+    for k in range(2, 8):  # 3e9 > 2^31 in every poll: the counter stands without a sample
+        assert c.poll((k * int(3e9) % G, 0, k * S, 64), d, paced)[0] == (3e9, 0.0)
+    assert len(d.taken) == 2
+    d.rate, paced.due = (7e9, 0.0), True  # the next check finds it short (by a wrap): the sample takes over
+    assert c.poll(((7 * int(3e9) + int(7e9)) % G, 0, 8 * S, 64), d, paced) == ((7e9, 0.0), None)

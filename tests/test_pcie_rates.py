@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.sources.nvml import pcie
-from tests.exporter_helpers import make_poller
+from gpu_exporter.sources.nvml import NvmlBackend, pcie
+from gpu_exporter.sources.poller import Poller
+from tests.exporter_helpers import ErrorLog, make_poller
 from tests.fakenvml import Counter, Err, Scenario
-from tests.fakenvml.runtime import advance_clock, call_count, step_wall_clock
+from tests.fakenvml.runtime import advance_clock, call_count, driver_monotonic, driver_wall_clock, step_wall_clock
 
 UUID = "GPU-00000000-0000-0000-0000-0000000000aa"
 # The driver watches the link this long per direction before it answers (the blocking itself is
@@ -192,3 +193,36 @@ def test_a_32_bit_counter_that_wraps_within_a_poll_gives_way_to_the_drivers_samp
         g = poll_apart(poller).gpus[0]
         assert g.pcie_tx_bytes_per_second == pytest.approx(20e9, rel=0.02)
         assert g.pcie_tx_bytes_total is None and g.pcie_rx_bytes_total is None
+
+
+def daemon_like_poller() -> Poller:
+    """The daemon's cadences: 5 s polls, the slow reads (and paced PCIe samples) every 30 s."""
+    errors = ErrorLog()
+    backend = NvmlBackend(errors, profiling_interval=10.0, slow_interval=30.0, poll_interval=5.0,
+                          monotonic=driver_monotonic, wall=driver_wall_clock)  # fmt: skip
+    return Poller(backend, errors=errors, monotonic=driver_monotonic, wall_clock=driver_wall_clock)
+
+
+@pytest.mark.parametrize(
+    ("per_second", "what"),
+    [(20e9, "wraps several times a poll: the counter disagrees, the sample stands"),
+     (600e6, "3 GB a poll, more than half its range: the counter stands, checked every 30 s")],
+)  # fmt: skip
+def test_a_busy_32_bit_counter_is_checked_at_the_slow_cadence_not_every_poll(
+    scenario: Scenario, nvml: Any, per_second: float, what: str
+) -> None:
+    """Issue 49, point 7: a busy L40S moves more than half of its 32-bit counters' range in every 5 s
+    poll, which made the exporter take the driver's blocking sample (two 20 ms waits, 1.4 ms of the
+    driver's CPU) at every poll.  Now it is taken every 30 s, and the rate stays the link's."""
+    l40s_like(scenario, per_second, 0)
+    poller = daemon_like_poller()
+    try:
+        poller.poll()
+        calls, polls = throughput_calls(), 24  # two minutes of 5 s polls
+        for _ in range(polls):
+            g = poll_apart(poller, 5.0).gpus[0]
+            assert g.pcie_tx_bytes_per_second == pytest.approx(per_second, rel=0.05), what
+        # Two directions per sample, one sample per 30 s: 8 in two minutes (48 at every poll).
+        assert throughput_calls() - calls <= 2 * (polls * 5 / 30 + 1), what
+    finally:
+        poller.close()

@@ -115,3 +115,24 @@ def test_a_gpu_that_appears_after_start_has_its_xids_counted(scenario: Scenario,
         assert call_count("nvmlDeviceRegisterEvents") == registered + 1, "GPU 0 was registered again"
     finally:
         poller.close()
+
+
+def test_an_xid_is_credited_to_the_gpu_the_event_names_not_the_set_it_arrived_in(scenario: Scenario, nvml: Any) -> None:
+    """Issue 49, point 4: a driver may deliver a GPU's event to a set that watches another GPU (NVIDIA's
+    mock library does; the fake's ``events_via``).  The event names its GPU (nvmlEventData_t.device),
+    and that GPU is the one charged."""
+    for uuid in UUIDS:
+        scenario.add_gpu().identity("NVIDIA H100 80GB HBM3", uuid).utilization(50, 5)
+    scenario.gpu(2).events_via(0)  # GPU 2's events arrive in GPU 0's set
+    scenario.write()
+    poller, _ = make_poller()
+    try:
+        poller.poll()
+        wait_for(lambda: call_count("nvmlDeviceRegisterEvents") >= 3, what="the three GPUs watched")
+        scenario.gpu(2).add_xid(79)
+        scenario.gpu(0).add_xid(48)
+        scenario.write()
+        wait_for(lambda: xids_by_uuid(poller) == {UUIDS[0]: {"48": 1}, UUIDS[2]: {"79": 1}},
+                 what="each XID on the GPU its event names")  # fmt: skip
+    finally:
+        poller.close()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from ..snapshot import Activity
+from .cadence import Cadence
 
 S = TypeVar("S")
 
@@ -65,9 +66,13 @@ class SamplePair(Generic[S]):
     leaving a gap in the series.
     """
 
-    def __init__(self, calls: GpmCalls[S], monotonic: Callable[[], float], interval: float = MIN_INTERVAL_S) -> None:
+    def __init__(
+        self, calls: GpmCalls[S], monotonic: Callable[[], float], interval: float = MIN_INTERVAL_S, slack: float = 0.0
+    ) -> None:
         self._calls = calls
-        self._interval = max(interval, MIN_INTERVAL_S)
+        # Sampled on a cadence of its own (cadence.py): every ``interval`` on the poll nearest its plan.
+        self._cadence = Cadence(max(interval, MIN_INTERVAL_S), min(slack, max(interval, MIN_INTERVAL_S) / 2))
+        self._planned: float | None = None  # when the next sample is due
         self._mono = monotonic
         self._older_at: float | None = None
         self.unsupported: set[int] = set()  # metric ids this device answered NOT_SUPPORTED for
@@ -96,17 +101,21 @@ class SamplePair(Generic[S]):
             if self._buffers is None:
                 return None, False  # closed
             older, spare = self._buffers
-            if self._older_at is not None and self._mono() - self._older_at < self._interval:
+            asked = self._mono()
+            planned = self._cadence.take(self._planned, asked) if self._older_at is not None else asked
+            if planned is None or (self._older_at is not None and asked - self._older_at < MIN_INTERVAL_S):
                 return self._last, False  # not due: no call at all
             fill(spare)
             now = self._mono()
             if self._older_at is None:  # the first sample: no pair yet
                 self._buffers, self._older_at = (spare, older), now
+                self._planned = self._cadence.take(None, asked)
                 return None, False
-            # Past the due check above, and on a monotonic clock, ``now`` is at least ``interval``
-            # after the older sample.
+            # Past the due check above, and on a monotonic clock, ``now`` is at least 100 ms after the
+            # older sample.
             raw = self._calls.metrics(older, spare, ids) if ids else {}
             self._buffers, self._older_at = (spare, older), now  # only once fill and metrics went through
+            self._planned = planned
             self._last = {i: _answer(*raw[i]) for i in ids if i in raw}
             return self._last, True
         finally:

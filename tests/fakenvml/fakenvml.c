@@ -211,6 +211,7 @@ enum {
     /* quirks of real drivers (README: "Driver profiles and quirks") */
     K_FIELDS_ACCUMULATE,
     K_EVENTS_WAIT_LOST,
+    K_EVENTS_VIA,
     K_GPM_PARENT_IN_MIG,
     K_PROC_UTIL_RACE,
     K_PROCS_COMPUTE,
@@ -357,6 +358,7 @@ static void init_keys(void)
     def_key(K_DELAY_MS, KT_NUM, SCOPE_DEV, "delay_ms");
     def_key(K_FIELDS_ACCUMULATE, KT_NUM, SCOPE_GPU, "fields.accumulate");
     def_key(K_EVENTS_WAIT_LOST, KT_NUM, SCOPE_GPU, "events.wait_lost");
+    def_key(K_EVENTS_VIA, KT_NUM, SCOPE_GPU, "events.via");
     def_key(K_GPM_PARENT_IN_MIG, KT_NUM, SCOPE_GPU, "gpm.parent_in_mig");
     def_key(K_PROC_UTIL_RACE, KT_NUM, SCOPE_GPU, "process_util.race");
     def_key(K_PROCS_COMPUTE, KT_NUM, SCOPE_DEV, "processes.compute");
@@ -3048,12 +3050,27 @@ static int wait_lost(int g, double now)
     return q->set && !q->err && q->base && gpu_lost(cur->gpu[g], now);
 }
 
+/* The GPU whose event sets receive GPU g's events: g itself, or the `events.via` quirk's GPU.
+ * nvml.h names the GPU an event occurred on in the event (nvmlEventData_t.device, "Specific device
+ * where the event occurred"), not by the set it arrives in; NVIDIA's own mock library
+ * (NVIDIA/k8s-test-infra, pkg/gpu/mocknvml/bridge/events.go) registers nothing per set and hands each
+ * injected Xid to whichever set waits first, its device in `data.device`.  The quirk makes that
+ * deterministic: GPU g's XIDs arrive only in the sets that watch GPU `via`. */
+static int event_route(int g)
+{
+    unsigned int via;
+    if (get_uint(cur->gpu[g], K_EVENTS_VIA, &via) == NVML_SUCCESS && (int)via < cur->ngpus && cur->gpu[via])
+        return (int)via;
+    return g;
+}
+
 /* With the lock held: the next due event for this set, if any (`lost_only`: only of GPUs whose
  * loss the wait reports). */
 static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now, int lost_only)
 {
     for (int g = 0; g < cur->ngpus; g++) {
-        if (!(set->mask[g] & nvmlEventTypeXidCriticalError) || (lost_only && !wait_lost(g, now)))
+        int w = event_route(g); /* the GPU whose registration receives g's events */
+        if (!(set->mask[w] & nvmlEventTypeXidCriticalError) || (lost_only && !wait_lost(g, now)))
             continue;
         const struct dev *gd = cur->gpu[g];
         int i = set->delivered[g];
@@ -3063,9 +3080,9 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *data, double now, int
             due = epoch + x->after_s;
             if (x->seen_at > due)
                 due = x->seen_at;
-            if (first_registered_at[g] > due)
-                due = first_registered_at[g];
-            if (due >= set->registered_at[g])
+            if (first_registered_at[w] > due)
+                due = first_registered_at[w];
+            if (due >= set->registered_at[w])
                 break;
         }
         set->delivered[g] = i;

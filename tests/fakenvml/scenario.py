@@ -284,6 +284,11 @@ class Gpu(Device):
         """While this GPU is lost, nvmlEventSetWait_v2 on a set holding it answers GPU_IS_LOST."""
         return self.set("events.wait_lost", int(on))
 
+    def events_via(self, gpu: int) -> Gpu:
+        """This GPU's XID events arrive in the event sets that watch GPU ``gpu``, not in its own; the
+        event still names this GPU (nvmlEventData_t.device), as NVIDIA's mock library delivers."""
+        return self.set("events.via", gpu)
+
     def gpm_parent_in_mig(self, err: str | Err | None = "NOT_SUPPORTED") -> Gpu:
         """In MIG mode, nvmlGpmSampleGet on the whole GPU fails with ``err`` (None: it works)."""
         if err is None:

@@ -19,6 +19,7 @@ import pynvml
 from ...metric_defs import Collector
 from ...snapshot import GpuReading, GpuStatic
 from ..backend import ErrorSink, GpuLost, SystemInfo
+from ..cadence import Cadence
 from .device import Baton, Device
 from .errors import DRIVER_GONE, error_name, try_call, unavailable
 from .pcie import PcieCounters, Sample
@@ -52,6 +53,7 @@ class NvmlBackend:
         disabled: frozenset[str] = frozenset(),
         slow_interval: float = 30.0,  # the setting poll_slow_interval's default
         proc_root: str = "/proc",  # where processes' names, users and start times are read
+        poll_interval: float = 0.0,  # the time between polls (0: unknown): the cadences keep to it
     ) -> None:
         self._errors = errors
         self._mono = monotonic
@@ -60,18 +62,19 @@ class NvmlBackend:
         # own CPU cost of them (about 1.2 ms per GPM pair, 2 ms per process read, on an H200)
         # dwarfs everything else a poll does, so they get their own, slower cadence.
         self._nvlink = Collector.NVLINK not in disabled
-        self._gpm = GpmReader(profiling_interval, monotonic, mig_interval=slow_interval)
+        self._gpm = GpmReader(profiling_interval, monotonic, mig_interval=slow_interval, poll_interval=poll_interval)
         self._readers = Readers(
             clocks=Collector.CLOCKS not in disabled,
             ecc=Collector.ECC not in disabled,
             processes=(
-                ProcessReader(profiling_interval, monotonic, wall, proc_root)
+                ProcessReader(profiling_interval, monotonic, wall, proc_root, poll_interval)
                 if Collector.PROCESSES not in disabled
                 else None
             ),
             gpm=self._gpm if Collector.PROFILING not in disabled else None,
             disabled=frozenset(disabled),
             slow_s=slow_interval,
+            poll_s=poll_interval,
         )
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
@@ -165,8 +168,14 @@ class NvmlBackend:
     @staticmethod
     def _carry_over(old: Device, dev: Device) -> None:
         """A static refresh of the same GPU keeps its GPM samples and PCIe counts, so activity and
-        throughput have no gap; the PCIe counters are checked against the driver's sample again."""
+        throughput have no gap; the PCIe counters are checked against the driver's sample again.  The
+        slow reads and per-process utilization keep their last values and their plans: a refresh is
+        not a read of theirs, which would put them off their cadence (the slow reads are taken at once
+        where the refresh found other links)."""
         dev.gpm, dev.mig_gpm = old.gpm, old.mig_gpm
+        dev.slow, dev.pcie_sampled = old.slow, old.pcie_sampled
+        dev.process_util_at, dev.process_util_due = old.process_util_at, old.process_util_due
+        dev.process_util_seen, dev.process_util = old.process_util_seen, old.process_util
         dev.pcie, old.pcie = old.pcie, None
         if dev.pcie is not None:
             dev.pcie.recheck()
@@ -179,8 +188,8 @@ class NvmlBackend:
         dev.mig_gpm = {k: v for k, v in dev.mig_gpm.items() if not v.closed}
 
     # -- per poll -------------------------------------------------------------------------------
-    def _paced_sample(self, dev: Device) -> Sample:
-        return _paced(dev, self._readers.slow_s)
+    def _paced_sample(self, dev: Device) -> tuple[Sample, bool]:
+        return _paced(dev, self._readers.slow)
 
     def read_gpu(self, static: GpuStatic) -> GpuReading:
         with self._lock:
@@ -195,10 +204,10 @@ class NvmlBackend:
         # The rate from the byte counters where they can be trusted (pcie.py), else the driver's
         # sample; the sample blocks, so it runs outside the baton, beside the other GPUs' reads.
         pcie = dev.pcie or PcieCounters()
-        # Without byte counters (R535, GeForce) the rate is the driver's sample, two 20 ms waits: taken
-        # at the slow cadence, the last one shown meanwhile.  With counters, a check takes it fresh.
-        sample = partial(self._paced_sample, dev) if dev.pcie_counts is None else partial(_pcie_sample, dev)
-        rates, totals = pcie.poll(dev.pcie_counts, sample)
+        # Without byte counters (R535, GeForce), or with narrow ones that cannot be trusted (a busy
+        # L40S), the rate is the driver's sample, two 20 ms waits: taken at the slow cadence, the last
+        # one shown meanwhile.  The first poll and a static refresh's check take it at once.
+        rates, totals = pcie.poll(dev.pcie_counts, partial(_pcie_sample, dev), partial(self._paced_sample, dev))
         if rates is None and totals is None:
             return reading
         tx, rx = rates or (None, None)
@@ -207,14 +216,16 @@ class NvmlBackend:
                        pcie_tx_bytes_total=total_tx, pcie_rx_bytes_total=total_rx)  # fmt: skip
 
 
-def _paced(dev: Device, slow_s: float) -> Sample:
+def _paced(dev: Device, slow: Cadence) -> tuple[Sample, bool]:
+    """The driver's sample on the slow cadence: (the sample, whether it was taken just now)."""
     now = dev.monotonic()
     last = dev.pcie_sampled
-    if last is not None and now - last[0] < slow_s:
-        return last[1]
+    planned = slow.take(last[0] if last is not None else None, now)
+    if planned is None and last is not None:
+        return last[1], False
     taken = _pcie_sample(dev)
-    dev.pcie_sampled = (now, taken)
-    return taken
+    dev.pcie_sampled = (planned if planned is not None else now, taken)
+    return taken, True
 
 
 def _pcie_sample(dev: Device) -> Sample:

@@ -54,13 +54,15 @@ class Device:
         # timestamp"), which NTP or an admin can step by an hour either way.
         self.monotonic = monotonic
         self.pcie: PcieCounters | None = None
-        self.pcie_sampled: tuple[float, Sample] | None = None  # (monotonic, the sample): the paced one
+        # (the next one's plan, monotonic, cadence.py; the sample): the one taken at the slow cadence
+        self.pcie_sampled: tuple[float, Sample] | None = None
         # Keyed by (pid, start time): a pid alone may name a later process (processes.py).
         self.process_names: dict[tuple[int, int | None], str] = {}
         self.mig_process_names: dict[tuple[int, int | None], str] = {}
         self.process_users: dict[tuple[int, int | None], str | None] = {}  # user, looked up once per process
         self.process_util_seen = 0  # driver timestamp (us) of the newest per-process sample read
         self.process_util_at: float | None = None  # when it was last read (monotonic)
+        self.process_util_due = 0.0  # when the next read is planned (monotonic, cadence.py)
         self.process_util: dict[tuple[int, int | None], tuple[float | None, float | None]] = {}  # (sm, memory) then
         self.gpm: SamplePair[Any] | None = None
         self.mig_gpm: dict[tuple[int, str, str], SamplePair[Any]] = {}  # (gi, MIG uuid, profile)

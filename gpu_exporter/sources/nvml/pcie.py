@@ -10,11 +10,16 @@ dcgm-exporter #721 is below 2^32, although the driver answers "unsigned long lon
 * A 32-bit counter that wraps more than once between polls (4 GiB: under a second at Gen4/Gen5
   speeds) comes out short by a multiple of 4 GiB, and nothing in the counter says so.  So the rate
   the counters give is checked against ``nvmlDeviceGetPcieThroughput`` (the driver watching the link
-  for 20 ms) at each static refresh, and whenever a narrow counter moved more than half its range in
+  for 20 ms) at each static refresh, and where a narrow counter moved more than half its range in
   one poll.  Where they disagree beyond ``TOLERANCE`` of the larger (and by more than ``FLOOR``), a
-  counter that may be narrow is not used until the next check: the rate is the driver's sample at
-  every poll, and the counter, short, is not exported.  A counter that has shown 2^32 or more cannot
-  have wrapped, and stays in use whatever the sample says (a 20 ms glimpse of a bursty load).
+  counter that may be narrow is not used: the rate is the driver's sample, and the counter, short,
+  is not exported.  A counter that has shown 2^32 or more cannot have wrapped, and stays in use
+  whatever the sample says (a 20 ms glimpse of a bursty load).
+* The sample blocks for 40 ms and costs the driver 1.4 ms of CPU (an H200), so apart from the first
+  poll and the static refresh's check it is taken at the slow cadence (``paced``): a busy L40S, whose
+  32-bit counters move more than half their range in every 5 s poll, is checked once per
+  ``poll_slow_interval``, its counter standing in between as long as the last check agreed; one that
+  disagreed shows the last sample until a later one agrees with the counter again.
 
 Nothing here calls the driver: the backend hands over the counters of each poll and a way to take
 the sample.
@@ -25,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 Sample = tuple[float | None, float | None] | None  # bytes per second (tx, rx), None where unavailable
+Paced = Callable[[], tuple[Sample, bool]]  # the slow cadence's sample, and whether it was taken just now
 Counts = tuple[int | None, int | None, int, int]  # tx, rx (None: no counter), read at (monotonic us), bits
 Totals = tuple[int | None, int | None]
 
@@ -51,31 +57,45 @@ class PcieCounters:
         """A static refresh: check the counters against the driver's sample again."""
         self._check_due = True
 
-    def poll(self, counts: Counts | None, sample: Callable[[], Sample]) -> tuple[Sample, Totals | None]:
-        """This poll's rates (bytes per second) and the counters to export (None: not exported)."""
-        if counts is None:  # no counters (a GeForce, a driver before R550): the sample every poll
+    def poll(
+        self, counts: Counts | None, sample: Callable[[], Sample], paced: Paced | None = None
+    ) -> tuple[Sample, Totals | None]:
+        """This poll's rates (bytes per second) and the counters to export (None: not exported).
+        ``sample`` takes the driver's sample now; ``paced`` gives the slow cadence's (without it, a
+        sample now at every call)."""
+        if paced is None:
+            paced = lambda: (sample(), True)  # noqa: E731
+        if counts is None:  # no counters (a GeForce, a driver before R550): the sample, paced
             self._last = self._counted = None
-            return sample(), None
+            return paced()[0], None
         tx, rx, read_at, bits = counts
         jumped = self._unwrap((tx, rx), bits)
         if tx is None or rx is None:  # one direction has no counter: no rate from them, only totals
             self._counted = None
-            return sample(), self._shown()
+            return paced()[0], self._shown()
         rates, fresh = self._rate(read_at)
         if rates is None:
-            taken = sample()  # the first poll: no rate yet, the driver's sample meanwhile
+            first = sample()  # the first poll: no rate yet, the driver's sample meanwhile
             if self._check_due:
-                self._pending = taken
-            return taken, self._shown()
-        taken = None
-        if fresh and (self._check_due or (jumped and self._trusted)):
+                self._pending = first
+            return first, self._shown()
+        taken: Sample = None
+        if fresh and self._check_due:  # a static refresh: checked now
             taken = self._pending if self._pending is not None and not jumped else sample()
+        elif fresh and (jumped or not self._trusted):
+            # A narrow counter that may have wrapped unseen, or one that disagreed: checked when the
+            # slow cadence takes its sample, not every poll.  Meanwhile a trusted counter stands and
+            # an untrusted one gives way to the last sample.
+            paced_sample, new = paced()
+            taken = paced_sample if new else None
+            if not self._trusted and not new:
+                return paced_sample, None
+        if taken is not None:
             self._pending = None
-            if taken is not None:
-                self._check_due = False
-                self._trusted = self._agree(rates, taken)
+            self._check_due = False
+            self._trusted = self._agree(rates, taken)
         if not self._trusted:
-            return taken if taken is not None else sample(), None
+            return taken if taken is not None else paced()[0], None
         return rates, self._shown()
 
     def _unwrap(self, raw: tuple[int | None, int | None], bits: int) -> bool:

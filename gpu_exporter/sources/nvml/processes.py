@@ -13,6 +13,7 @@ import pynvml
 
 from ... import untrusted
 from ...snapshot import ProcessReading
+from ..cadence import Cadence
 from ..procfs import process_user, start_time
 from . import process_records
 from .device import Device, raise_error
@@ -35,8 +36,9 @@ class ProcessReader:
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         proc_root: str = "/proc",
+        poll_interval: float = 0.0,
     ) -> None:
-        self._interval = interval
+        self._cadence = Cadence.of(interval, poll_interval)  # on the poll nearest each plan (cadence.py)
         self._mono = monotonic
         self._wall = wall  # the clock of the driver's sample timestamps (nvml.h: "CPU Timestamp")
         self.proc_root = proc_root
@@ -97,7 +99,8 @@ class ProcessReader:
         if what in dev.unsupported:
             return _without_util(processes) if dev.process_util else processes
         now = self._mono()
-        if dev.process_util_at is not None and now - dev.process_util_at < self._interval:
+        planned = self._cadence.take(dev.process_util_due if dev.process_util_at is not None else None, now)
+        if planned is None:
             # Not due: ``processes`` filled in the values read last time (a new process waits).
             return processes
         since = dev.process_util_seen
@@ -111,7 +114,7 @@ class ProcessReader:
             previous_read = int((self._wall() - (now - dev.process_util_at)) * 1e6)
             if previous_read < since - STEPPED_US:
                 since = previous_read
-        dev.process_util_at = now
+        dev.process_util_at, dev.process_util_due = now, planned
         try:
             samples = _process_utilization(dev, since)
         except pynvml.NVMLError as e:

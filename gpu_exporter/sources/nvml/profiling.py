@@ -94,9 +94,14 @@ class GpmReader:
     """Activity of GPUs and MIG GPU instances, one sample pair each, re-sampled every ``interval``."""
 
     def __init__(
-        self, interval: float, monotonic: Callable[[], float] = time.monotonic, mig_interval: float = 0.0
+        self,
+        interval: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        mig_interval: float = 0.0,
+        poll_interval: float = 0.0,
     ) -> None:
         self._interval = interval
+        self._slack = poll_interval / 2  # a sample taken at the poll nearest its plan (cadence.py)
         self._mono = monotonic
         # A MIG GPU instance's pair at the slow cadence, if longer: seven instances would otherwise
         # cost seven sample-and-metrics pairs (1.2 ms each on an H200) every profiling interval.
@@ -153,7 +158,7 @@ class GpmReader:
 
     def _new_pair(self, dev: Device, interval: float | None = None) -> SamplePair[Any] | None:
         try:
-            return SamplePair(_GPM_CALLS, self._mono, self._interval if interval is None else interval)
+            return SamplePair(_GPM_CALLS, self._mono, self._interval if interval is None else interval, self._slack)
         except pynvml.NVMLError as e:
             self._failed(dev, "nvmlGpmSampleAlloc", e)
             return None

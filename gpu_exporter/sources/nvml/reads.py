@@ -17,6 +17,7 @@ import pynvml
 from ...metric_defs import ARCH_BLACKWELL, CLOCK_EVENT_REASONS, FIELD_METRICS, NVLINK5_SINCE
 from ...snapshot import FabricReading, GpuReading, GpuStatic, LinkKey, NvLinkReading
 from ..backend import StaticChanged
+from ..cadence import Cadence
 from .device import Device
 from .fabric import read_fabric
 from .fields import (
@@ -55,6 +56,12 @@ class Readers:
     # one call per link, and error counters, 54 field values on an H100, and the fabric), the driver's
     # PCIe sample where there are no byte counters (two 20 ms samples), and MIG instances' GPM pairs.
     slow_s: float = 0.0
+    poll_s: float = 0.0  # the time between polls (0: unknown), which paces the slow reads (cadence.py)
+
+    @cached_property
+    def slow(self) -> Cadence:
+        """The slow reads' cadence: every ``slow_s``, at the poll nearest each plan."""
+        return Cadence.of(self.slow_s, self.poll_s)
 
     @cached_property
     def clock_event_reasons(self) -> tuple[tuple[str, int], ...]:
@@ -238,15 +245,18 @@ class Slow:
     link_field_values: Mapping[str, Mapping[LinkKey, float]]
     fabric: FabricReading | None
     read_at: float
+    planned: float  # when the next read is due (monotonic, on the slow cadence)
 
 
 def _slow(dev: Device, static: GpuStatic, readers: Readers) -> Slow:
-    """ECC, remapped rows, link states, link error counters and the fabric: read again when ``slow_s``
-    has passed since the last read (and always after a static refresh, which may have found other
-    links), else as last read."""
+    """ECC, remapped rows, link states, link error counters and the fabric: read again on the slow
+    cadence (every ``slow_s``, cadence.py), and at once where a static refresh found other links, else
+    as last read."""
     now = dev.monotonic()
     last = dev.slow
-    if last is not None and now - last.read_at < readers.slow_s and len(last.nvlink_up) == static.nvlink_count:
+    fresh = last is None or len(last.nvlink_up) != static.nvlink_count
+    planned = readers.slow.take(None if fresh or last is None else last.planned, now)
+    if planned is None and last is not None:
         return last
     N = pynvml
     c = dev.call
@@ -267,7 +277,8 @@ def _slow(dev: Device, static: GpuStatic, readers: Readers) -> Slow:
     links = read_fields(dev, _wanted_link_fields(static, readers), slow=True) if static.nvlink_count else {}
     link_values = _link_field_values(links, readers.link_fields(static.architecture), static.nvlink_count)
     fabric = read_fabric(dev, readers.driver_version)
-    dev.slow = Slow(MappingProxyType(ecc), tuple(rows) if rows is not None else None, states, link_values, fabric, now)
+    dev.slow = Slow(MappingProxyType(ecc), tuple(rows) if rows is not None else None, states, link_values, fabric, now,
+                    planned if planned is not None else now)  # fmt: skip
     return dev.slow
 
 

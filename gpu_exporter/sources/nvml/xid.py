@@ -11,11 +11,16 @@ freeing the old set and registering the new one nobody watched the healthy GPUs,
 records only what occurs once a set watches ("Starts recording of events", nvmlDeviceRegisterEvents):
 their XIDs of that moment were lost, and so were those still queued in the old set behind its
 GPU_IS_LOST.  Now a lost GPU's set is rebuilt alone; the others' never close while their GPU answers.
+
+An event is credited to the GPU it names (``nvmlEventData_t.device``, nvml.h: "Specific device where
+the event occurred"), not to the GPU whose set it arrived in: a driver may deliver it to another set
+(NVIDIA's own mock library hands every XID to whichever set waits first).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 from collections import Counter
 from collections.abc import Mapping
@@ -48,12 +53,17 @@ class XidWatcher:
         self._serial = 0
         self._busy = 0  # threads inside a session, each holding or about to hold an event set
         self._threads: dict[int, threading.Thread] = {}
+        # The watched GPUs' UUIDs by their handle's address, this session: pynvml's handles are ctypes
+        # pointers, equal only as the same object, so the event's handle is matched by its value.
+        self._uuids: dict[int, str] = {}
 
     def start(self, gpu_count: int) -> None:
         """Watch the GPUs of a newly opened NVML session (each GPU's thread starts on first need)."""
         with self._cond:
             self._serial += 1
             self._session = (self._serial, gpu_count)
+            with self._lock:
+                self._uuids.clear()  # a new session may hand out its handles at other addresses
             self._spawn(gpu_count)
             self._cond.notify_all()
 
@@ -131,7 +141,7 @@ class XidWatcher:
                 self._ended(serial, index)  # nothing to watch until NVML is opened again
                 return
             try:
-                uuid, lost = _register(event_set, index)
+                uuid, lost = self._register(event_set, index)
                 if uuid is None:
                     self._ended(serial, index, timeout=REBUILD_S if lost else None)
                     continue
@@ -164,19 +174,48 @@ class XidWatcher:
                 first = False
                 continue
             first = False
+            source = self._source(event.device, uuid)
             with self._lock:
-                self._counts.setdefault(uuid, Counter())[int(event.eventData)] += 1
+                self._counts.setdefault(source, Counter())[int(event.eventData)] += 1
         return None
 
+    def _register(self, event_set: Any, index: int) -> tuple[str | None, bool]:
+        """Register GPU ``index`` for XID events: (its UUID, or None where it cannot be; whether it is
+        lost).  nvml.h lists GPU_IS_LOST among nvmlDeviceRegisterEvents' answers."""
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            with self._lock:
+                self._uuids[_address(h)] = uuid  # before the set can deliver an event naming it
+            pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
+        except pynvml.NVMLError as e:
+            log.info("xid_events_unavailable", gpu=index, reason=str(e))
+            return None, e.value == pynvml.NVML_ERROR_GPU_IS_LOST
+        return uuid, False
 
-def _register(event_set: Any, index: int) -> tuple[str | None, bool]:
-    """Register GPU ``index`` for XID events: (its UUID, or None where it cannot be; whether it is lost).
-    nvml.h lists GPU_IS_LOST among nvmlDeviceRegisterEvents' answers."""
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = pynvml.nvmlDeviceGetUUID(h)
-        pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, event_set)
-    except pynvml.NVMLError as e:
-        log.info("xid_events_unavailable", gpu=index, reason=str(e))
-        return None, e.value == pynvml.NVML_ERROR_GPU_IS_LOST
-    return (uuid.decode() if isinstance(uuid, bytes) else uuid), False
+    def _source(self, device: Any, receiver: str) -> str:
+        """The UUID of the GPU an event names: a watched GPU's by its handle, else the driver's answer
+        for the handle; the receiving set's GPU (``receiver``) only where the event names none or the
+        driver cannot say which (a GPU-level UUID is wanted: counts are read by GPU)."""
+        address = _address(device)
+        if not address:
+            return receiver
+        with self._lock:
+            known = self._uuids.get(address)
+        if known is not None:
+            return known
+        try:
+            uuid = _text(pynvml.nvmlDeviceGetUUID(device))
+        except pynvml.NVMLError as e:
+            log.info("xid_event_device_unknown", receiver=receiver, reason=str(e))
+            return receiver
+        return uuid if uuid.startswith("GPU-") else receiver
+
+
+def _address(handle: Any) -> int:
+    """A handle's pointer value (0 for NULL)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
