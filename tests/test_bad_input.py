@@ -17,7 +17,7 @@ import yaml
 
 from gpu_exporter.web.config import WebConfigError, load_web_config
 from tests.timing import NEVER_S
-from tests.web_helpers import hashed, tls_files
+from tests.web_helpers import fixed_hash, tls_files
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +150,7 @@ def test_once_with_a_good_web_config_runs(tmp_path: Path, ca: trustme.CA) -> Non
 
 
 # -- 7. web config values that would break every request -------------------------------------------------
-GOOD_HASH = hashed("pw")
+GOOD_HASH = fixed_hash("pw")
 
 
 @pytest.mark.parametrize(

@@ -251,8 +251,12 @@ def test_the_chart_relabelling_gives_the_labels_rules_and_dashboards_expect(behi
     assert prom.query(f'{{pod="{EXPORTER_POD}"}} or {{namespace="gpu-exporter"}} or {{container="gpu-exporter"}}') == []
     holders = {r["metric"]["gpu"]: (r["metric"].get("namespace"), r["metric"].get("pod")) for r in prom.query("gpu_up")}
     assert holders == {"0": ("ml", "trainer-0"), "1": (None, None), "2": (None, None)}
-    # A recording rule of the chart's PrometheusRule keeps them.
-    (rec,) = prom.query("namespace_pod:gpu_process_sm_utilization_ratio:sum")
+    # A recording rule of the chart's PrometheusRule keeps them.  Its evaluation runs on its own clock:
+    # one that came before the pod-labelled scrape wrote the series without them, so wait for the next
+    # (a KeyError on a loaded machine, issue 51), and a stale one without them is gone by then.
+    recorded = "namespace_pod:gpu_process_sm_utilization_ratio:sum"
+    wait_for(lambda: prom.query(f'{recorded}{{namespace="ml"}}'), timeout=60, interval=0.5, what="the rule's next run")
+    (rec,) = prom.query(f'{recorded}{{namespace!=""}}')
     assert {k: rec["metric"][k] for k in ("node", "namespace", "pod")} == {"node": NODE, "namespace": "ml",
                                                                             "pod": "trainer-0"}  # fmt: skip
     # The dashboards' variables find this node, its GPUs and the pod holding a whole GPU.

@@ -24,11 +24,11 @@ from tests import assert_mentions
 from tests.exporter_helpers import run_daemon, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import preset
-from tests.web_helpers import basic, client_context, get, hashed, tls_files
+from tests.web_helpers import basic, client_context, fixed_hash, get, tls_files
 
 pytestmark = pytest.mark.integration
 
-HASH = hashed("pw")
+HASH = fixed_hash("pw")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import os
 import socket
@@ -24,7 +25,20 @@ from gpu_exporter.web.watcher import WebConfigWatcher
 
 
 def hashed(password: str, rounds: int = 4) -> str:
+    """A new bcrypt hash, with a new salt each call (as htpasswd makes them)."""
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=rounds)).decode()
+
+
+_BCRYPT_64 = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def fixed_hash(password: str, rounds: int = 4) -> str:
+    """The same bcrypt hash in every process, for values that become part of a test's id: a random
+    salt made ``pytest -n 2`` collect different tests in each worker, and refuse to run.  The salt's
+    22nd character carries 2 bits only, so it is one of the four whose other 4 bits are 0."""
+    digest = hashlib.sha256(f"{password}/{rounds}".encode()).digest()
+    salt = "".join(_BCRYPT_64[b % 64] for b in digest[:21]) + ".Oeu"[digest[21] % 4]
+    return bcrypt.hashpw(password.encode(), f"$2b${rounds:02d}${salt}".encode()).decode()
 
 
 def basic(user: str, password: str) -> dict[str, str]:
