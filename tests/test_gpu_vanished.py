@@ -1,0 +1,175 @@
+"""A GPU that vanishes stays lost until it answers (issue 49, point 3).
+
+After a driver reload, or a release (SIGUSR1) and a resume (SIGUSR2), the driver numbers the GPUs it
+finds afresh: a node back with 3 of its 4 GPUs lists GPUs 0-2, and the GPU that was 3 is now 2.
+Before, the missing GPU simply left the snapshot: its ``gpu_up`` series ended instead of saying 0,
+and the alert engine resolved its ``GpuLost`` (the GPU now under its index cleared it too, alerts
+being keyed by index) while nothing was fixed.  The fake driver models the reload: a GPU taken out
+of the scenario file is not counted at the next ``nvmlInit`` and the GPUs after it move down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from gpu_exporter.accounting.states import DOWN, classify
+from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, RuleEngine
+from gpu_exporter.alerting.settings import RulesSettings
+from gpu_exporter.settings.config import load_settings
+from gpu_exporter.snapshot import GpuReading, NodeSnapshot
+from gpu_exporter.sources.nvml import NvmlBackend
+from gpu_exporter.sources.poller import Poller
+from tests.exporter_helpers import ErrorLog, samples_of, value
+from tests.fakenvml import Scenario
+from tests.fakenvml.presets import gpu_uuid, h100_sxm
+from tests.fakenvml.runtime import driver_monotonic, driver_wall_clock
+
+GIB = 2**30
+T0 = 1_800_000_000.0
+STEP = 15.0
+UUIDS = [gpu_uuid("vanish", i) for i in range(4)]
+
+
+def four_gpus(scenario: Scenario) -> None:
+    for i in range(4):
+        h100_sxm(scenario.add_gpu(), "vanish", i, util=90, mem_used=40 * GIB, power_mw=400_000)
+    scenario.write()
+
+
+class Clock:
+    """The poller's and the engine's steady clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def poller_on(clock: Clock) -> Poller:
+    errors = ErrorLog()
+    backend = NvmlBackend(errors, profiling_interval=0.1, monotonic=driver_monotonic, wall=driver_wall_clock,
+                          slow_interval=0.0)  # fmt: skip
+    return Poller(backend, errors=errors, wall_clock=lambda: T0 + clock.now, monotonic=clock)
+
+
+def rules() -> RulesSettings:
+    return load_settings({"rules": {"GpuLost": {"for": "0s"}}}).rules
+
+
+class Node:
+    """The poller and the engine, one poll and one evaluation a step apart; what was sent, kept."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.poller = poller_on(self.clock)
+        self.engine = RuleEngine(rules(), "n1", resend_interval=STEP)
+        self.sent: list[Alert] = []
+
+    def step(self) -> NodeSnapshot:
+        self.clock.now += STEP
+        snap = self.poller.poll()
+        self.sent += self.engine.evaluate(snap).to_send
+        return snap
+
+    def lost_alerts(self, uuid: str) -> list[tuple[str, str]]:
+        """(state, gpu label) of each GpuLost of ``uuid`` sent so far, in order."""
+        return [(a.state, a.label_dict["gpu"]) for a in self.sent
+                if a.label_dict["alertname"] == "GpuLost" and a.label_dict.get("uuid") == uuid]  # fmt: skip
+
+
+def by_uuid(snap: NodeSnapshot) -> dict[str, GpuReading]:
+    return {g.uuid: g for g in snap.gpus}
+
+
+def test_a_gpu_missing_after_a_release_stays_down_and_its_gpulost_fires_until_it_answers(
+    scenario: Scenario, nvml: Any
+) -> None:
+    four_gpus(scenario)
+    node = Node()
+    try:
+        assert [g.up for g in node.step().gpus] == [True] * 4
+        scenario.gpu(2).lost()  # falls off the bus
+        scenario.write()
+        node.step()
+        assert node.lost_alerts(UUIDS[2]) == [(FIRING, "2")]
+        # The admin's reset: NVML let go of, the driver reloaded, and it finds three GPUs.
+        node.poller.release(0)
+        node.step()
+        gone = scenario.gpus.pop(2)
+        scenario.write()
+        node.poller.resume()
+        with structlog.testing.capture_logs() as logs:
+            snap = node.step()
+            for _ in range(3):
+                node.step()
+        listed = {g.uuid: (g.index, g.up) for g in snap.gpus}
+        assert listed == {UUIDS[0]: (0, True), UUIDS[1]: (1, True), UUIDS[3]: (2, True), UUIDS[2]: (2, False)}
+        missing = by_uuid(snap)[UUIDS[2]]
+        assert missing.error is not None and "restart gpu-exporter" in missing.error
+        s = samples_of(snap)
+        assert value(s, "gpu_up", gpu="2", uuid=UUIDS[2]) == 0, "its last labels, 0"
+        assert value(s, "gpu_up", gpu="2", uuid=UUIDS[3]) == 1
+        assert classify(missing, 0.1) == DOWN
+        # Never resolved: re-sent as firing at every resend, under its last labels.
+        assert node.lost_alerts(UUIDS[2]) == [(FIRING, "2")] * 6
+        active = [a for a in node.engine.active() if a.label_dict["alertname"] == "GpuLost"]
+        assert [(a.state, a.label_dict["uuid"]) for a in active] == [(FIRING, UUIDS[2])]
+        warned = [e for e in logs if e["event"] == "gpu_missing"]
+        assert [(e["log_level"], e["gpu"], e["uuid"]) for e in warned] == [("warning", 2, UUIDS[2])], "said once"
+        # It answers again (back after its reset, as GPU 3): GpuLost is resolved, under its last labels.
+        node.poller.release(0)
+        node.step()
+        before = len(node.lost_alerts(UUIDS[2]))
+        scenario.gpus.append(gone.recovered())
+        scenario.write()
+        node.poller.resume()
+        with structlog.testing.capture_logs() as logs:
+            back = node.step()
+            node.step()
+        assert {g.uuid: (g.index, g.up) for g in back.gpus} == {
+            UUIDS[0]: (0, True), UUIDS[1]: (1, True), UUIDS[3]: (2, True), UUIDS[2]: (3, True)}  # fmt: skip
+        sent = node.lost_alerts(UUIDS[2])
+        assert sent[:before] == [(FIRING, "2")] * before
+        assert sent[before:] == [(RESOLVED, "2")] * 2
+        assert not [a for a in node.engine.active() if a.label_dict["alertname"] == "GpuLost"]
+        said = [(e["log_level"], e["uuid"]) for e in logs if e["event"].startswith("gpu_missing")]
+        assert said == [("warning", UUIDS[2])]
+    finally:
+        node.poller.close()
+
+
+def test_a_gpu_that_moves_to_a_missing_ones_index_neither_clears_nor_shares_its_alerts() -> None:
+    """The engine alone: GPU c lost at index 2, and after a reload GPU d there answering."""
+    engine = RuleEngine(rules(), "n1", resend_interval=STEP)
+
+    def evaluate(t: float, *gpus: GpuReading) -> list[Alert]:
+        return engine.evaluate(NodeSnapshot(taken_at=T0 + t, duration_seconds=0.01, nvml_up=True, gpus=gpus)).to_send
+
+    c, d = UUIDS[2], UUIDS[3]
+    evaluate(0, GpuReading(index=2, uuid=c, up=False, error="lost"), GpuReading(index=3, uuid=d, up=False, error="x"))
+    sent = evaluate(STEP, GpuReading(index=2, uuid=d, up=True), GpuReading(index=2, uuid=c, up=False, error="gone"))
+    got = sorted((a.state, a.label_dict["uuid"], a.label_dict["gpu"], a.starts_at) for a in sent)
+    # c goes on firing from when it fell (not cleared by d and fired anew); d answers, so its own
+    # GpuLost (under its old index) is what is resolved.
+    assert got == [(FIRING, c, "2", T0), (RESOLVED, d, "3", T0)]
+
+
+def test_a_restart_forgets_a_gpu_the_driver_no_longer_lists(scenario: Scenario, nvml: Any) -> None:
+    """How an operator says a GPU was removed for good: a new process knows only what the driver lists."""
+    four_gpus(scenario)
+    first = Node()
+    try:
+        first.step()
+    finally:
+        first.poller.close()
+    scenario.gpus.pop(2)
+    scenario.write()
+    again = Node()
+    try:
+        snap = again.step()
+    finally:
+        again.poller.close()
+    assert [(g.uuid, g.up) for g in snap.gpus] == [(UUIDS[i], True) for i in (0, 1, 3)]
