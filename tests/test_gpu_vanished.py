@@ -10,9 +10,14 @@ of the scenario file is not counted at the next ``nvmlInit`` and the GPUs after 
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
+import yaml
 
 from gpu_exporter.accounting.states import DOWN, classify
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, RuleEngine
@@ -21,7 +26,8 @@ from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import GpuReading, NodeSnapshot
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.poller import Poller
-from tests.exporter_helpers import ErrorLog, samples_of, value
+from tests.alerting_helpers import WebhookReceiver, webhook_receiver
+from tests.exporter_helpers import ErrorLog, RunningDaemon, run_daemon, samples_of, value, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import gpu_uuid, h100_sxm
 from tests.fakenvml.runtime import driver_monotonic, driver_wall_clock
@@ -173,3 +179,56 @@ def test_a_restart_forgets_a_gpu_the_driver_no_longer_lists(scenario: Scenario, 
     finally:
         again.poller.close()
     assert [(g.uuid, g.up) for g in snap.gpus] == [(UUIDS[i], True) for i in (0, 1, 3)]
+
+
+# -- the real daemon, its direct webhook as the receiver -------------------------------------------------
+def lost_statuses(hook: WebhookReceiver, uuid: str) -> list[str]:
+    return [a["status"] for a in hook.alerts()
+            if a["labels"]["alertname"] == "GpuLost" and a["labels"].get("uuid") == uuid]  # fmt: skip
+
+
+def released(d: RunningDaemon) -> bool:
+    return value(d.metrics(), "gpu_exporter_nvml_released") == 1
+
+
+@pytest.mark.integration
+def test_the_daemon_never_resolves_a_vanished_gpus_gpulost_until_it_answers(scenario: Scenario, tmp_path: Path) -> None:
+    four_gpus(scenario)
+    c, d_uuid = UUIDS[2], UUIDS[3]
+    with webhook_receiver() as hook:
+        # Every notification repeated each second: the receiver hears the group's state over and over.
+        route = {"url": hook.url, "group_by": ["alertname", "node"], "group_wait": "0s", "group_interval": "1s",
+                 "repeat_interval": "1s"}  # fmt: skip
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({"node_name": "n1", "rules": {"GpuLost": {"for": "0s"}},
+                                       "alerting": {"resend_interval": "1s", "webhooks": [route]}}))  # fmt: skip
+        with run_daemon(scenario.path, "--config", str(cfg), "--poll.interval", "200ms") as d:
+            wait_for(lambda: value(d.metrics(), "gpu_up", uuid=d_uuid) == 1, what="four GPUs up")
+            scenario.gpu(2).lost()
+            scenario.write()
+            wait_for(lambda: "firing" in lost_statuses(hook, c), what="GpuLost of GPU 2 at the webhook")
+            # The admin's reset: SIGUSR1, the driver reloaded with three GPUs, SIGUSR2.
+            os.kill(d.proc.pid, signal.SIGUSR1)
+            wait_for(lambda: released(d), what="NVML let go of")
+            gone = scenario.gpus.pop(2)
+            scenario.write()
+            os.kill(d.proc.pid, signal.SIGUSR2)
+            wait_for(lambda: value(d.metrics(), "gpu_up", gpu="2", uuid=d_uuid) == 1, what="GPU 3 read as GPU 2")
+            heard = len(lost_statuses(hook, c))
+            wait_for(lambda: len(lost_statuses(hook, c)) >= heard + 3 or "resolved" in lost_statuses(hook, c),
+                     timeout=30, what="three more notifications")  # fmt: skip
+            assert "resolved" not in lost_statuses(hook, c), "resolved though the GPU never answered"
+            s = d.metrics()
+            assert value(s, "gpu_up", gpu="2", uuid=c) == 0, "the vanished GPU, down under its last labels"
+            assert value(s, "gpu_up", gpu="3", uuid=d_uuid) is None
+            (said,) = [e for e in list(d.log) if e.get("event") == "gpu_missing"]
+            assert (said["level"], said["uuid"], said["gpu"]) == ("warning", c, 2)
+            # Back after its reset (the driver lists it as GPU 3): resolved.
+            os.kill(d.proc.pid, signal.SIGUSR1)
+            wait_for(lambda: released(d), what="NVML let go of again")
+            scenario.gpus.append(gone.recovered())
+            scenario.write()
+            os.kill(d.proc.pid, signal.SIGUSR2)
+            wait_for(lambda: lost_statuses(hook, c)[-1:] == ["resolved"], timeout=30, what="GpuLost resolved")
+            s = d.metrics()
+            assert value(s, "gpu_up", gpu="3", uuid=c) == 1 and value(s, "gpu_up", gpu="2", uuid=c) is None
