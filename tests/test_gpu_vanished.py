@@ -19,6 +19,7 @@ import pytest
 import structlog
 import yaml
 
+from gpu_exporter.accounting.ledger import Accountant
 from gpu_exporter.accounting.states import DOWN, classify
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, RuleEngine
 from gpu_exporter.alerting.settings import RulesSettings
@@ -72,13 +73,19 @@ class Node:
         self.clock = Clock()
         self.poller = poller_on(self.clock)
         self.engine = RuleEngine(rules(), "n1", resend_interval=STEP)
+        self.books = Accountant(threshold=0.1)
         self.sent: list[Alert] = []
 
     def step(self) -> NodeSnapshot:
         self.clock.now += STEP
         snap = self.poller.poll()
         self.sent += self.engine.evaluate(snap).to_send
+        self.books.observe(snap)
         return snap
+
+    def booked(self) -> dict[tuple[int, str], str]:
+        """(index, UUID) -> state of each GPU in the books."""
+        return {(a.index, a.uuid): a.state for a in self.books.view().gpus}
 
     def lost_alerts(self, uuid: str) -> list[tuple[str, str]]:
         """(state, gpu label) of each GpuLost of ``uuid`` sent so far, in order."""
@@ -119,6 +126,9 @@ def test_a_gpu_missing_after_a_release_stays_down_and_its_gpulost_fires_until_it
         assert value(s, "gpu_up", gpu="2", uuid=UUIDS[2]) == 0, "its last labels, 0"
         assert value(s, "gpu_up", gpu="2", uuid=UUIDS[3]) == 1
         assert classify(missing, 0.1) == DOWN
+        # The books: the missing GPU down under its last labels; the one that moved booked once, where it is.
+        assert node.booked() == {(0, UUIDS[0]): "busy", (1, UUIDS[1]): "busy", (2, UUIDS[2]): DOWN,
+                                 (2, UUIDS[3]): "busy"}  # fmt: skip
         # Never resolved: re-sent as firing at every resend, under its last labels.
         assert node.lost_alerts(UUIDS[2]) == [(FIRING, "2")] * 6
         active = [a for a in node.engine.active() if a.label_dict["alertname"] == "GpuLost"]
@@ -141,6 +151,8 @@ def test_a_gpu_missing_after_a_release_stays_down_and_its_gpulost_fires_until_it
         assert sent[:before] == [(FIRING, "2")] * before
         assert sent[before:] == [(RESOLVED, "2")] * 2
         assert not [a for a in node.engine.active() if a.label_dict["alertname"] == "GpuLost"]
+        assert node.booked() == {(0, UUIDS[0]): "busy", (1, UUIDS[1]): "busy", (2, UUIDS[3]): "busy",
+                                 (3, UUIDS[2]): "busy"}  # fmt: skip
         said = [(e["log_level"], e["uuid"]) for e in logs if e["event"].startswith("gpu_missing")]
         assert said == [("warning", UUIDS[2])]
     finally:
