@@ -22,8 +22,10 @@ from ..snapshot import GpuReading
 log = structlog.get_logger(__name__)
 
 # Why it is down, in GpuLost's description: what happened, and what to do if nothing is to be fixed.
-MISSING = ("the driver no longer lists it since NVML was opened again (a driver reload, or SIGUSR2); it stays down "
-           "until it answers: if it was removed for good, restart gpu-exporter to forget it")
+MISSING = (
+    "the driver no longer lists it since NVML was opened again (a driver reload, or SIGUSR2); it stays down "
+    "until it answers: if it was removed for good, restart gpu-exporter to forget it"
+)
 
 
 class KnownGpus:
