@@ -14,11 +14,12 @@ import pytest
 
 from gpu_exporter.accounting.states import DOWN, classify
 from gpu_exporter.alerting.engine import RuleEngine
+from gpu_exporter.once import as_table, findings
 from gpu_exporter.settings.config import load_settings
 from gpu_exporter.snapshot import NodeSnapshot
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.poller import Poller
-from tests.exporter_helpers import ErrorLog, samples_of, value
+from tests.exporter_helpers import ErrorLog, make_poller, samples_of, value
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import gpu_uuid, h100_sxm
 from tests.fakenvml.runtime import driver_monotonic, driver_wall_clock
@@ -110,3 +111,22 @@ def test_the_fake_refuses_the_lookup_but_not_a_handle_given_out_before(scenario:
     assert queried.value.value == nvml.NVML_ERROR_RESET_REQUIRED
     assert nvml.nvmlDeviceGetHandleByIndex(0) is not None
     nvml.nvmlShutdown()
+
+
+def test_a_gpu_refused_from_the_start_reads_as_needing_a_reset_in_once(scenario: Scenario, nvml: Any) -> None:
+    """``--once`` (one poll, nothing read of it before): the handle refused with RESET_REQUIRED is a
+    GPU to reset, not a lost one."""
+    two_gpus(scenario)
+    refuse(scenario, "handle")
+    poller, _ = make_poller()
+    try:
+        snap = poller.poll()
+    finally:
+        poller.close()
+    g = snap.gpus[1]
+    assert (g.up, g.reset_required, g.static) == (True, True, None)
+    assert [(f.alertname, f.gpu) for f in findings(snap)] == [("GpuResetRequired", 1)]
+    table = as_table(snap, findings(snap))
+    (row,) = [line for line in table.splitlines() if line.strip().startswith("1 ")]
+    assert "RESET REQUIRED" in row and "LOST" not in row
+    assert "NOT ANSWERING" not in table and "GPU 1  uuid unknown  RESET REQUIRED" in table
