@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ from gpu_exporter.accounting.states import DOWN, classify
 from gpu_exporter.alerting.engine import FIRING, RESOLVED, Alert, RuleEngine
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.settings.config import load_settings
-from gpu_exporter.snapshot import GpuReading, NodeSnapshot
+from gpu_exporter.snapshot import GpuReading, GpuStatic, JobRef, NodeSnapshot
+from gpu_exporter.sources.backend import SystemInfo
 from gpu_exporter.sources.nvml import NvmlBackend
 from gpu_exporter.sources.poller import Poller
 from tests.alerting_helpers import WebhookReceiver, webhook_receiver
@@ -244,3 +247,48 @@ def test_the_daemon_never_resolves_a_vanished_gpus_gpulost_until_it_answers(scen
             wait_for(lambda: lost_statuses(hook, c)[-1:] == ["resolved"], timeout=30, what="GpuLost resolved")
             s = d.metrics()
             assert value(s, "gpu_up", gpu="3", uuid=c) == 1 and value(s, "gpu_up", gpu="2", uuid=c) is None
+
+
+class Listed:
+    """A backend listing the GPUs of ``uuids``, in that order: a driver reload is a change of the list
+    and a release and a resume of the poller."""
+
+    def __init__(self, uuids: list[str]) -> None:
+        self.uuids = uuids
+
+    def open(self) -> SystemInfo:
+        return SystemInfo(driver_version="580.65.06", cuda_version="13.0", gpu_count=len(self.uuids))
+
+    def close(self) -> None:
+        pass
+
+    def count(self) -> int:
+        return len(self.uuids)
+
+    def read_static(self, index: int) -> GpuStatic:
+        return GpuStatic(index=index, uuid=self.uuids[index], name="NVIDIA H100 80GB HBM3", pci_bus_id="")
+
+    def read_gpu(self, static: GpuStatic) -> GpuReading:
+        return GpuReading(index=static.index, uuid=static.uuid, up=True, static=static)
+
+    def xid_counts(self, uuid: str) -> Mapping[int, int]:
+        return {79: 1} if uuid == UUIDS[2] else {}
+
+
+def test_a_vanished_gpu_holds_nothing_its_old_index_is_assigned_to() -> None:
+    """Attribution by index (Slurm's job files, the kubelet's device IDs) is the live GPU's there."""
+    backend = Listed(list(UUIDS))
+    job = JobRef("4242", "alice")
+
+    def attach(gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
+        return tuple(replace(g, jobs=(job,)) if g.index == 2 else g for g in gpus)
+
+    clock = Clock()
+    poller = Poller(backend, errors=ErrorLog(), attach=attach, monotonic=clock, wall_clock=clock)
+    poller.poll()
+    poller.release(0)
+    backend.uuids.pop(2)
+    poller.resume()
+    snap = poller.poll()
+    got = {g.uuid: (g.index, g.up, g.jobs, dict(g.xid_errors_total)) for g in snap.gpus if g.index == 2}
+    assert got == {UUIDS[3]: (2, True, (job,), {}), UUIDS[2]: (2, False, (), {79: 1})}

@@ -206,13 +206,15 @@ class Poller:
                 # The driver went away under us: every GPU is unreadable, start over.
                 self._mark_down(e, t0)
                 return self._nvml_down(taken_at, t0)
-        gpus = self._known.complete(readings)
+        gpus = tuple(readings)
         if self._attach is not None:
             try:
                 gpus = self._attach(gpus)
             except Exception:  # attribution is an extra; the GPU data goes out without it
                 if self._say("pod_attribution_failed") is not None:
                     log.exception("pod_attribution_failed")
+        # After attribution: a GPU the driver no longer lists holds nothing, whatever its old index's files say.
+        gpus = self._known.complete(gpus)
         return NodeSnapshot(
             taken_at=taken_at,
             monotonic_at=t0,
