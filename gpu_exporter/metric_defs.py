@@ -340,7 +340,7 @@ _PROC, _NVL, _CLK, _ECC, _PRF = (Collector.PROCESSES, Collector.NVLINK, Collecto
 _CAPPED = "capped like gpu_process_memory_used_bytes"
 
 _DEFS: tuple[MetricDef, ...] = (
-    MetricDef("gpu_up", _G, "", "1 when the GPU answered the last poll, 0 when it is lost or unreadable."),
+    MetricDef("gpu_up", _G, "", "1 when the GPU answered the last poll, 0 when it is lost or unreadable, or when the driver no longer lists a GPU seen since the exporter started (under its last labels, until it answers again or the exporter restarts)."),
     MetricDef("gpu_info", _G, "", "Constant 1; the labels describe the GPU and its driver.",
               labels=("name", "pci_bus_id", "driver_version", "cuda_version", "serial", "mig_mode", "device"),
               doc="mig_mode is \"unsupported\" on cards without MIG (L40S, T4, GeForce), \"enabled\" or \"disabled\" on A100 and H100; serial is absent on GeForce cards.  device is the GPU's device file (nvidia0 for /dev/nvidia0, from nvmlDeviceGetMinorNumber), as dcgm-exporter's device label: what a DRA claim, GKE's device plugin and the kubelet name a GPU by; empty where the driver does not say (Windows)."),

@@ -217,6 +217,11 @@ def _summary_row(g: GpuReading, state: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _unread(g: GpuReading) -> str:
+    """What a GPU not read at all is: one the driver refuses until it is reset is not lost."""
+    return "RESET REQUIRED" if g.up and g.reset_required else "LOST"
+
+
 _HEADINGS = ("GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "PCIE LINK", "STATE", "HELD BY")
 _RIGHT = frozenset({0, 2, 3, 4, 5})  # numbers line up on the right
 
@@ -224,8 +229,8 @@ _RIGHT = frozenset({0, 2, 3, 4, 5})  # numbers line up on the right
 def _summary_table(snapshot: NodeSnapshot, cost: CostNow | None) -> list[str]:
     rows: list[list[str] | str] = [list(_HEADINGS)]
     for g in snapshot.gpus:
-        if not g.up or g.static is None:  # a lost GPU: what is known of it and why, in one line
-            rows.append(f" {g.index:>3}  LOST  {g.uuid or 'uuid unknown'}: {g.error}")
+        if not g.up or g.static is None:  # a lost GPU, or one refused until reset: what is known, and why
+            rows.append(f" {g.index:>3}  {_unread(g)}  {g.uuid or 'uuid unknown'}: {g.error}")
             continue
         state = cost.gpus.get(g.index, ("", None))[0] if cost else ""
         rows.append(_summary_row(g, state))
@@ -243,7 +248,8 @@ def _details(g: GpuReading, cost: CostNow | None = None) -> list[str]:
     s = g.static
     state, price = cost.gpus.get(g.index, ("", None)) if cost else ("", None)
     if not g.up or s is None:
-        lost = [f"GPU {g.index}  {g.uuid or 'uuid unknown'}  NOT ANSWERING: {g.error}"]
+        word = "RESET REQUIRED" if g.up and g.reset_required else "NOT ANSWERING"
+        lost = [f"GPU {g.index}  {g.uuid or 'uuid unknown'}  {word}: {g.error}"]
         return lost + ([_state_line(state, price, cost.currency)] if cost and state else [])
     lines = [f"GPU {g.index}  {s.name}  {s.uuid}  {s.pci_bus_id}"]
     if g.reset_required:

@@ -134,10 +134,18 @@ class Accountant:
                 if book is None:
                     book = self._books[key] = _Book(g.index, g.uuid, WindowMax(self.memory_peak_window))
                 self._observe_gpu(book, g, t, step, snapshot.taken_at)
-            for key, book in self._books.items():
-                if key not in seen:  # lost from the count, or NVML is down: nobody can use it
-                    book.state, book.pods, book.jobs, book.containers = DOWN, (), (), ()
-                    book.seconds[(NOBODY, DOWN)] += step
+            moved = {g.uuid for g in snapshot.gpus if g.uuid} if snapshot.nvml_up else set()
+            for key, book in list(self._books.items()):
+                if key in seen:
+                    continue
+                if key[1] in moved:
+                    # The same GPU under another index (the driver numbered its GPUs afresh after a
+                    # reload): its time is booked there from now on, not also here as down.
+                    del self._books[key]
+                    continue
+                # Lost from the count, or NVML is down: nobody can use it.
+                book.state, book.pods, book.jobs, book.containers = DOWN, (), (), ()
+                book.seconds[(NOBODY, DOWN)] += step
             self._view = self._render(t)
 
     def _observe_gpu(self, book: _Book, g: GpuReading, t: float, step: float, wall: float) -> None:

@@ -4,11 +4,14 @@ Like Prometheus: an alert is pending while its condition holds for less than ``f
 after that; a pending alert whose condition stops holding is dropped. Unlike a bare threshold,
 a firing alert resolves only when its separate clear condition holds.
 
-An alert is *identified* by its name, severity, node, GPU index and its rule's own labels (``xid``).
-The GPU's ``uuid`` and its holders' labels (the pod labels, ``hpc_job``, ``container_name``: those
+An alert is *identified* by its name, severity, node, GPU and its rule's own labels (``xid``); the
+GPU by its UUID, or its index while its UUID was never read.  Not by index alone: after a driver
+reload the driver may number the GPUs afresh, a missing GPU's index going to the GPU after it, and
+the missing GPU's ``GpuLost`` must go on beside that GPU's alerts, not be resolved by them.
+The GPU's index and its holders' labels (the pod labels, ``hpc_job``, ``container_name``: those
 whose attribution is on; without pods, ``user`` for the Unix users holding it as themselves) are
 carried along with their latest values: a change of the pod, job, container or user holding a GPU,
-or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is sent never holds an
+of its index, or a UUID read late, neither restarts ``for`` nor resolves the alert.  What is sent never holds an
 empty label value (Prometheus and Alertmanager drop those), so the label set, and the fingerprint
 computed from it, are the same here, in Alertmanager and in Prometheus.  When
 the labels of a firing alert change, receivers get the old label set resolved and the new one
@@ -144,7 +147,7 @@ class RuleEngine:
         # The samples a GPU's windows will hold, set aside when the GPU is first seen: memory stays
         # flat while the windows fill (for an hour, by default) instead of growing every poll.
         self._capacity = math.ceil(horizon / poll_interval) + 2 if poll_interval else 64
-        self._history: dict[int, GpuHistory] = {}
+        self._history: dict[tuple[str, str], GpuHistory] = {}  # by _device
         self._active: dict[Identity, _Tracked] = {}  # pending and firing, by identity
         self._resolved: dict[Labels, _Tracked] = {}  # resolved, re-sent for the retention, by label set
         self._lock = threading.Lock()
@@ -173,10 +176,10 @@ class RuleEngine:
         now = snapshot.steady_at  # windows span steady time: a wall-clock step neither fills nor empties them
         out: list[tuple[GpuReading, Check]] = []
         for g in snapshot.gpus:
-            h = self._history.get(g.index)
+            h = self._history.get(_device(g))
             if h is None:
                 utilization = SampleWindow(self._horizon, self._capacity)
-                h = self._history[g.index] = GpuHistory(utilization, SampleWindow(self._horizon, self._capacity))
+                h = self._history[_device(g)] = GpuHistory(utilization, SampleWindow(self._horizon, self._capacity))
             h.observe(g, now)
             for rule in RULES:
                 for c in rule(g, h, now, self.rules):
@@ -195,6 +198,11 @@ class RuleEngine:
             seen = set()
             for g, c in self.checks(snapshot):
                 identity = self._identity(g, c)
+                if identity not in self._active and g.uuid:
+                    # Its UUID read late: the alert it had by its index goes on, relabelled.
+                    by_index = _identity(("gpu", str(g.index)), c)
+                    if by_index in self._active:
+                        self._active[identity] = self._active.pop(by_index)
                 seen.add(identity)
                 self._step(identity, self._labels(g, c), g, c, now)
             for identity, tracked in list(self._active.items()):
@@ -205,7 +213,7 @@ class RuleEngine:
             return Transitions(self._due(now.steady))
 
     def _identity(self, g: GpuReading, c: Check) -> Identity:
-        return (("alertname", c.alertname), ("severity", c.severity), ("gpu", str(g.index)), *c.extra_labels)
+        return _identity(_device(g), c)
 
     def _labels(self, g: GpuReading, c: Check) -> Labels:
         labels = {"alertname": c.alertname, "severity": c.severity, "gpu": str(g.index), "uuid": g.uuid,
@@ -281,6 +289,15 @@ class RuleEngine:
         """Pending and firing alerts, for the alerts page and the ALERTS-like metric."""
         with self._lock:
             return sorted((t.alert for t in self._active.values()), key=lambda a: a.labels)
+
+
+def _device(g: GpuReading) -> tuple[str, str]:
+    """Which GPU a reading is of, for alerts and windows: its UUID, else (never read) its index."""
+    return ("uuid", g.uuid) if g.uuid else ("gpu", str(g.index))
+
+
+def _identity(device: tuple[str, str], c: Check) -> Identity:
+    return (("alertname", c.alertname), ("severity", c.severity), device, *c.extra_labels)
 
 
 def holding_now(engine: RuleEngine, snapshot: NodeSnapshot) -> Iterable[tuple[GpuReading, Check]]:

@@ -253,7 +253,9 @@ RULE_DOCS: dict[str, RuleDoc] = {
         "link generation or width below the card's maximum while utilization is at least {min_utilization}; idle "
         "cards legitimately train down",
         "link back at maximum, or utilization below `min_utilization`"),
-    "GpuLost": RuleDoc("critical", "the GPU does not answer", "it answers"),
+    "GpuLost": RuleDoc(
+        "critical", "the GPU does not answer, or the driver no longer lists a GPU seen since the start",
+        "it answers (a restart forgets a GPU removed for good)"),
     "GpuXidError": RuleDoc(
         "critical", "an XID (label `xid`) from {codes} within the last {window}", "a `window` without one"),
     "GpuThermalThrottling": RuleDoc("warning", "hardware or software thermal slowdown active", "inactive"),

@@ -25,6 +25,11 @@ class GpuLost(Exception):
     """This GPU stopped answering (fell off the bus, or otherwise unreadable)."""
 
 
+class ResetRequired(Exception):
+    """The driver will not hand this GPU out (its handle or UUID lookup answers RESET_REQUIRED) until
+    it is reset: it is there, it needs a reset, and it is not lost."""
+
+
 class StaticChanged(Exception):
     """What was read of the GPU as static no longer holds (its MIG mode changed): read it again."""
 
@@ -51,7 +56,7 @@ class Backend(Protocol):
         ...
 
     def read_static(self, index: int) -> GpuStatic:
-        """Slow-changing facts of GPU ``index``.  Raises GpuLost."""
+        """Slow-changing facts of GPU ``index``.  Raises GpuLost, or ResetRequired."""
         ...
 
     def read_gpu(self, static: GpuStatic) -> GpuReading:

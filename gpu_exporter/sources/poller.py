@@ -28,7 +28,8 @@ from typing import Any
 import structlog
 
 from ..snapshot import GpuReading, GpuStatic, NodeSnapshot
-from .backend import Backend, BackendUnavailable, ErrorSink, GpuLost, StaticChanged, SystemInfo
+from .backend import Backend, BackendUnavailable, ErrorSink, GpuLost, ResetRequired, StaticChanged, SystemInfo
+from .missing import KnownGpus
 
 log = structlog.get_logger(__name__)
 
@@ -117,6 +118,7 @@ class Poller:
         self._counted_at = 0.0
         self._statics: dict[int, tuple[GpuStatic, float]] = {}
         self._uuids: dict[int, str] = {}  # last known, so a lost GPU keeps its identity
+        self._known = KnownGpus(backend.xid_counts)  # every GPU seen: one the driver stops listing stays down
         self._readers: dict[int, _Reader] = {}
         self._retry_at = 0.0
         self._backoff = 1.0
@@ -211,6 +213,8 @@ class Poller:
             except Exception:  # attribution is an extra; the GPU data goes out without it
                 if self._say("pod_attribution_failed") is not None:
                     log.exception("pod_attribution_failed")
+        # After attribution: a GPU the driver no longer lists holds nothing, whatever its old index's files say.
+        gpus = self._known.complete(gpus)
         return NodeSnapshot(
             taken_at=taken_at,
             monotonic_at=t0,
@@ -244,6 +248,8 @@ class Poller:
                 if generation == self._generation:
                     self._statics[index] = (static, self._mono())
                 return self._backend.read_gpu(static)
+        except ResetRequired as e:
+            return self._needs_reset(index, str(e))
         except GpuLost as e:
             # Forget the handle: the next poll re-discovers the GPU, so one that returns is picked up.
             self._statics.pop(index, None)
@@ -256,6 +262,17 @@ class Poller:
             self._errors("poll", "exception")
             self._statics.pop(index, None)
             return self._down(index, f"{type(e).__name__}: {e}")
+
+    def _needs_reset(self, index: int, why: str) -> GpuReading:
+        """The driver refuses the GPU's handle or UUID until it is reset: it keeps what was last read of
+        it (asked again at every poll, so a reset shows at once) and says it needs a reset, not that
+        it is lost; nobody can use it meanwhile, which the books count as down."""
+        known = self._statics.get(index)
+        static = known[0] if known is not None else None
+        uuid = static.uuid if static is not None else self._uuids.get(index, "")
+        xids = self._backend.xid_counts(uuid) if uuid else {}
+        return GpuReading(index=index, uuid=uuid, up=True, static=static, error=why, reset_required=True,
+                          xid_errors_total=MappingProxyType(dict(xids)))  # fmt: skip
 
     def _down(self, index: int, why: str) -> GpuReading:
         """A GPU that does not answer keeps its last identity and its XID counts: its XID 79 arrives

@@ -218,6 +218,7 @@ enum {
     K_PROCS_GRAPHICS,
     K_PROCS_MPS,
     K_MIG_HANDLE,
+    K_LOOKUP,           /* what nvmlDeviceGetHandleByIndex/ByUUID answer instead for this GPU (an error) */
     NKEYS
 };
 
@@ -365,6 +366,7 @@ static void init_keys(void)
     def_key(K_PROCS_GRAPHICS, KT_NUM, SCOPE_DEV, "processes.graphics");
     def_key(K_PROCS_MPS, KT_NUM, SCOPE_DEV, "processes.mps");
     def_key(K_MIG_HANDLE, KT_NUM, SCOPE_MIG, "handle");
+    def_key(K_LOOKUP, KT_NUM, SCOPE_GPU, "lookup");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1675,6 +1677,18 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 
 nvmlReturn_t DECLDIR nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
 
+/* A GPU whose handle lookup fails (`lookup = !ERROR`).  nvml.h on nvmlDeviceGetHandleByIndex_v2 and
+ * nvmlDeviceGetHandleByUUID: the lookup "causes NVML to initialize the target GPU", so a GPU the driver
+ * will not initialise answers there, not only in its queries: a GPU that "requires a reset before it
+ * can be used again" (NVML_ERROR_RESET_REQUIRED) may refuse its handle at the next lookup while the
+ * handle an earlier lookup gave still answers it (issue 49, point 5).  Handles already given out stay
+ * valid, as the README says of every handle. */
+static nvmlReturn_t lookup_refused(const struct dev *g)
+{
+    const struct slot *s = &g->s[K_LOOKUP];
+    return s->set && s->err ? s->err : NVML_SUCCESS;
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
     if (!device)
@@ -1686,6 +1700,9 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevic
         return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (gpu_lost(cur->gpu[index], mono_now()))
         return leave(NVML_ERROR_GPU_IS_LOST);
+    nvmlReturn_t refused = lookup_refused(cur->gpu[index]);
+    if (refused)
+        return leave(refused);
     *device = &gpu_handles[index];
     return leave(NVML_SUCCESS);
 }
@@ -1714,6 +1731,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d
         if (uuid_is(gd, uuid)) {
             if (gpu_lost(gd, now))
                 return leave(NVML_ERROR_GPU_IS_LOST);
+            if (lookup_refused(gd))
+                return leave(lookup_refused(gd));
             *device = &gpu_handles[g];
             return leave(NVML_SUCCESS);
         }

@@ -400,6 +400,13 @@ class Gpu(Device):
         self.set("state", "reset_required")
         return self
 
+    def lookup_refused(self, err: str | Err | None = "RESET_REQUIRED") -> Gpu:
+        """nvmlDeviceGetHandleByIndex and nvmlDeviceGetHandleByUUID fail with ``err`` for this GPU (None:
+        they answer again); handles given out before go on answering (README: "Quirks, per GPU")."""
+        if err is None:
+            return self.unset("lookup")
+        return self.error("lookup", err)
+
     def lost(self, after_s: float | None = None, until_s: float | None = None) -> Gpu:
         """Fall off the bus: now, or ``after_s`` seconds after the library first loaded the scenario."""
         self.values.pop("state", None)

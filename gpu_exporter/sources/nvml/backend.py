@@ -18,7 +18,7 @@ import pynvml
 
 from ...metric_defs import Collector
 from ...snapshot import GpuReading, GpuStatic
-from ..backend import ErrorSink, GpuLost, SystemInfo
+from ..backend import ErrorSink, GpuLost, ResetRequired, SystemInfo
 from ..cadence import Cadence
 from .device import Baton, Device
 from .errors import DRIVER_GONE, error_name, try_call, unavailable
@@ -136,11 +136,15 @@ class NvmlBackend:
         except pynvml.NVMLError as e:
             self._errors("nvmlDeviceGetHandleByIndex", error_name(e.value))
             self._forget(index)
+            if e.value == pynvml.NVML_ERROR_RESET_REQUIRED:
+                raise ResetRequired(f"GPU {index}: the driver will not hand out its handle until it is reset") from e
             raise GpuLost(f"GPU {index}: {e}") from e
         dev = Device(index, handle, self._errors, self._mono)
         uuid = dev.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID)
         if uuid is None:
             self._forget(index)
+            if dev.reset_required:
+                raise ResetRequired(f"GPU {index}: the driver will not say its UUID until it is reset")
             raise GpuLost(f"GPU {index}: its UUID cannot be read")
         static = read_static(dev, uuid, clocks=self._readers.clocks, nvlink=self._nvlink, gpm=self._readers.gpm)
         with self._lock:
