@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -270,3 +272,15 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     yield from _guarded(item)
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A directory every uid can traverse (pytest's own tmp dirs are under a root-only
+    /tmp/pytest-of-root), for tests that act as another user."""
+    path = Path(tempfile.mkdtemp(prefix="world-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -24,7 +24,6 @@ import stat
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,17 +76,6 @@ def interpreter_for(uid: int) -> tuple[str, dict[str, str]]:
         if os.path.exists(candidate) and _runs_as(uid, candidate, env):
             return candidate, env
     pytest.skip(f"no Python {minor} that uid {uid} may run with this checkout's packages")
-
-
-@pytest.fixture
-def world() -> Iterator[Path]:
-    """A directory every uid can traverse (pytest's own tmp dirs are root-only)."""
-    path = Path(tempfile.mkdtemp(prefix="k8s-node-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

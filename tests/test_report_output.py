@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import struct
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,14 +76,9 @@ def swap_first_new_file(directory: Path, secret: Path) -> None:
 
 
 @pytest.fixture
-def tmp_path() -> Iterator[Path]:
-    """A directory nobody can reach (pytest's own is under a root-only /tmp/pytest-of-root)."""
-    d = Path(tempfile.mkdtemp(prefix="report-output-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+def tmp_path(world: Path) -> Path:
+    """One nobody can reach: pytest's own is under a root-only /tmp/pytest-of-root."""
+    return world
 
 
 def secret_file(tmp_path: Path) -> Path:
