@@ -189,6 +189,53 @@ def part_cycles(root: Path) -> list[list[str]]:
     return cycles
 
 
+def module_cycles(root: Path, within: str) -> list[list[str]]:
+    """Cycles between the modules of one package (``within``, dotted), imports for type checking
+    included: a cycle there is two modules that cannot be read, tested or changed one without the other."""
+    prefix = f"{root.name}.{within}."
+    edges: dict[str, set[str]] = {}
+    for imp in graph(root):
+        if imp.importer.startswith(prefix) and imp.imported.startswith(prefix) and imp.importer != imp.imported:
+            edges.setdefault(imp.importer, set()).add(imp.imported)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([m.removeprefix(prefix) for m in [*stack[stack.index(nxt) :], nxt]])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+# Packages whose modules import one way (issue 51, item 5); the others join the list as their cycles go.
+ACYCLIC_PACKAGES = ("web", "report", "alerting", "accounting", "holders", "kubernetes", "serving")
+
+
+@pytest.mark.parametrize("package", ACYCLIC_PACKAGES)
+def test_the_modules_of_a_package_import_one_way(package: str) -> None:
+    assert module_cycles(ROOT, package) == []
+
+
+def test_a_cycle_between_modules_is_reported(tmp_path: Path) -> None:
+    root = tmp_path / "gpu_exporter"
+    (root / "web").mkdir(parents=True)
+    for name in ("__init__", "web/__init__"):
+        (root / f"{name}.py").write_text("")
+    (root / "web" / "connection.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .table import T\n"
+    )
+    (root / "web" / "table.py").write_text("from .connection import C\n")
+    assert module_cycles(root, "web") == [["connection", "table", "connection"]]
+
+
 def test_the_package_keeps_its_dependency_rules() -> None:
     assert violations(ROOT) == []
 

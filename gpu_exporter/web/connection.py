@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .tls_context import ServerTls
-
-if TYPE_CHECKING:
-    from .table import ConnectionTable
 
 WRITE_CHUNK = 256 * 1024
 _WRITE_HIGH = 64 * 1024
@@ -45,10 +42,27 @@ class ClientGone(ConnectionError):
     """The client closed its side, or the connection is lost: the handler stops and closes."""
 
 
+class Table(Protocol):
+    """What a connection asks of the table that holds it (``table.ConnectionTable``): named here so
+    that the table imports the connection and not the other way round."""
+
+    limit: int  # the longest request head, in bytes
+    public_tls: bool
+    scratch: memoryview  # one read buffer for every connection: the loop is one thread
+
+    def admit(self, conn: Connection) -> None: ...
+    def refuse(self, conn: Connection) -> None: ...
+    def request_handshake(self, conn: Connection) -> None: ...
+    def set_state(self, conn: Connection, state: str) -> None: ...
+    def opened(self, conn: Connection) -> None: ...
+    def forget(self, conn: Connection) -> None: ...
+    def stalled(self, conn: Connection, waiting: bool) -> None: ...
+
+
 class Connection(asyncio.BufferedProtocol):
     """One client socket, from accept to close.  The HTTP handler reads and writes through it."""
 
-    def __init__(self, table: ConnectionTable, tls: ServerTls | None) -> None:
+    def __init__(self, table: Table, tls: ServerTls | None) -> None:
         self._table = table
         self.tls = tls
         self.raw: asyncio.Transport | None = None  # TCP
