@@ -12,7 +12,7 @@ under two names by one job, which no label tells apart), they are scaled down to
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -239,14 +239,15 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
                                         gpu_order(r["gpu"])))  # fmt: skip
 
     holder_rows: list[dict[str, Any]] = []
+    names = Counter(h.name for h in holders)
     for h, acc in holders.items():
         held_gpus = acc["gpus"].values()
         unpriced = [x for x in held_gpus if not x.priced]
         priced_any = len(unpriced) < len(held_gpus)
         unpriced_hours = sum(x.holders.get(h, 0.0) for x in unpriced)
         holder_rows.append({
-            "kind": h.kind, "holder": h.name, "namespace": h.namespace, "pod": h.pod, "hpc_job": h.hpc_job,
-            "container": h.container, "user": h.user,
+            "kind": h.kind, "holder": _told_apart(h, names), "namespace": h.namespace, "pod": h.pod,
+            "hpc_job": h.hpc_job, "container": h.container, "container_engine": h.engine, "user": h.user,
             "gpus": len(held_gpus), "gpu_hours": _h(acc["hours"][BUSY] + acc["hours"][ALLOCATED_IDLE]),
             "busy_hours": _h(acc["hours"][BUSY]), "allocated_idle_hours": _h(acc["hours"][ALLOCATED_IDLE]),
             "cost": _m(acc["cost"]) if priced_any else None,
@@ -293,6 +294,14 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         "recommendations": recommendations,
         "timeline": _timeline(results),
     }
+
+
+def _told_apart(h: Holder, names: Counter[str]) -> str:
+    """A holder's name, with its engine where another holder has the same name: a rootless
+    ``docker@1000`` container and the system engine's container of the same ID are two holders."""
+    if h.kind == "container" and names[h.name] > 1:
+        return f"{h.name} ({h.engine or 'no engine'})"
+    return h.name
 
 
 def _higher(a: float | None, b: float) -> float:
