@@ -52,8 +52,9 @@ def holder_of(labels: Mapping[str, str]) -> Holder:
     if job := get("hpc_job", ""):
         return Holder("job", hpc_job=job, user=get("user", ""))
     if container := get("container_name", "") or get("container_id", ""):
-        return Holder("container", container=container, engine=get("container_engine", ""),
-                      container_id=get("container_id", ""))
+        return Holder(
+            "container", container=container, engine=get("container_engine", ""), container_id=get("container_id", "")
+        )
     if user := get("user", ""):
         return Holder("user", user=user)
     return NOBODY
