@@ -12,6 +12,7 @@ under two names by one job, which no label tells apart), they are scaled down to
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,11 +22,11 @@ from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
 from .catalogue import PIPES, Catalogue
 from .client import Labels
-from .cost import GpuKey, Part, currencies, money, pick_currency
+from .cost import GpuKey, Part, currencies, money, pick_currency, scraper
 from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
-from .queries import Window
+from .queries import OWN_JOB, Window
 from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage, gpu_order
 
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
@@ -81,6 +82,8 @@ class _Gpu:
     signals: dict[str, float] = field(default_factory=dict)
     instances: set[str] = field(default_factory=set)  # where the GPU was scraped, for a node without a label
     targets: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target that saw it
+    scrapers: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every scraper of its series
+    left_out: dict[tuple[tuple[str, str], ...], float] = field(default_factory=lambda: defaultdict(float))
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,12 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, _ in results["seen"]:
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].targets.add(tuple(sorted((k, x) for k, x in labels.items() if k not in IDENTITY)))
+    for labels, _ in [*results["seen"], *results.get("other_jobs", [])]:
+        if (key := _gpu_key(labels)) in gpus:
+            gpus[key].scrapers.add(scraper(labels))
+    for labels, v in results.get("disagree", []):  # other jobs' copies that disagree with the own job's
+        if (key := _gpu_key(labels)) in gpus:
+            gpus[key].left_out[_target_of(labels)] += v
     for g in gpus.values():
         # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
         g.node = g.node or min(g.instances, default="")
@@ -217,7 +226,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
             "holder": top.name, "targets": [dict(t) for t in sorted(g.targets)],
-            "notes": [*_over_the_range(total[key], w), *sizer.notes(usage)],
+            "left_out_targets": [{**dict(t), "hours": _h(h)} for t, h in sorted(_disagreeing(g, w).items())],
+            "notes": [*_disagree(g, w), *_over_the_range(total[key], w, g), *sizer.notes(usage)],
         })  # fmt: skip
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
         # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to
@@ -308,11 +318,49 @@ def _higher(a: float | None, b: float) -> float:
     return b if a is None else max(a, b)
 
 
-def _over_the_range(hours: float, w: Window) -> list[str]:
+def _target_of(labels: Labels) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in IDENTITY))
+
+
+def _shown(target: tuple[tuple[str, str], ...]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in target) + "}"
+
+
+def _own(target: tuple[tuple[str, str], ...]) -> bool:
+    return re.fullmatch(OWN_JOB, dict(target).get("job", "")) is not None
+
+
+def _disagreeing(g: _Gpu, w: Window) -> dict[tuple[tuple[str, str], ...], float]:
+    """The targets of other jobs whose copies gave the GPU's holders more than a step's hours that the
+    exporter's own job did not report (a holder's first step can differ by a scrape, never by more)."""
+    return {t: h for t, h in g.left_out.items() if h > w.step / 3600}
+
+
+def _disagree(g: _Gpu, w: Window) -> list[str]:
+    """A note naming the targets whose copies of a GPU disagree with the exporter's own job's."""
+    if not (left := _disagreeing(g, w)):
+        return []
+    own = ", ".join(_shown(t) for t in sorted(g.targets) if _own(t)) or f'job=~"{OWN_JOB}"'
+    others = ", ".join(f"{_shown(t)} ({h:.3g} h)" for t, h in sorted(left.items()))
+    return [
+        f"its copies from {others} disagree with the exporter's own job, {own}, about who held it (holders "
+        "it did not report): they are left out, and the own job's copy is counted"
+    ]
+
+
+def _over_the_range(hours: float, w: Window, g: _Gpu | None = None) -> list[str]:
     """A note where a GPU's series added up to more than the range by more than a step: not the
-    engines' extrapolation at a step's edges, but the same counter read twice."""
+    engines' extrapolation at a step's edges, but the same counter read twice, or targets that
+    disagree about who held it and none of which is the exporter's own job to keep."""
     if hours <= w.hours + w.step / 3600:
         return []
+    if g is not None and len(g.scrapers) > 1:
+        named = ", ".join(_shown(t) for t in sorted(g.scrapers))
+        return [
+            f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: its targets {named} disagree about "
+            f'who held it, and not one alone is the exporter\'s own job (job=~"{OWN_JOB}") to count; its hours, '
+            "and its holders', are scaled down to the range: report one target with --selector"
+        ]
     return [
         f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one exporter scraped twice under "
         "names no label tells apart (two addresses in one job?); its hours are scaled down to the range"
