@@ -387,7 +387,8 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
     for g in doc["gpus"]:
         assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
                           "price_now_per_hour", "memory_total_bytes", "memory_peak_bytes", "activity_p95",
-                          "activity_signal", "dram_active_p95", "holder", "targets", "left_out_targets", "notes"}  # fmt: skip
+                          "activity_signal", "dram_active_p95", "holder", "targets", "left_out_targets",
+                          "notes"}  # fmt: skip
         assert g["memory_total_bytes"] == 80 * GIB
     for h in doc["holders"]:
         assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "container_engine", "user",
