@@ -83,6 +83,7 @@ class _Gpu:
     instances: set[str] = field(default_factory=set)  # where the GPU was scraped, for a node without a label
     targets: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target that saw it
     scrapers: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every scraper of its series
+    sources: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target of its series
     left_out: dict[tuple[tuple[str, str], ...], float] = field(default_factory=lambda: defaultdict(float))
 
 
@@ -179,6 +180,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, _ in [*results["seen"], *results.get("other_jobs", [])]:
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].scrapers.add(scraper(labels))
+            gpus[key].sources.add(_target_of(labels))
     for labels, v in results.get("disagree", []):  # other jobs' copies that disagree with the own job's
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].left_out[_target_of(labels)] += v
@@ -355,7 +357,7 @@ def _over_the_range(hours: float, w: Window, g: _Gpu | None = None) -> list[str]
     if hours <= w.hours + w.step / 3600:
         return []
     if g is not None and len(g.scrapers) > 1:
-        named = ", ".join(_shown(t) for t in sorted(g.scrapers))
+        named = ", ".join(_shown(t) for t in sorted(g.sources))
         return [
             f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: its targets {named} disagree about "
             f'who held it, and not one alone is the exporter\'s own job (job=~"{OWN_JOB}") to count; its hours, '
