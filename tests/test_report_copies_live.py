@@ -138,6 +138,7 @@ def test_a_forged_copy_from_another_job_takes_nothing_from_the_victim(stores: St
         g = gpus[uuid]
         assert (g["holder"], g["busy_hours"]) == ("pod ml/victim", pytest.approx(2.0, abs=TOLERANCE_H)), g
         assert g["cost"] == pytest.approx(6.0, abs=0.05) and g["gpu_hours"] <= 2.0 + 1e-6
+        assert g["targets"] == ([{"instance": "n1:9445", "job": "gpu-exporter"}])  # the forger's is not counted once
         (left,) = g["left_out_targets"]
         assert {k: v for k, v in left.items() if k != "hours"} == forger
         assert left["hours"] == pytest.approx(2.0, abs=TOLERANCE_H)
@@ -148,6 +149,7 @@ def test_a_forged_copy_from_another_job_takes_nothing_from_the_victim(stores: St
         shown = report(url_of(stores, engine), fmt)
         for named in ("10.1.2.3:8080", "kubernetes-pods", "n1:9445", "disagree"):
             assert named in shown, (fmt, named)
+        assert "GPU 0 on n1, seen through" not in shown  # not "counted once" with the forger's copy
 
 
 @pytest.mark.parametrize("engine", ENGINES)

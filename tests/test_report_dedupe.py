@@ -353,6 +353,7 @@ def test_the_targets_whose_copies_disagree_with_the_own_job_are_named() -> None:
     (g,) = doc["gpus"]
     assert (g["gpu_hours"], g["cost"], g["holder"]) == (100.0, 300.0, "pod ml/train")
     assert g["left_out_targets"] == [{**FORGER, "hours": 100.0}]
+    assert g["targets"] == [OWN_TARGET] and doc["totals"]["merged_gpus"] == 0  # the forger's is no copy of it
     (note,) = g["notes"]
     assert_mentions(note, '{instance="10.1.2.3:8080", job="kubernetes-pods"} (100 h)', "disagree",
                     'the exporter\'s own job, {instance="n1:9445", job="gpu-exporter"}', "left out")  # fmt: skip

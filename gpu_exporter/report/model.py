@@ -185,6 +185,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].left_out[_target_of(labels)] += v
     for g in gpus.values():
+        # A target whose copies were left out (they disagree with the own job's) is not one counted once.
+        g.targets -= set(_disagreeing(g, w))
         # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
         g.node = g.node or min(g.instances, default="")
 
@@ -200,6 +202,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
 
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
+    names = Counter(h.name for h in holders)  # to tell apart holders of one name (a container's engines)
     jobs: dict[Holder, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
     for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, gpu_order(kg[1].gpu), kg[1].uuid)):
         hours = sum(g.hours.values())
@@ -215,7 +218,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         # Each pipe's activity where the GPU has GPM (a pipe it does not report stays unknown).
         pipes = ({p: g.signals[f"{p}_active"] for p in PIPES if f"{p}_active" in g.signals}
                  if "sm_active" in g.signals else None)  # fmt: skip
-        usage = Usage(g.node, g.gpu, g.uuid, g.model, top.name, _most(now, g.idle_holders).name, g.hours[BUSY],
+        usage = Usage(g.node, g.gpu, g.uuid, g.model, _told_apart(top, names),
+                      _told_apart(_most(now, g.idle_holders), names), g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
                       g.mig_mode, pipes, g.signals.get("nvlink_tx"))  # fmt: skip
@@ -227,7 +231,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "memory_total_bytes": g.memory_total, "memory_peak_bytes": g.memory_peak,
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
-            "holder": top.name, "targets": [dict(t) for t in sorted(g.targets)],
+            "holder": _told_apart(top, names), "targets": [dict(t) for t in sorted(g.targets)],
             "left_out_targets": [{**dict(t), "hours": _h(h)} for t, h in sorted(_disagreeing(g, w).items())],
             "notes": [*_disagree(g, w), *_over_the_range(total[key], w, g), *sizer.notes(usage)],
         })  # fmt: skip
@@ -251,7 +255,6 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
                                         gpu_order(r["gpu"])))  # fmt: skip
 
     holder_rows: list[dict[str, Any]] = []
-    names = Counter(h.name for h in holders)
     for h, acc in holders.items():
         held_gpus = acc["gpus"].values()
         unpriced = [x for x in held_gpus if not x.priced]
