@@ -29,10 +29,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpu_exporter.report.queries import LAG
 from tests.prometheus_helpers import Prometheus, VictoriaMetrics, prometheus, victoria_metrics
 
 pytestmark = pytest.mark.integration
@@ -54,12 +56,13 @@ def _labels(d: dict[str, str]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in d.items())
 
 
-def history() -> str:
+def history(t0: int = T0, end: int = END, step: int = STEP, forgery_only: bool = False) -> str:
+    """OpenMetrics text of the samples from ``t0`` to ``end``, one every ``step`` seconds."""
     lines: list[str] = []
 
     def series(labels: dict[str, str], counted: Any, *, down: bool = True, price: float | None = None) -> None:
-        for k in range(3 * HOUR // STEP + 1):
-            t = T0 + k * STEP
+        for k in range((end - t0) // step + 1):
+            t = t0 + k * step
             lines.append(f"gpu_state_seconds_total{{{_labels(labels)}}} {counted(t)} {t}\n")
             target = {k: v for k, v in labels.items() if k in ("job", "instance", "node", "gpu", "uuid")}
             if down:
@@ -68,12 +71,14 @@ def history() -> str:
                 lines.append(f"gpu_price_per_hour{{{_labels({**target, 'currency': 'USD'})}}} {price} {t}\n")
 
     def always(t: int) -> float:
-        return float(t - T0)
+        return float(t - t0)
 
     for gpu, forged_down in (("0", True), ("1", False)):
         gpu_labels = {"node": "n1", "gpu": gpu, "uuid": f"GPU-victim{gpu}"}
         series({**OWN, **gpu_labels, **VICTIM, "state": "busy"}, always, price=3.0)
         series({**FORGER, **gpu_labels, **EVIL, "state": "busy"}, always, down=forged_down)
+    if forgery_only:
+        return "".join(lines) + "# EOF\n"
     honest = {"node": "n2", "gpu": "0", "uuid": "GPU-honest"}
     for job in ("gpu-exporter", "federate"):
         series({"job": job, "instance": "n2:9445", **honest, **VICTIM, "state": "busy"}, always, price=3.0)
@@ -178,3 +183,50 @@ def test_a_rootless_container_and_the_system_engines_of_one_id_are_two_holders(s
     assert system["cost"] == pytest.approx(2.0, abs=0.05) and rootless["cost"] == pytest.approx(2.0, abs=0.05)
     assert rootless["wasted_cost"] == pytest.approx(2.0, abs=0.05)
     assert rootless["holder"] == f"container {CID[:12]} (docker@1000)"
+
+
+# -- the recorded path (alerts/gpu-report.rules.yml): a day of hourly series ---------------------------------
+RULES = Path(__file__).resolve().parent.parent / "alerts" / "gpu-report.rules.yml"
+R_STEP = 1200  # a sample every 20 minutes: the raw path steps by an hour too, as the recorded one does
+R_END = math.floor(time.time() / HOUR) * HOUR - 3 * HOUR  # its hours recorded before now
+R_START = R_END - 24 * HOUR
+R_T0 = R_START - 2 * HOUR
+
+
+def promtool(*args: str) -> None:
+    binary = shutil.which("promtool")
+    assert binary, "promtool is missing: apt-get install prometheus (bash .ci/setup does it)"
+    out = subprocess.run([binary, *args], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def recorded_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """The forgery over a day, and the recording rules evaluated on it and backfilled next to it."""
+    tmp = tmp_path_factory.mktemp("copies-recorded")
+    (tmp / "history.om").write_text(history(R_T0, R_END, R_STEP, forgery_only=True))
+    promtool("tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "prom" / "data"))
+    with prometheus([], tmp / "prom") as prom:
+        promtool("tsdb", "create-blocks-from", "rules", f"--url={prom.url}", f"--start={R_START}",
+                 f"--end={R_END + LAG}", f"--output-dir={tmp / 'rules'}", str(RULES))  # fmt: skip
+    for block in (tmp / "rules").iterdir():
+        shutil.move(str(block), tmp / "prom" / "data" / block.name)
+    with prometheus([], tmp / "prom") as prom:
+        yield prom
+
+
+@pytest.mark.parametrize("mode", ["yes", "no"])
+def test_the_recorded_hours_keep_the_victims_too(recorded_store: Prometheus, mode: str) -> None:
+    """Read from the hourly recorded series (``yes``) as from the raw ones (``no``): each GPU's 24 h and
+    72.00 are the victim's, none the forger's, and the forger's target is named."""
+    out = subprocess.run([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", recorded_store.url,
+                          "--quiet", "--start", str(R_START), "--end", str(R_END), "--format", "json",
+                          "--prometheus.recorded", mode], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    (victim,) = doc["holders"]
+    assert (victim["holder"], victim["gpus"]) == ("pod ml/victim", 2)
+    assert victim["gpu_hours"] == pytest.approx(48.0, abs=1e-6) and victim["cost"] == pytest.approx(144.0, abs=1e-4)
+    for g in doc["gpus"]:
+        assert [{k: v for k, v in t.items() if k != "hours"} for t in g["left_out_targets"]] == [
+            {"instance": FORGER["instance"], "job": FORGER["job"]}], g  # fmt: skip
