@@ -73,3 +73,25 @@ def test_a_name_no_other_holder_has_is_shown_as_the_exporter_writes_it() -> None
     r["hours"] = [({**GPU, **ROOTLESS.labels(), "state": "busy"}, 10.0)]
     (row,) = build(W, r, load_catalogue())["holders"]
     assert (row["holder"], row["container_engine"]) == (ROOTLESS.name, "docker@1000")
+
+
+def test_the_charges_keep_the_two_containers_apart_with_their_engines() -> None:
+    """CSV and FOCUS rows carry the engine too: without it, the two containers' rows read the same."""
+    import csv
+    import io
+    import json
+
+    from gpu_exporter.report.cost import Part
+    from gpu_exporter.report.csv_export import as_csv
+    from gpu_exporter.report.focus import as_focus
+
+    r = empty()
+    r["hours"] = [({**GPU, **SYSTEM.labels(), "state": "busy"}, 60.0),
+                  ({**GPU, **ROOTLESS.labels(), "state": "allocated_idle"}, 40.0)]  # fmt: skip
+    r["prices"] = [({**GPU, "currency": "USD"}, steps(W, 2.0))]
+    doc = build(W, r, load_catalogue())
+    rows = [x for x in csv.DictReader(io.StringIO(as_csv([Part(W, r)], doc))) if x["holder_kind"] == "container"]
+    assert {(x["container_engine"], x["state"], x["hours"], x["cost"]) for x in rows} == {
+        ("docker", "busy", "60.0", "120.0000"), ("docker@1000", "allocated_idle", "40.0", "80.0000")}  # fmt: skip
+    focus = [x for x in csv.DictReader(io.StringIO(as_focus([Part(W, r)], doc))) if x["x_HolderKind"] == "container"]
+    assert {json.loads(x["Tags"])["container_engine"] for x in focus} == {"docker", "docker@1000"}
