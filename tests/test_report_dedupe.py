@@ -411,3 +411,23 @@ def test_other_jobs_are_read_apart_from_the_exporters_own() -> None:
         assert q.expr.startswith("sum without (namespace, pod, container, hpc_job, user,"), q.expr
         assert " unless on (node, gpu, uuid, namespace," in q.expr and " and on (node, gpu, uuid) " in q.expr
         assert q.expr.count(f'job!~"{OWN_JOB}"') == 1 and q.expr.count(f'job=~"{OWN_JOB}"') == 2
+
+
+def test_one_jobs_targets_that_add_up_past_the_range_are_named() -> None:
+    """A job that scrapes the exporter and a pod that copies its GPU's labels (one ``kubernetes-pods``
+    job for both): one scraper at two addresses whose hours overlap, not an exporter that moved (whose
+    addresses follow each other).  The report cannot tell them apart, scales the hours down as before,
+    and names both targets."""
+    r = empty()
+    gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-a"}
+    pods = [
+        {"job": "kubernetes-pods", "instance": "10.0.0.1:9445"},
+        {"job": "kubernetes-pods", "instance": FORGER["instance"]},
+    ]
+    r["other_jobs"] = [({**gpu, **t}, float(W.points)) for t in pods]
+    r["hours"] += [({**gpu, **POD, "state": "busy"}, 100.0), ({**gpu, "namespace": "x", "pod": "y", "state": "busy"},
+                                                                100.0)]  # fmt: skip
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    (note,) = g["notes"]
+    assert_mentions(note, "200 h", '{instance="10.0.0.1:9445", job="kubernetes-pods"}, '
+                    '{instance="10.1.2.3:8080", job="kubernetes-pods"} at once', "a job of its own")  # fmt: skip

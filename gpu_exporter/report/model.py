@@ -366,6 +366,13 @@ def _over_the_range(hours: float, w: Window, g: _Gpu | None = None) -> list[str]
             f'who held it, and not one alone is the exporter\'s own job (job=~"{OWN_JOB}") to count; its hours, '
             "and its holders', are scaled down to the range: report one target with --selector"
         ]
+    if g is not None and len(g.sources) > 1:  # one job's targets at once, not one after the other (a move)
+        named = ", ".join(_shown(t) for t in sorted(g.sources))
+        return [
+            f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one job read it from {named} at "
+            "once, one exporter at two addresses or a copy with its labels that disagrees about who held it; its "
+            "hours, and its holders', are scaled down to the range: scrape the exporter in a job of its own"
+        ]
     return [
         f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one exporter scraped twice under "
         "names no label tells apart (two addresses in one job?); its hours are scaled down to the range"
