@@ -200,7 +200,7 @@ _PCIE_TOTAL_DOC = (
 _PCIE_RATE_DOC = (
     "From the byte counters (R550 and newer, checked against the driver's sample at every static refresh); "
     "the driver's 20 ms sample (nvmlDeviceGetPcieThroughput, KB/s x 1024) on R535, GeForce cards, on the "
-    'first poll, and while a counter that may be 32 bits wide disagrees with it (then taken every poll_slow_interval, '
+    "first poll, and while a counter that may be 32 bits wide disagrees with it (then taken every poll_slow_interval, "
     '30 s).  See "PCIe throughput" '
     "below."
 )

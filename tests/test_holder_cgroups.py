@@ -171,3 +171,39 @@ def test_the_real_proc_is_read() -> None:
     facts = cgroups.read(os.getpid())
     assert facts.visible
     assert cgroups.parse(Path(f"/proc/{os.getpid()}/cgroup").read_text()) == facts
+
+
+# Every v1 controller a 6.x kernel has, each a hierarchy of its own on a v1 host (issue 50 item 6b).
+ALL_V1 = ("cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "net_cls", "perf_event", "net_prio",
+          "hugetlb", "pids", "rdma", "misc", "debug")  # fmt: skip
+
+
+def test_a_deep_path_in_every_hierarchy_of_a_v1_host_is_read_whole(tmp_path: Path) -> None:
+    """A user nests cgroups as deep as the kernel shows (a path just under PATH_MAX: 16 levels, 4 KB)
+    in each of a v1 host's 15 controller hierarchies and systemd's; its container is named in the
+    unified hierarchy, which the kernel lists last.  The file is 66 KB of 17 lines: the 64 KiB bound
+    cut the last one, and the container was not attributed.  (15 levels of 3.9 KB in 15 hierarchies
+    are 59 KB, which fit.)  Every hierarchy a host can have, each at the longest path, fits."""
+    longest = ("/user.slice/user-1000.slice/session-1.scope/" + "/".join(["n" * 254] * 17))[: cgroups.PATH_MAX - 1]
+    lines = [f"{len(ALL_V1) + 1 - i}:{c}:{longest}" for i, c in enumerate(ALL_V1)]
+    lines += [f"1:name=systemd:{longest}", f"0::/system.slice/docker-{ID}.scope"]
+    text = "\n".join(lines) + "\n"
+    assert len(text) > 64 * 1024
+    layout(tmp_path, 20, text)
+    facts = cgroups.read(20, str(tmp_path))
+    assert (facts.engine, facts.container_id) == ("docker", ID)
+    lines = [f"{n}:c{n}:{longest}" for n in range(cgroups.MAX_HIERARCHIES, 1, -1)] + [f"1::/docker/{ID}"]
+    layout(tmp_path, 21, "\n".join(lines) + "\n")
+    assert cgroups.read(21, str(tmp_path)).container_id == ID
+
+
+def test_a_line_cut_at_the_read_bound_is_left_out(tmp_path: Path) -> None:
+    """Past the bound (only root can mount that many hierarchies) the file is read up to it; the line
+    it cuts is left out, never read as a shorter path (here, one whose cut falls after a container's
+    ID, inside the next component)."""
+    head = "1:memory:/" + "x" * (cgroups.MAX_BYTES - 100) + "\n"
+    cut = f"0::/docker/{ID}/" + "y" * 200 + "\n"
+    layout(tmp_path, 22, head + cut)
+    assert len(head) + len(f"0::/docker/{ID}/") < cgroups.MAX_BYTES < len(head + cut)
+    facts = cgroups.read(22, str(tmp_path))
+    assert facts.visible and facts.container_id is None

@@ -130,7 +130,7 @@ def test_names_that_tenants_choose_never_run_as_formulas_and_survive_quotes_and_
     pods = {(x["namespace"], x["pod"]) for x in out if x["pod"]}
     assert pods == {("'-2+3", "'" + hostile_a["pod"]), ("'@SUM(A1)", hostile_b["pod"])}
     text_columns = ("node", "gpu", "uuid", "model", "holder_kind", "holder", "namespace", "pod", "hpc_job",
-                    "container", "user")  # fmt: skip
+                    "container", "container_engine", "user")  # fmt: skip
     assert not [x for x in out for c in text_columns if x[c][:1] in ("=", "+", "-", "@", "\t", "\r")]
 
 

@@ -292,7 +292,9 @@ def test_the_hours_take_each_steps_largest_copy_never_the_sum_of_copies() -> Non
         assert with_uuid - {"currency"} == exported | {"node", "gpu", "uuid"}, expr
         assert without_uuid - {"currency"} == exported | {"node", "instance", "gpu"}, expr
         sums = [labels for op, without, labels in found if op == "sum" and without and labels == {"instance"}]
-        assert len(sums) == 1, expr  # sum without (instance): the exporter that moved
+        # sum without (instance): the exporter that moved; once for the exporter's own job's series, once
+        # for other jobs' (counted only where the own job did not see the GPU: queries.foreign)
+        assert len(sums) == 2, expr
         assert "job" not in with_uuid | without_uuid
 
 
@@ -329,3 +331,103 @@ def test_the_gpus_seen_are_asked_per_target() -> None:
 
     seen = {q.key: q.expr for q in queries(window_for(END - 86400, END, 15), "")}["seen"]
     assert seen.startswith(f"max without ({EXPORTED}) (count_over_time(")
+
+
+# -- copies that disagree (issue 48 item 4) -----------------------------------------------------------------
+OWN_TARGET = {"job": "gpu-exporter", "instance": "n1:9445"}
+FORGER = {"job": "kubernetes-pods", "instance": "10.1.2.3:8080"}
+
+
+def test_the_targets_whose_copies_disagree_with_the_own_job_are_named() -> None:
+    """The store left out another job's copies that gave the GPU holders the exporter's own job did not
+    report (``queries.disagreeing`` says how many hours, per target): the GPU keeps the own job's hours
+    and cost, and every format names both targets.  A target's few seconds at a holder's first step (less
+    than a step) are not named."""
+    r = empty()
+    gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-a"}
+    seen_by(r, gpu, OWN_TARGET, FORGER)
+    r["hours"].append(({**gpu, **POD, "state": "busy"}, 100.0))
+    r["prices"].append(({**gpu, **OWN_TARGET, "currency": "USD"}, steps(3.0)))
+    r["disagree"] = [({**gpu, **FORGER}, 100.0), ({**gpu, "job": "federate", "instance": "n1:9445"}, W.step / 3600)]
+    doc = build(W, r, CATALOGUE)
+    (g,) = doc["gpus"]
+    assert (g["gpu_hours"], g["cost"], g["holder"]) == (100.0, 300.0, "pod ml/train")
+    assert g["left_out_targets"] == [{**FORGER, "hours": 100.0}]
+    assert g["targets"] == [OWN_TARGET] and doc["totals"]["merged_gpus"] == 0  # the forger's is no copy of it
+    (note,) = g["notes"]
+    assert_mentions(note, '{instance="10.1.2.3:8080", job="kubernetes-pods"} (100 h)', "disagree",
+                    'the exporter\'s own job, {instance="n1:9445", job="gpu-exporter"}', "left out")  # fmt: skip
+    assert "federate" not in note and "scraped twice" not in note
+    table, markdown, html = as_table(doc), as_markdown(doc), as_html(doc)
+    assert 'job="kubernetes-pods"' in table and r'job="kubernetes-pods"' in markdown
+    assert "job=&quot;kubernetes-pods&quot;" in html and "job=&quot;gpu-exporter&quot;" in html
+
+
+def test_targets_that_disagree_with_no_own_job_among_them_are_named_not_one_exporter_twice() -> None:
+    """Two jobs, neither the exporter's own, whose copies add up to 200 h in 100 h: the report cannot
+    tell which is right, scales the hours down as before, and says that these targets disagree (not
+    that one exporter was scraped twice under names no label tells apart)."""
+    r = empty()
+    gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-a"}
+    seen_by(r, gpu, JOB_A)
+    r["other_jobs"] = [({**gpu, **JOB_B}, float(W.points))]  # a copy without the "down" series
+    r["hours"] += [({**gpu, **POD, "state": "busy"}, 100.0), ({**gpu, "namespace": "x", "pod": "y", "state": "busy"},
+                                                                100.0)]  # fmt: skip
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    assert g["gpu_hours"] == 100.0
+    (note,) = g["notes"]
+    assert_mentions(note, "200 h", '{instance="n1:9445", job="a"}, {instance="n1:9445", job="b"} disagree',
+                    'job=~".*gpu-exporter.*"', "--selector")  # fmt: skip
+    assert "scraped twice" not in note
+
+
+def test_another_jobs_copy_without_the_down_series_turns_on_counting_once() -> None:
+    """A forged copy need not write the "down" series that "seen" reads: the other jobs' state series
+    (``other_jobs``) count as a scraper of the GPU too."""
+    from gpu_exporter.report.cost import seen_twice
+
+    r = empty()
+    gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-0"}
+    seen_by(r, gpu, OWN_TARGET)
+    assert not seen_twice(r)
+    r["other_jobs"] = [({**gpu, **FORGER}, float(W.points))]
+    assert seen_twice(r)
+
+
+def test_other_jobs_are_read_apart_from_the_exporters_own() -> None:
+    """``other_jobs`` reads only other jobs' state series (a store that scrapes only the own job reads
+    nothing); ``disagreeing`` sums, per GPU and target, the other jobs' increases of series the own job
+    had no sample of at a step it saw the GPU, raw and recorded."""
+    from gpu_exporter.report.queries import OWN_JOB, disagreeing, other_jobs, recorded_window
+
+    w = window_for(END - 7 * 86400, END, 15)
+    recorded = recorded_window(END - 7 * 86400, END)
+    assert recorded is not None
+    for q in (other_jobs(w, ""), other_jobs(recorded, "", True)):
+        pp.parse(q.expr)
+        assert q.expr.count(f'job!~"{OWN_JOB}"') == 1 and f'job=~"{OWN_JOB}"' not in q.expr, q.expr
+    for q in (disagreeing(w, ""), disagreeing(recorded, "", True)):
+        pp.parse(q.expr)
+        assert q.expr.startswith("sum without (namespace, pod, container, hpc_job, user,"), q.expr
+        assert " unless on (node, gpu, uuid, namespace," in q.expr and " and on (node, gpu, uuid) " in q.expr
+        assert q.expr.count(f'job!~"{OWN_JOB}"') == 1 and q.expr.count(f'job=~"{OWN_JOB}"') == 2
+
+
+def test_one_jobs_targets_that_add_up_past_the_range_are_named() -> None:
+    """A job that scrapes the exporter and a pod that copies its GPU's labels (one ``kubernetes-pods``
+    job for both): one scraper at two addresses whose hours overlap, not an exporter that moved (whose
+    addresses follow each other).  The report cannot tell them apart, scales the hours down as before,
+    and names both targets."""
+    r = empty()
+    gpu = {"node": "n1", "gpu": "0", "uuid": "GPU-a"}
+    pods = [
+        {"job": "kubernetes-pods", "instance": "10.0.0.1:9445"},
+        {"job": "kubernetes-pods", "instance": FORGER["instance"]},
+    ]
+    r["other_jobs"] = [({**gpu, **t}, float(W.points)) for t in pods]
+    r["hours"] += [({**gpu, **POD, "state": "busy"}, 100.0), ({**gpu, "namespace": "x", "pod": "y", "state": "busy"},
+                                                                100.0)]  # fmt: skip
+    (g,) = build(W, r, CATALOGUE)["gpus"]
+    (note,) = g["notes"]
+    assert_mentions(note, "200 h", '{instance="10.0.0.1:9445", job="kubernetes-pods"}, '
+                    '{instance="10.1.2.3:8080", job="kubernetes-pods"} at once', "a job of its own")  # fmt: skip

@@ -387,11 +387,13 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
     for g in doc["gpus"]:
         assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
                           "price_now_per_hour", "memory_total_bytes", "memory_peak_bytes", "activity_p95",
-                          "activity_signal", "dram_active_p95", "holder", "targets", "notes"}  # fmt: skip
+                          "activity_signal", "dram_active_p95", "holder", "targets", "left_out_targets",
+                          "notes"}  # fmt: skip
         assert g["memory_total_bytes"] == 80 * GIB
     for h in doc["holders"]:
-        assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "user", "gpus", "gpu_hours",
-                          "busy_hours", "allocated_idle_hours", "cost", "wasted_cost", "unpriced_hours"}  # fmt: skip
+        assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "container_engine", "user",
+                          "gpus", "gpu_hours", "busy_hours", "allocated_idle_hours", "cost", "wasted_cost",
+                          "unpriced_hours"}  # fmt: skip
     (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
     assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "gpus", "kind", "suggested", "reason",
                         "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source", "seen_hours",

@@ -22,6 +22,7 @@ from gpu_exporter.report.queries import (
     EXPORTED,
     MAX_POINTS,
     MIN_STEP,
+    OWN_JOB,
     PROBES,
     RangeError,
     SelectorError,
@@ -94,7 +95,9 @@ def test_no_selector_reads_the_whole_fleet(selector: str | None) -> None:
     assert selector_matchers(selector) == ""
     for expr in every_query(selector_matchers(selector)):
         for v in selectors(pp.parse(expr)):
-            assert {m[0] for m in matchers_of(v)} <= {"state", "uuid", "currency", "__name__"}, expr
+            assert {m[0] for m in matchers_of(v)} <= {"state", "uuid", "currency", "__name__", "job"}, expr
+            # A job only to tell the exporter's own job's copies of a GPU from other jobs' (queries.foreign).
+            assert {m for m in matchers_of(v) if m[0] == "job"} <= {("job", "Re", OWN_JOB), ("job", "NotRe", OWN_JOB)}
 
 
 def test_the_report_reads_only_metrics_gpu_exporter_exports() -> None:
@@ -207,7 +210,8 @@ def test_the_queries_avoid_what_the_engines_read_differently() -> None:
     for expr in every_query(""):
         tree = pp.parse(expr)
         for node in walk(tree):
-            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or") and _split_by_uuid(node):
+            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or") and (_split_by_uuid(node)
+                                                                                   or _split_by_job(node)):  # fmt: skip
                 assert node.modifier is None or not getattr(node.modifier, "labels", None), expr
             elif isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or"):
                 for side in (node.lhs, node.rhs):
@@ -239,6 +243,20 @@ def _split_by_uuid(node: Any) -> bool:
         and all(("uuid", "NotEqual", "") in matchers_of(v) for v in selectors(node.lhs))
         and all(("uuid", "Equal", "") in matchers_of(v) for v in selectors(node.rhs))
     )
+
+
+def _split_by_job(node: Any) -> bool:
+    """An ``or`` of the exporter's own job's series (left) and other jobs' (right, ``queries.foreign``):
+    every selector on the left reads ``job=~OWN_JOB``, every one on the right that is not the presence
+    test of ``unless`` reads ``job!~OWN_JOB``: their label sets never match."""
+    right = node.rhs
+    while isinstance(right, pp.ParenExpr):
+        right = right.expr
+    return (
+        all(("job", "Re", OWN_JOB) in matchers_of(v) for v in selectors(node.lhs))
+        and isinstance(right, pp.BinaryExpr) and str(right.op).endswith("unless")
+        and all(("job", "NotRe", OWN_JOB) in matchers_of(v) for v in selectors(right.lhs))
+    )  # fmt: skip
 
 
 def walk(e: Any) -> Iterator[Any]:
@@ -378,22 +396,24 @@ def test_the_queries_word_for_word() -> None:
                      '"signal", "nvlink_tx", "", "")) and on (job, instance, gpu, uuid) (stddev_over_time('
                      f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0)){sub}))'),
         "holders_now": ("holders now", "instant",
-                        "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, "
-                        "user) (stddev_over_time("
+                        "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, "
+                        "container_name, user) (stddev_over_time("
                         f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > bool 0)'),
     }  # fmt: skip
     got = {q.key: (q.what, q.kind, q.expr) for q in queries(w, n2)}
     assert got == expected
     assert all(q.at is None for q in queries(w, n2))
     assert hours(w, n2).expr == (
-        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
+        "user, state) "
         "(sum_over_time(("
         f"increase(gpu_state_seconds_total{{{n2}}}[840s] offset 257s)){sub})) / 3600"
     )
     cost = exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD")
     assert (cost.key, cost.what, cost.kind, cost.at) == ("cost", "cost of GPUs whose price changed", "instant", None)
     assert cost.expr == (
-        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state, "
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
+        "user, state, "
         "currency) (sum_over_time((increase("
         f'gpu_state_seconds_total{{{n2}, uuid=~"GPU-1|GPU-2"}}[840s] offset 257s) * on (job, instance, gpu, uuid) '
         "group_left (currency) max by (job, instance, gpu, uuid, currency) (last_over_time(gpu_price_per_hour"
@@ -404,20 +424,26 @@ def test_the_queries_word_for_word() -> None:
     assert line.expr == f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"
     # Where some GPU was seen through two scrapers (cost.seen_twice), each step's increase is counted once
     # (queries.once): the instances one scraper saw a GPU at added up, the copies of other scrapers (job,
-    # a replica label) the largest; a GPU without a uuid once per target.
+    # a replica label) the largest; a GPU without a uuid once per target.  Other jobs' copies of a GPU count
+    # only at steps where the exporter's own job did not see it (its "down" series had no sample).
     assert EXPORTED == ("namespace, pod, container, hpc_job, user, slurm_account, slurm_partition, container_engine, "
                         "container_id, container_name, state")  # fmt: skip
 
-    def once(each: str, keep: str = "") -> str:
-        with_uuid, without = each.format(u='uuid!=""'), each.format(u='uuid=""')
-        return (f"max by (node, gpu, uuid, {EXPORTED}{keep}) (sum without (instance) ({with_uuid})) or max by "
+    own, other = f'uuid!="", job=~"{OWN_JOB}"', f'uuid!="", job!~"{OWN_JOB}"'
+
+    def once(each: str, keep: str = "", off: str = " offset 257s") -> str:
+        mine, theirs, without = each.format(u=own), each.format(u=other), each.format(u='uuid=""')
+        saw = f'last_over_time(gpu_state_seconds_total{{{n2}, {own}, state="down"}}[840s]{off})'
+        return (f"max by (node, gpu, uuid, {EXPORTED}{keep}) (sum without (instance) ({mine}) or (sum without "
+                f"(instance) ({theirs}) unless on (node, gpu, uuid) {saw})) or max by "
                 f"(node, instance, gpu, {EXPORTED}{keep}) ({without})")  # fmt: skip
 
     assert timeline(w, n2, copies=True).expr == (
-        f"sum by (state) ({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s])')}) / 3600"
+        f"sum by (state) ({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s])', off='')}) / 3600"
     )
     assert hours(w, n2, copies=True).expr == (
-        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
+        "user, state) "
         f"(sum_over_time(({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s] offset 257s)')}){sub})) "
         "/ 3600"
     )
@@ -427,7 +453,8 @@ def test_the_queries_word_for_word() -> None:
         f'(last_over_time(gpu_price_per_hour{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}, currency="USD"}}}}{tile})'
     )
     assert exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD", copies=True).expr == (
-        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state, "
+        "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
+        "user, state, "
         f"currency) (sum_over_time(({once(priced, ', currency')}){sub})) / 3600"
     )
     # Each GPU once, however many targets saw it: a GPU with a uuid once on its node, one without per target.

@@ -59,7 +59,10 @@ def test_a_recorded_query_reads_each_hour_from_the_sample_recorded_after_it() ->
     assert q.at == h + queries.LAG
     assert 'sum_over_time(gpu:report_state_seconds:hour{cluster="eu"}[172800s] offset 1ms)' in q.expr
     twice = queries.hours(w, "", copies=True, recorded=True)  # each hour's copies compared: step by step
-    assert '(last_over_time(gpu:report_state_seconds:hour{uuid!=""}[1h] offset 1ms))' in twice.expr
+    own = f'uuid!="", job=~"{queries.OWN_JOB}"'
+    assert f"(last_over_time(gpu:report_state_seconds:hour{{{own}}}[1h] offset 1ms))" in twice.expr
+    # Other jobs' copies only at hours the exporter's own job did not see the GPU (its "down" figure).
+    assert f'unless on (node, gpu, uuid) last_over_time(gpu:report_down:hour{{{own}, state="down"}}[1h]' in twice.expr
     t = queries.timeline(w, "", recorded=True)
     assert t.kind == "range" and t.shift == queries.LAG
 
@@ -116,7 +119,7 @@ def test_the_recorded_queries_word_for_word() -> None:
     w = queries.Window(h - 48 * HOUR, h, HOUR)
     n2 = 'node="n2"'
     gpu = "node, instance, gpu, uuid"
-    holder = f"{gpu}, namespace, pod, hpc_job, container_id, container_name, user"
+    holder = f"{gpu}, namespace, pod, hpc_job, container_engine, container_id, container_name, user"
     span = "[172800s] offset 1ms"
     hour = "[1h] offset 1ms"
     at = h + queries.LAG
@@ -175,16 +178,17 @@ def test_the_recorded_queries_word_for_word() -> None:
     # Where a GPU was seen through two scrapers, each hour's copies are compared: hour by hour.
     twice = queries.hours(w, n2, copies=True, recorded=True)
     assert twice.at == at and twice.expr.endswith(")[172799999ms:3600s])) / 3600")
-    assert f'sum without (instance) (last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid!=""}}{hour}))' \
+    own = f'uuid!="", job=~"{queries.OWN_JOB}"'
+    assert f"sum without (instance) (last_over_time(gpu:report_state_seconds:hour{{{n2}, {own}}}{hour}))" \
         in twice.expr  # fmt: skip
     assert f'(last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid=""}}{hour}))' in twice.expr
     # The same where the GPUs' prices changed and where the timeline is asked: each copy's own hours
     # and prices, compared hour by hour.
     priced = queries.exact_cost(w, n2, ["GPU-1"], "USD", copies=True, recorded=True).expr
-    for u in ('uuid!=""', 'uuid=""'):
+    for u in (own, f'uuid!="", job!~"{queries.OWN_JOB}"', 'uuid=""'):  # the own job's, other jobs', no uuid
         assert f'last_over_time(gpu:report_state_seconds:hour{{{n2}, uuid=~"GPU-1", {u}}}{hour})' in priced
         assert f'gpu:report_price_per_hour:hour{{{n2}, uuid=~"GPU-1", {u}, currency="USD"}}{hour}' in priced
     both = queries.timeline(w, n2, copies=True, recorded=True)
     assert both.shift == queries.LAG and both.expr.startswith("sum by (state) (max by (node, gpu, uuid, ")
-    for u in ('uuid!=""', 'uuid=""'):
+    for u in (own, f'uuid!="", job!~"{queries.OWN_JOB}"', 'uuid=""'):
         assert f"last_over_time(gpu:report_state_seconds:hour{{{n2}, {u}}}{hour})" in both.expr

@@ -54,7 +54,16 @@ from dataclasses import dataclass
 
 from .. import untrusted
 
-MAX_BYTES = 64 * 1024  # a process in every v1 hierarchy of a deep tree stays far below this
+# The read bound.  The kernel writes the file, one line per hierarchy, and refuses to show a path of
+# PATH_MAX (4096) bytes or more (proc_cgroup_show: ENAMETOOLONG), so a user nesting cgroups in a
+# delegated subtree makes each line at most about 4 KB.  A v1 host has up to 16 controllers' hierarchies,
+# systemd's named one and the unified one: 64 KiB cut such a file short (15 controllers at 3.9 KB
+# each, the unified line last, was cut off, and a container named only there was not attributed).
+# Room for 32 hierarchies of the longest paths: only root can mount more, and a longer file is read
+# up to here, its cut last line left out.
+PATH_MAX = 4096
+MAX_HIERARCHIES = 32
+MAX_BYTES = MAX_HIERARCHIES * (PATH_MAX + 64)
 
 # Anchored at the top of the path (after any /.. of another cgroup namespace): only root makes a
 # cgroup there, so nobody below it (a user's delegated subtree, a container) can forge one.  A /..
@@ -153,4 +162,6 @@ def read(pid: int, proc_root: str = "/proc") -> CgroupFacts:
         return CgroupFacts(False)
     if not raw:  # a process that exited between open and read shows an empty file
         return CgroupFacts(False)
+    if len(raw) == MAX_BYTES and not raw.endswith(b"\n"):
+        raw = raw[: raw.rfind(b"\n") + 1]  # cut at the bound: its last line is not whole
     return parse(untrusted.text(raw))

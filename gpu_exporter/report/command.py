@@ -35,8 +35,10 @@ from .queries import (
     SelectorError,
     Window,
     anywhere,
+    disagreeing,
     exact_cost,
     hours,
+    other_jobs,
     presence,
     probe,
     queries,
@@ -291,7 +293,7 @@ class Progress:
 
 # The answers that plan the rest: where prices changed, which GPUs need every step's, and whether a GPU
 # was seen through two scrapers.
-PLANNED_FROM = frozenset({"prices", "priced_steps", "seen"})
+PLANNED_FROM = frozenset({"prices", "priced_steps", "seen", "other_jobs"})
 
 
 def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress,
@@ -328,6 +330,8 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
                 if p.exact:
                     assert picked is not None
                     more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked, copies, recorded))
+                if copies and results["other_jobs"]:  # other jobs' copies: which disagree, to name them
+                    more.append(disagreeing(w, matchers, recorded))
                 progress.total += len(more) - 2  # the hours and the timeline were counted from the start
                 pending.update({pool.submit(one, x): x for x in more})
     return results
@@ -351,7 +355,8 @@ def _count(rows: list[tuple[dict[str, str], float]], window: str) -> float | Non
 
 def _asked(r: Read, matchers: str, last: bool) -> list[Query]:
     """What a part of the range is asked: who holds each GPU now only of the last part."""
-    qs = recorded_queries(r.w, matchers) if r.recorded else queries(r.w, matchers)
+    qs = [*(recorded_queries(r.w, matchers) if r.recorded else queries(r.w, matchers)),
+          other_jobs(r.w, matchers, r.recorded)]  # fmt: skip
     return qs if last else [q for q in qs if q.key != "holders_now"]
 
 

@@ -43,9 +43,15 @@ def seen_twice(results: Results) -> bool:
     scraper's, whose series the hours add up as they are).  Only then are the hours counted once step by
     step (``queries.once``), which costs the store about as much again."""
     scrapers: dict[GpuKey, set[tuple[tuple[str, str], ...]]] = defaultdict(set)
-    for labels, _ in results["seen"]:
-        scrapers[gpu_key(labels)].add(tuple(sorted((k, v) for k, v in labels.items() if k not in _NOT_SCRAPER)))
+    # Another job's copies of a GPU's state series, a forged one's too (it need not write the "down" series).
+    for labels, _ in [*results["seen"], *results.get("other_jobs", [])]:
+        scrapers[gpu_key(labels)].add(scraper(labels))
     return any(len(s) > 1 for s in scrapers.values())
+
+
+def scraper(labels: Labels) -> tuple[tuple[str, str], ...]:
+    """What tells a GPU's scrapers apart: every label a scraper attaches but the instance."""
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in _NOT_SCRAPER))
 
 
 _NOT_SCRAPER = frozenset({"node", "gpu", "uuid", "instance"})

@@ -19,8 +19,8 @@ from .charges import Charge, charges
 from .cost import Part
 
 COLUMNS = ("node", "gpu", "uuid", "model", "holder_kind", "holder", "namespace", "pod", "hpc_job", "container",
-           "user", "state", "period_start", "period_end", "hours", "price_per_hour", "price_basis", "cost",
-           "currency")  # fmt: skip
+           "container_engine", "user", "state", "period_start", "period_end", "hours", "price_per_hour", "price_basis",
+           "cost", "currency")  # fmt: skip
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -46,7 +46,8 @@ def number(v: float | None, digits: int = 6) -> str:
 
 def _row(c: Charge) -> list[str]:
     h = c.holder
-    text = [c.node, c.gpu, c.uuid, c.model or "", h.kind, h.name, h.namespace, h.pod, h.hpc_job, h.container, h.user]
+    text = [c.node, c.gpu, c.uuid, c.model or "", h.kind, h.name, h.namespace, h.pod, h.hpc_job, h.container,
+            h.engine, h.user]  # fmt: skip
     return [
         *(safe(x) for x in text),
         c.state,

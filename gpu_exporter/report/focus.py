@@ -57,7 +57,8 @@ _STATE_WORDS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": 
 
 def _tags(c: Charge) -> str:
     h = c.holder
-    labels = {"namespace": h.namespace, "pod": h.pod, "hpc_job": h.hpc_job, "container": h.container, "user": h.user}
+    labels = {"namespace": h.namespace, "pod": h.pod, "hpc_job": h.hpc_job, "container": h.container,
+              "container_engine": h.engine, "user": h.user}  # fmt: skip
     held = {k: v for k, v in labels.items() if v}
     return json.dumps(held, ensure_ascii=False, sort_keys=True) if held else ""
 

@@ -10,9 +10,11 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 # The labels the report's queries group GPU time by (queries.HOLDER): each holder's identity.  A
-# pod's container, a job's account and partition and a container's engine describe a holder the
-# other labels already tell apart.
-LABELS = ("namespace", "pod", "hpc_job", "container_id", "container_name", "user")
+# pod's container and a job's account and partition describe a holder the other labels already tell
+# apart.  A container's engine does not: a container in a user's delegated cgroup is
+# ``container_engine="docker@1000"`` on /metrics, never the system engine's container of the same ID
+# (holders/cgroups.py), and the report keeps them two holders as the exporter does.
+LABELS = ("namespace", "pod", "hpc_job", "container_engine", "container_id", "container_name", "user")
 
 
 class Holder(NamedTuple):
@@ -22,6 +24,10 @@ class Holder(NamedTuple):
     hpc_job: str = ""
     container: str = ""  # its name, else its (short) ID
     user: str = ""  # a user's, or a job's
+    # What else tells containers apart (not in the name, which is the exporter's own): the engine
+    # (``docker``, or ``docker@1000`` in user 1000's subtree) and the ID.
+    engine: str = ""
+    container_id: str = ""
 
     @property
     def name(self) -> str:
@@ -46,7 +52,9 @@ def holder_of(labels: Mapping[str, str]) -> Holder:
     if job := get("hpc_job", ""):
         return Holder("job", hpc_job=job, user=get("user", ""))
     if container := get("container_name", "") or get("container_id", ""):
-        return Holder("container", container=container)
+        return Holder(
+            "container", container=container, engine=get("container_engine", ""), container_id=get("container_id", "")
+        )
     if user := get("user", ""):
         return Holder("user", user=user)
     return NOBODY

@@ -12,7 +12,8 @@ under two names by one job, which no label tells apart), they are scaled down to
 
 from __future__ import annotations
 
-from collections import defaultdict
+import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,11 +22,11 @@ from ..accounting.settings import PricingSettings
 from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
 from .catalogue import PIPES, Catalogue
 from .client import Labels
-from .cost import GpuKey, Part, currencies, money, other_currencies, pick_currency
+from .cost import GpuKey, Part, currencies, money, other_currencies, pick_currency, scraper
 from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
-from .queries import Window
+from .queries import OWN_JOB, Window
 from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage, gpu_order
 
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
@@ -81,6 +82,9 @@ class _Gpu:
     signals: dict[str, float] = field(default_factory=dict)
     instances: set[str] = field(default_factory=set)  # where the GPU was scraped, for a node without a label
     targets: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target that saw it
+    scrapers: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every scraper of its series
+    sources: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target of its series
+    left_out: dict[tuple[tuple[str, str], ...], float] = field(default_factory=lambda: defaultdict(float))
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,16 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, _ in results["seen"]:
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].targets.add(tuple(sorted((k, x) for k, x in labels.items() if k not in IDENTITY)))
+    for labels, _ in [*results["seen"], *results.get("other_jobs", [])]:
+        if (key := _gpu_key(labels)) in gpus:
+            gpus[key].scrapers.add(scraper(labels))
+            gpus[key].sources.add(_target_of(labels))
+    for labels, v in results.get("disagree", []):  # other jobs' copies that disagree with the own job's
+        if (key := _gpu_key(labels)) in gpus:
+            gpus[key].left_out[_target_of(labels)] += v
     for g in gpus.values():
+        # A target whose copies were left out (they disagree with the own job's) is not one counted once.
+        g.targets -= set(_disagreeing(g, w))
         # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
         g.node = g.node or min(g.instances, default="")
 
@@ -190,6 +203,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
 
     rows: list[dict[str, Any]] = []
     recommendations: list[dict[str, Any]] = []
+    names = Counter(h.name for h in holders)  # to tell apart holders of one name (a container's engines)
     jobs: dict[Holder, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
     for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, gpu_order(kg[1].gpu), kg[1].uuid)):
         hours = sum(g.hours.values())
@@ -205,7 +219,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         # Each pipe's activity where the GPU has GPM (a pipe it does not report stays unknown).
         pipes = ({p: g.signals[f"{p}_active"] for p in PIPES if f"{p}_active" in g.signals}
                  if "sm_active" in g.signals else None)  # fmt: skip
-        usage = Usage(g.node, g.gpu, g.uuid, g.model, top.name, _most(now, g.idle_holders).name, g.hours[BUSY],
+        usage = Usage(g.node, g.gpu, g.uuid, g.model, _told_apart(top, names),
+                      _told_apart(_most(now, g.idle_holders), names), g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
                       g.mig_mode, pipes, g.signals.get("nvlink_tx"))  # fmt: skip
@@ -217,8 +232,9 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "memory_total_bytes": g.memory_total, "memory_peak_bytes": g.memory_peak,
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
-            "holder": top.name, "targets": [dict(t) for t in sorted(g.targets)],
-            "notes": [*_over_the_range(total[key], w), *sizer.notes(usage),
+            "holder": _told_apart(top, names), "targets": [dict(t) for t in sorted(g.targets)],
+            "left_out_targets": [{**dict(t), "hours": _h(h)} for t, h in sorted(_disagreeing(g, w).items())],
+            "notes": [*_disagree(g, w), *_over_the_range(total[key], w, g), *sizer.notes(usage),
                       *_priced_elsewhere(elsewhere.get(key) if not g.priced else None, currency)],
         })  # fmt: skip
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
@@ -247,8 +263,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         priced_any = len(unpriced) < len(held_gpus)
         unpriced_hours = sum(x.holders.get(h, 0.0) for x in unpriced)
         holder_rows.append({
-            "kind": h.kind, "holder": h.name, "namespace": h.namespace, "pod": h.pod, "hpc_job": h.hpc_job,
-            "container": h.container, "user": h.user,
+            "kind": h.kind, "holder": _told_apart(h, names), "namespace": h.namespace, "pod": h.pod,
+            "hpc_job": h.hpc_job, "container": h.container, "container_engine": h.engine, "user": h.user,
             "gpus": len(held_gpus), "gpu_hours": _h(acc["hours"][BUSY] + acc["hours"][ALLOCATED_IDLE]),
             "busy_hours": _h(acc["hours"][BUSY]), "allocated_idle_hours": _h(acc["hours"][ALLOCATED_IDLE]),
             "cost": _m(acc["cost"]) if priced_any else None,
@@ -305,15 +321,68 @@ def _priced_elsewhere(others: list[str] | None, currency: str | None) -> list[st
             f"(--currency {others[0]} reports it)"]  # fmt: skip
 
 
+def _told_apart(h: Holder, names: Counter[str]) -> str:
+    """A holder's name, with its engine where another holder has the same name: a rootless
+    ``docker@1000`` container and the system engine's container of the same ID are two holders."""
+    if h.kind == "container" and names[h.name] > 1:
+        return f"{h.name} ({h.engine or 'no engine'})"
+    return h.name
+
+
 def _higher(a: float | None, b: float) -> float:
     return b if a is None else max(a, b)
 
 
-def _over_the_range(hours: float, w: Window) -> list[str]:
+def _target_of(labels: Labels) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in IDENTITY))
+
+
+def _shown(target: tuple[tuple[str, str], ...]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in target) + "}"
+
+
+def _own(target: tuple[tuple[str, str], ...]) -> bool:
+    return re.fullmatch(OWN_JOB, dict(target).get("job", "")) is not None
+
+
+def _disagreeing(g: _Gpu, w: Window) -> dict[tuple[tuple[str, str], ...], float]:
+    """The targets of other jobs whose copies gave the GPU's holders more than a step's hours that the
+    exporter's own job did not report (a holder's first step can differ by a scrape, never by more)."""
+    return {t: h for t, h in g.left_out.items() if h > w.step / 3600}
+
+
+def _disagree(g: _Gpu, w: Window) -> list[str]:
+    """A note naming the targets whose copies of a GPU disagree with the exporter's own job's."""
+    if not (left := _disagreeing(g, w)):
+        return []
+    own = ", ".join(_shown(t) for t in sorted(g.targets) if _own(t)) or f'job=~"{OWN_JOB}"'
+    others = ", ".join(f"{_shown(t)} ({h:.3g} h)" for t, h in sorted(left.items()))
+    return [
+        f"its copies from {others} disagree with the exporter's own job, {own}, about who held it (holders "
+        "it did not report): they are left out, and the own job's copy is counted"
+    ]
+
+
+def _over_the_range(hours: float, w: Window, g: _Gpu | None = None) -> list[str]:
     """A note where a GPU's series added up to more than the range by more than a step: not the
-    engines' extrapolation at a step's edges, but the same counter read twice."""
+    engines' extrapolation at a step's edges, but the same counter read twice, or targets that
+    disagree about who held it and none of which is the exporter's own job to keep."""
     if hours <= w.hours + w.step / 3600:
         return []
+    if g is not None and len(g.scrapers) > 1:
+        named = ", ".join(_shown(t) for t in sorted(g.sources))
+        return [
+            f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: its targets {named} disagree about "
+            f'who held it, and not one alone is the exporter\'s own job (job=~"{OWN_JOB}") to count; its hours, '
+            "and its holders', are scaled down to the range: report one target with --selector"
+        ]
+    if g is not None and len(g.sources) > 1:  # one job's targets at once, not one after the other (a move)
+        named = ", ".join(_shown(t) for t in sorted(g.sources))
+        return [
+            f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one job read it from {named} at "
+            "once, one exporter at two addresses or a copy with its labels that disagrees about who held it; its "
+            "hours, and its holders', are scaled down to the range: scrape the exporter in a job of its own"
+        ]
     return [
         f"its series add up to {hours:.3g} h in the {w.hours:.3g} h range: one exporter scraped twice under "
         "names no label tells apart (two addresses in one job?); its hours are scaled down to the range"

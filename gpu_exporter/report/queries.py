@@ -57,6 +57,11 @@ HOLDER = ", ".join(HOLDER_LABELS)
 # agree on these and the state are copies of one counter.
 EXPORTED = ", ".join((*EVERY_HOLDER_LABEL, "state"))
 WITH_UUID, WITHOUT_UUID = 'uuid!=""', 'uuid=""'
+# The job the docs tell users to scrape the exporter in: the README's ``job_name: gpu-exporter``, the
+# ServiceMonitor's Service (the Helm chart's ``<release>-gpu-exporter``); GpuExporterDown matches it so.
+# Where its copy of a GPU and another target's disagree about who held it, its copy is the GPU's.
+OWN_JOB = ".*gpu-exporter.*"
+OWN, FOREIGN = f'job=~"{OWN_JOB}"', f'job!~"{OWN_JOB}"'
 
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^\s*\{{\s*(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?\}}\s*$")
@@ -234,7 +239,7 @@ class _Tiles:
         return f"{outer}({inner}({self.range(metric, *extra)})[{self.span}:{self.s}])"
 
 
-def once(per_series: Callable[[str], str], keep: str) -> str:
+def once(per_series: Callable[[str], str], keep: str, own_saw: Callable[[str], str] | None = None) -> str:
     """``per_series`` (an expression per series, given a matcher to add to its selectors) with each
     GPU's counter counted once at this step, under the exporter's labels and ``node`` (and ``keep``):
 
@@ -243,15 +248,34 @@ def once(per_series: Callable[[str], str], keep: str) -> str:
     - copies of one series seen through several scrapers (told apart by ``job``, a replica label or
       any other label a scraper attaches) give the largest of their values: one counter read twice,
       whose increases differ only by where each scraper's samples fall;
-    - a GPU without a uuid is its index on its target: its ``instance`` is kept.
+    - a GPU without a uuid is its index on its target: its ``instance`` is kept;
+    - where ``own_saw`` (a GPU's presence at this step, given a matcher) is given, copies are one GPU
+      only where they agree on its holders: at a step where the exporter's own job (``OWN_JOB``) saw
+      a GPU, the other jobs' series of it are not counted (``foreign``), only its own.
 
     The two halves read disjoint series (with a uuid, without), whose label sets never match, so
     ``or`` is a plain union on every engine."""
     by = f"{EXPORTED}{keep}"
     return (
-        f"max by (node, gpu, uuid, {by}) (sum without (instance) ({per_series(WITH_UUID)})) or "
+        f"max by (node, gpu, uuid, {by}) ({foreign(per_series, own_saw)}) or "
         f"max by (node, instance, gpu, {by}) ({per_series(WITHOUT_UUID)})"
     )
+
+
+def foreign(per_series: Callable[[str], str], own_saw: Callable[[str], str] | None) -> str:
+    """Each series of a GPU with a uuid, an exporter's instances added up, each step's; with ``own_saw``,
+    another job's only where the exporter's own job did not see the GPU at that step.  A copy from
+    another job that carries a GPU's ``node``, ``gpu`` and ``uuid`` with other holders (a scraped pod
+    that copies them) is not that GPU's: taking each series' largest copy would add its holders to the
+    real ones'.  Where the own job saw the GPU, its series are the GPU's (honest copies agree with them;
+    their largest differs by where the scrapers' samples fall); elsewhere, every job's count.  The two
+    sides differ in ``job``, so ``or`` is a plain union."""
+    if own_saw is None:
+        return f"sum without (instance) ({per_series(WITH_UUID)})"
+    own, other = f"{WITH_UUID}, {OWN}", f"{WITH_UUID}, {FOREIGN}"
+    saw = own_saw(f"{own}, {DOWN}")
+    mine, theirs = f"sum without (instance) ({per_series(own)})", f"sum without (instance) ({per_series(other)})"
+    return f"{mine} or ({theirs} unless on (node, gpu, uuid) {saw})"
 
 
 def _union(parts: list[tuple[str, str, str]]) -> str:
@@ -333,20 +357,30 @@ def held_activity(t: _Tiles) -> str:
     return f"({signals}) and on ({JOIN}) ({held})"
 
 
-def _each(per_series: Callable[[str], str], copies: bool, keep: str = "") -> str:
+def _each(per_series: Callable[[str], str], copies: bool, keep: str = "",
+          own_saw: Callable[[str], str] | None = None) -> str:  # fmt: skip
     """Each step's increases: counted once (``once``) where some GPU was seen through two scrapers,
     else as they are.  Counting once aggregates at every step of the subquery, which takes Prometheus
     about as long again as reading the samples: a store with one scraper per GPU does not pay it."""
-    return once(per_series, keep) if copies else per_series("")
+    return once(per_series, keep, own_saw) if copies else per_series("")
+
+
+def _saw(t: _Tiles, recorded: bool) -> Callable[[str], str]:
+    """Whether a GPU's "down" series (given its matchers) has a sample in each step: where its target
+    saw it.  Recorded, the hour's "down" figure (``REC_DOWN``)."""
+    if recorded:
+        return lambda m: hourly(REC_DOWN, t.matchers, m)
+    return lambda m: f"last_over_time({t.counter('gpu_state_seconds_total', m)})"
 
 
 def timeline(w: Window, matchers: str, copies: bool = False, recorded: bool = False) -> Query:
     """The hours of each state at each step, for the whole selection (a range query)."""
     state = "gpu_state_seconds_total"
     if recorded:
-        each = _each(lambda m: hourly(REC_STATE, matchers, m), copies)
+        each = _each(lambda m: hourly(REC_STATE, matchers, m), copies, own_saw=_saw(_Tiles(w, matchers), True))
     else:
-        each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies)
+        each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies,
+                     own_saw=lambda m: f"last_over_time({_sel(state, matchers, m)}[{w.step}s])")  # fmt: skip
     return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range",
                  shift=LAG if recorded else 0)  # fmt: skip
 
@@ -366,9 +400,10 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, cop
     if recorded and not copies:  # the hours' samples as they are: no step to evaluate (``recorded_range``)
         summed = f"sum_over_time({recorded_range(REC_STATE, matchers, last - first + 1)})"
     elif recorded:
-        summed = f"sum_over_time(({_each(lambda m: hourly(REC_STATE, matchers, m), copies)})[{span}:{t.s}])"
+        summed = (f"sum_over_time(({_each(lambda m: hourly(REC_STATE, matchers, m), copies, own_saw=_saw(t, True))})"
+                  f"[{span}:{t.s}])")  # fmt: skip
     else:
-        inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies)
+        inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies, own_saw=_saw(t, False))
         summed = f"sum_over_time(({inner})[{span}:{t.s}])"
     whole = (first, last) == (1, w.points)
     what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
@@ -403,13 +438,56 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies
             hours = f"increase({t.counter('gpu_state_seconds_total', only, m)})"
         return f"{hours} * on ({JOIN}) group_left (currency) {price}"
 
-    priced = _each(priced_series, copies, ", currency")
+    priced = _each(priced_series, copies, ", currency", _saw(t, recorded))
     return Query(
         "cost",
         "cost of GPUs whose price changed",
         f"sum by ({GPU}, {HOLDER}, state, currency) (sum_over_time({t.over(priced)})) / 3600",
         at=_at(w, recorded) if recorded else None,
     )
+
+
+def other_jobs(w: Window, matchers: str, recorded: bool = False) -> Query:
+    """On how many steps each target of a job other than the exporter's own (``OWN_JOB``) wrote any state
+    series of each GPU: a copy the "seen" query (the "down" series) need not show, as a forged one
+    leaves it out.  With "seen", whether some GPU's series come through two scrapers (``cost.seen_twice``).
+    A store that scrapes only the exporter's own job reads nothing here."""
+    t = _Tiles(w, matchers)
+    if recorded:
+        inner = f"count_over_time({_sel(REC_STATE, matchers, WITH_UUID, FOREIGN)}[{w.points * HOUR}s] offset 1ms)"
+        return Query("other_jobs", "GPUs seen by other jobs (recorded)", f"max without ({EXPORTED}) ({inner})",
+                     at=w.end + LAG)  # fmt: skip
+    inner = t.tiled("count_over_time", "max_over_time", "gpu_state_seconds_total", WITH_UUID, FOREIGN)
+    return Query("other_jobs", "GPUs seen by other jobs", f"max without ({EXPORTED}) ({inner})")
+
+
+def disagreeing(w: Window, matchers: str, recorded: bool = False) -> Query:
+    """The hours each target of another job gave a GPU's holders that the exporter's own job did not
+    report at steps it saw the GPU: the copies ``once`` leaves out, per GPU and target, for the report
+    to name.  Honest copies give none: where a holder's series has two samples of another scraper's in
+    a step, it has one of the own job's at least (their scrapes are less than an interval apart)."""
+    t = _Tiles(w, matchers)
+    state = "gpu_state_seconds_total"
+    if recorded:
+
+        def per(m: str) -> str:
+            return hourly(REC_STATE, matchers, m)
+
+        present = per
+    else:
+
+        def per(m: str) -> str:
+            return f"increase({t.counter(state, m)})"
+
+        def present(m: str) -> str:
+            return f"last_over_time({t.counter(state, m)})"
+
+    own, other = f"{WITH_UUID}, {OWN}", f"{WITH_UUID}, {FOREIGN}"
+    lacked = (f"({per(other)} unless on (node, gpu, uuid, {EXPORTED}) {present(own)}) "
+              f"and on (node, gpu, uuid) {_saw(t, recorded)(f'{own}, {DOWN}')}")  # fmt: skip
+    return Query("disagree", "copies from other jobs that disagree",
+                 f"sum without ({EXPORTED}) (sum_over_time(({lacked})[{w.points * w.step * 1000 - 1}ms:{t.s}])) / 3600",
+                 at=_at(w, recorded))  # fmt: skip
 
 
 def presence(matchers: str, w: Window) -> str:
