@@ -58,6 +58,13 @@ _SETTING_FLAGS = {
 }  # fmt: skip
 # flag dest -> config key: the same name, by the rule
 _FLAGS = {flag_key(flag): flag_key(flag) for flag in _SETTING_FLAGS}
+# The setting each flag sets -> the flag, so that a bad value's message names the flag it came from.
+FLAG_OF: dict[tuple[str | int, ...], str] = {
+    **{(flag_key(flag),): flag for flag in _SETTING_FLAGS},
+    ("alerting", "alertmanagers"): "--alerting.alertmanager-url", ("alerting", "webhooks"): "--alerting.webhook-url",
+    ("slurm", "job_mapping_dir"): DCGM_NAMES["slurm", "job_mapping_dir"][0],
+    **{("collectors", name): f"--collector.{name}" for name in COLLECTORS},
+}  # fmt: skip
 
 
 def shown_default(field: FieldInfo) -> str:
@@ -229,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli = settings_from_flags(args)
     config = args.config or (Path(os.environ["GPU_EXPORTER_CONFIG"]) if os.environ.get("GPU_EXPORTER_CONFIG") else None)
     try:
-        settings = load_settings(cli, config)
+        settings = load_settings(cli, config, FLAG_OF)
     except ConfigError as e:
         if args.once:  # a check that cannot run is UNKNOWN, not CRITICAL: the GPUs may be fine
             return once_unknown(str(e), args.format)
@@ -240,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.once:
         return run_once(settings, args.format)
-    return run_daemon(settings, lambda: load_settings(cli, config))
+    return run_daemon(settings, lambda: load_settings(cli, config, FLAG_OF))
 
 
 SECOND_LOOK_S = 0.2
