@@ -308,6 +308,7 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collap
 td,th{border-bottom:1px solid #e3e3e3;padding:3px 6px;text-align:left;vertical-align:top}
 td{overflow-wrap:anywhere}th{white-space:nowrap}
 table.gpus td:nth-child(n+4):nth-child(-n+11){white-space:nowrap;text-align:right}
+table.gpus td:first-child{white-space:nowrap;overflow-wrap:normal}
 .wide{max-width:100%;overflow-x:auto}
 .chart{display:block;max-width:100%;height:auto}.chart text{font:11px system-ui,sans-serif;fill:#333}
 .legend span{display:inline-block;margin-right:14px}
