@@ -177,6 +177,10 @@ addEventListener('load', () => {
     const chart = rec.querySelector('svg');
     out.recs.push([bottom, chart ? chart.getBoundingClientRect().top : null]);
   }
+  // Each chart label against its chart's left edge: a label that starts left of it is cut off there.
+  out.labels = [];
+  for (const t of document.querySelectorAll('svg.chart text'))
+    out.labels.push([t.textContent, t.getBoundingClientRect().left - t.closest('svg').getBoundingClientRect().left]);
   // The lines each node cell's text is laid out on: an address is read whole, never across lines.
   out.nodes = [];
   for (const td of document.querySelectorAll('table.gpus tbody td:first-child')) {
@@ -248,6 +252,9 @@ def test_the_page_reads_whole_at_1000_and_1400_px(width: int, tmp_path: Path) ->
     # A node's address broke across lines at 1,000 px ("10.128.14" / ".203:9445"): each is on one line.
     assert {node for node, _ in got["nodes"]} == set(ADDRESSES.values()), got["nodes"]
     assert all(lines == 1 for _, lines in got["nodes"]), got["nodes"]
+    # The top wasters' labels start with the node: "0.128.14.203:9445 GPU 1 (...)" was cut at the chart's edge.
+    assert got["labels"] and all(left >= -0.5 for _, left in got["labels"]), [x for x in got["labels"] if x[1] < 0]
+    assert any(label.startswith(ADDRESSES["node-a"]) for label, _ in got["labels"]), got["labels"]
 
 
 def test_names_a_tenant_chooses_never_drive_a_terminal_or_a_page() -> None:

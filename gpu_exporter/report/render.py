@@ -285,7 +285,12 @@ def _svg_bars(items: list[tuple[str, list[tuple[str, float]]]], unit: str, chart
              'xmlns="http://www.w3.org/2000/svg" role="img">']  # fmt: skip
     for i, (label, segs) in enumerate(items):
         y = 5 + i * row
-        parts.append(f'<text x="{label_w - 8}" y="{y + 16}" text-anchor="end">{escape(label[:48])}</text>')
+        # Right-aligned at the bars, a long label would run off the chart's left edge, cutting off its
+        # start (the node's address): shortened at its end to what 11 px type fits, whole on hover.
+        fits = (label_w - 12) // 7
+        shown = label if len(label) <= fits else label[: fits - 1] + "\u2026"
+        parts.append(f'<text x="{label_w - 8}" y="{y + 16}" text-anchor="end"><title>{escape(label)}</title>'
+                     f"{escape(shown)}</text>")  # fmt: skip
         x = float(label_w)
         for colour, v in segs:
             if v > 0:
