@@ -46,6 +46,7 @@ def test_a_lost_gpu_is_said_once_and_its_return_once_at_warning() -> None:
     assert [(e["event"], e["log_level"]) for e in logs] == [("gpu_lost", "warning"), ("gpu_back", "warning")]
     lost, back = logs
     assert lost["gpu"] == 0 and lost["uuid"] == "GPU-0" and lost["error"] == "GPU is lost"
+    assert lost["model"] == "NVIDIA H100 80GB HBM3"  # as read before it stopped answering
     assert back["down_s"] == 240.0 and back["model"] == "NVIDIA H100 80GB HBM3"
 
 

@@ -35,6 +35,7 @@ class _Seen:
     reset_required: bool
     xids: Mapping[int, int]
     since: float  # steady time of the snapshot that saw it go down
+    model: str | None  # as last read: a GPU that stops answering has no static reading
 
 
 _NONE: Mapping[int, int] = MappingProxyType({})
@@ -42,8 +43,8 @@ _NONE: Mapping[int, int] = MappingProxyType({})
 
 def _changes(before: _Seen | None, g: GpuReading, now: float) -> list[Change]:
     who: dict[str, Any] = {"gpu": g.index, "uuid": g.uuid or None}
-    if g.static is not None:
-        who["model"] = g.static.name
+    if (model := g.static.name if g.static is not None else before.model if before else None) is not None:
+        who["model"] = model
     out: list[Change] = []
     was_up = True if before is None else before.up
     if was_up and not g.up:
@@ -83,14 +84,15 @@ class GpuChanges:
             out += _changes(before, g, now)
             went_down = not g.up and (before is None or before.up)
             since = now if went_down or before is None else before.since
-            seen[g.index] = _Seen(g.uuid, g.up, g.reset_required, dict(g.xid_errors_total), since)
+            model = g.static.name if g.static is not None else before.model if before else None
+            seen[g.index] = _Seen(g.uuid, g.up, g.reset_required, dict(g.xid_errors_total), since, model)
         for index, before in self._seen.items():
             if index not in seen:  # the driver lists fewer GPUs: that one is as lost as one that fails
                 if before.up:
-                    out.append(Change("gpu_lost", {"gpu": index, "uuid": before.uuid or None,
+                    out.append(Change("gpu_lost", {"gpu": index, "uuid": before.uuid or None, "model": before.model,
                                                    "error": "no longer listed by the driver"}))  # fmt: skip
                 seen[index] = _Seen(before.uuid, False, before.reset_required, before.xids,
-                                    now if before.up else before.since)  # fmt: skip
+                                    now if before.up else before.since, before.model)  # fmt: skip
         self._seen = seen
         for c in out:
             log.warning(c.event, **c.fields)
