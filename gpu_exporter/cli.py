@@ -58,6 +58,13 @@ _SETTING_FLAGS = {
 }  # fmt: skip
 # flag dest -> config key: the same name, by the rule
 _FLAGS = {flag_key(flag): flag_key(flag) for flag in _SETTING_FLAGS}
+# The setting each flag sets -> the flag, so that a bad value's message names the flag it came from.
+FLAG_OF: dict[tuple[str | int, ...], str] = {
+    **{(flag_key(flag),): flag for flag in _SETTING_FLAGS},
+    ("alerting", "alertmanagers"): "--alerting.alertmanager-url", ("alerting", "webhooks"): "--alerting.webhook-url",
+    ("slurm", "job_mapping_dir"): DCGM_NAMES["slurm", "job_mapping_dir"][0],
+    **{("collectors", name): f"--collector.{name}" for name in COLLECTORS},
+}  # fmt: skip
 
 
 def shown_default(field: FieldInfo) -> str:
@@ -86,8 +93,29 @@ def _add_setting_flag(p: argparse.ArgumentParser, flag: str, metavar: str | None
     p.add_argument(flag, dest=flag_key(flag), help=help_text, **kind)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, keeping its last usage error for ``--once``'s status line."""
+
+    last_error: str | None = None
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.last_error = message
+        super().error(message)
+
+
+def _format_asked(argv: Sequence[str]) -> str | None:
+    """``--format``'s value in arguments argparse refused (its last, as argparse would take)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg == "--format" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif arg.startswith("--format="):
+            found = arg.partition("=")[2]
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gpu-exporter",
         description="Prometheus exporter and alerting daemon for NVIDIA GPUs.",
         epilog="`gpu-exporter report --help`: what the GPUs cost and wasted, from Prometheus. "
@@ -188,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(argv[1:])
     once = "--once" in argv
     parser = build_parser()
+    assert isinstance(parser, _Parser)
     try:
         for arg in argv:
             m = re.fullmatch(r"--(?:no-)?collector\.([^=]*)(=.*)?", arg)
@@ -198,14 +227,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"--no-collector.{m.group(1)}")  # fmt: skip
         args = parser.parse_args(argv)
     except SystemExit as e:
-        # argparse says what is wrong on stderr and exits 2; for a check, "cannot check" is UNKNOWN.
+        # argparse says what is wrong on stderr and exits 2; for a check, "cannot check" is UNKNOWN,
+        # and its status line still comes first on stdout.
         if once and e.code == 2:
-            return UNKNOWN_EXIT
+            fmt = "json" if _format_asked(argv) == "json" else "table"
+            return once_unknown(parser.last_error or "invalid arguments", fmt, stderr=False)
         raise
     cli = settings_from_flags(args)
     config = args.config or (Path(os.environ["GPU_EXPORTER_CONFIG"]) if os.environ.get("GPU_EXPORTER_CONFIG") else None)
     try:
-        settings = load_settings(cli, config)
+        settings = load_settings(cli, config, FLAG_OF)
     except ConfigError as e:
         if args.once:  # a check that cannot run is UNKNOWN, not CRITICAL: the GPUs may be fine
             return once_unknown(str(e), args.format)
@@ -216,23 +247,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.once:
         return run_once(settings, args.format)
-    return run_daemon(settings, lambda: load_settings(cli, config))
+    return run_daemon(settings, lambda: load_settings(cli, config, FLAG_OF))
 
 
 SECOND_LOOK_S = 0.2
 UNKNOWN_EXIT = 3  # gpu_exporter.once.UNKNOWN, without importing the rules for a usage error
 
 
-def once_unknown(error: str, fmt: str, node: str | None = None, hint: str | None = None) -> int:
-    """``--once`` could not look: the reason on stderr, a JSON error object on stdout for scripts, UNKNOWN."""
+def once_unknown(error: str, fmt: str, node: str | None = None, hint: str | None = None, *, stderr: bool = True) -> int:
+    """``--once`` could not look: the reason on stderr, and on stdout the status line (table) or a
+    JSON error object (json), so a check's first line of output says UNKNOWN and why; UNKNOWN."""
     from .alerting.engine import node_name
-    from .once import UNKNOWN, error_json
+    from .once import UNKNOWN, error_json, unknown_line
 
-    print(f"gpu-exporter: {error}", file=sys.stderr)
+    if stderr:  # argparse has said it there already
+        print(f"gpu-exporter: {error}", file=sys.stderr)
     if hint:
         print(f"hint: {hint}", file=sys.stderr)
-    if fmt == "json":
-        _print(error_json(error, node_name(node), time.time(), hint))
+    _print(error_json(error, node_name(node), time.time(), hint) if fmt == "json" else unknown_line(error))
     return UNKNOWN
 
 

@@ -25,6 +25,7 @@ from .serving.pages import pages
 from .settings.config import SETTING_KEYS, Settings
 from .snapshot import NodeSnapshot
 from .sources.backend import Backend, ErrorSink
+from .sources.changes import GpuChanges
 from .sources.schedule import PollSchedule
 from .web.server import HttpServer
 from .web.watcher import WebConfigWatcher, in_thread
@@ -73,6 +74,7 @@ class Daemon:
                                           lambda: [(r.name, len(r)) for r in self.notifier.receivers]))  # fmt: skip
         self.exposition = Exposition(registry)
         self.latest: NodeSnapshot | None = None
+        self.changes = GpuChanges()  # a GPU lost, back, to be reset, or with an XID: one warning each
         self._models: dict[str, str] = {}  # GPU UUID -> model name, as last read
         self._last_success: float | None = None  # monotonic
         # A poll waits at most gpu_timeout for each GPU (in parallel); beyond twice that and a few
@@ -104,6 +106,10 @@ class Daemon:
 
     def publish(self, snapshot: NodeSnapshot) -> None:
         self.collector.snapshot = snapshot
+        try:
+            self.changes.observe(snapshot)
+        except Exception:  # the log is an extra; the metrics and alerts go on without it
+            log.exception("gpu_changes_failed")
         # Rules see the snapshot before it is rendered, so /metrics and the alerts agree.
         with self._evaluating:
             try:

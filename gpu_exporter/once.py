@@ -315,6 +315,13 @@ def status_line(snapshot: NodeSnapshot, found: Sequence[Finding], node: str) -> 
     return f"GPU {STATUS_NAMES[status]} - {what}"
 
 
+def unknown_line(error: str) -> str:
+    """The status line when nothing could be checked: a plugin's first stdout line is its output,
+    so Nagios shows why rather than "(null)" or "no output"; the reason's first line only."""
+    reason = error.strip().splitlines()[0] if error.strip() else "cannot check"
+    return for_terminal(f"GPU {STATUS_NAMES[UNKNOWN]} - {reason}")
+
+
 def as_table(snapshot: NodeSnapshot, found: Sequence[Finding], cost: CostNow | None = None, node: str = "") -> str:
     head = (f"node {node or 'n/a'}   {_timestamp(snapshot.taken_at)}   driver {snapshot.driver_version or 'n/a'}"
             f"   CUDA {snapshot.cuda_version or 'n/a'}")  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_exporter.cli import make_backend
 from gpu_exporter.daemon import Daemon
-from gpu_exporter.metric_defs import COLLECTOR_METRICS, METRICS
+from gpu_exporter.metric_defs import COLLECTOR_HELP, COLLECTOR_METRICS, METRICS
 from gpu_exporter.settings.config import COLLECTORS, RULES_NEEDING, ConfigError, Settings, load_settings
 from tests.exporter_helpers import parse_exposition, run_daemon, wait_for
 from tests.fakenvml import Scenario, subprocess_env
@@ -112,6 +112,10 @@ def test_readme_series_table_matches_an_h100(nvml: Any, scenario: Scenario) -> N
     assert {c: table.get(c) for c in want} == want, f"README series table is out of date: {want}"
     total = re.search(r"^\| total \| (\d+) \|", text, re.M)
     assert total is not None and int(total.group(1)) == sum(by_collector.values())
+    # --help's figure (the collector's description) is held to the same count: it said 54 for nvlink
+    # when the README and a measurement said 108.
+    stated = {c: int(m.group(1)) for c, text in COLLECTOR_HELP.items() if (m := re.search(r"(\d+) series", text))}
+    assert stated and stated == {c: by_collector[c] for c in stated}, (stated, want)
 
 
 def test_flags_env_and_config_file_set_collectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

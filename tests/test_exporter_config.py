@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,58 @@ def test_rule_settings_from_yaml(tmp_path: Path) -> None:
     s = load_settings(None, cfg)
     assert s.rules.GpuIdle.enabled and s.rules.GpuIdle.for_ == 7200 and s.rules.GpuXidError.codes == [79]
     assert s.rules.GpuMemoryHigh.warning == 0.90  # untouched rules keep their defaults
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "yaml_text", "source"),
+    [
+        (["--poll.interval=-1s"], {}, None, "(from flag --poll.interval)"),
+        (["--poll.gpu-timeout", "soon"], {}, "poll_gpu_timeout: 5s\n", "(from flag --poll.gpu-timeout)"),
+        ([], {"GPU_EXPORTER_POLL_INTERVAL": "soon"}, "poll_interval: 5s\n", "(from GPU_EXPORTER_POLL_INTERVAL)"),
+        ([], {}, "poll_interval: soon\n", "(from config file {cfg})"),
+        ([], {"GPU_EXPORTER_RULES": '{"GpuLost": {"for": "-5m"}}'}, None, "(from GPU_EXPORTER_RULES)"),
+        (["--alerting.alertmanager-url", "am:9093"], {}, None, "(from flag --alerting.alertmanager-url)"),
+    ],
+)
+def test_a_bad_value_names_the_one_source_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str], env: dict[str, str], yaml_text: str | None, source: str,
+) -> None:  # fmt: skip
+    """A newcomer read "flag, GPU_EXPORTER_… or config key …" and had to find which of the three was
+    wrong: the message names the source whose value was used, the one to fix."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = tmp_path / "c.yaml"
+    if yaml_text is not None:
+        cfg.write_text(yaml_text)
+        argv = [*argv, "--config", str(cfg)]
+    assert main([*argv, "--once"]) == UNKNOWN
+    err = capsys.readouterr().err
+    assert source.format(cfg=cfg) in err, err
+    assert "config key" not in err and " or " not in err.split(" = ", 1)[0], err
+
+
+@pytest.mark.parametrize(
+    ("env", "yaml_text", "hint"),
+    [
+        ({}, "rules:\n  GpuMemoryHigh:\n    warning: 80\n", "a ratio is meant (0 to 1): 80% is 0.8"),
+        ({"GPU_EXPORTER_RULES__GPUUNDERUTILIZED__THRESHOLD": "10"}, None, "10% is 0.1"),
+    ],
+)
+def test_a_percentage_given_for_a_ratio_says_the_ratio_meant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], yaml_text: str | None, hint: str
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = None
+    if yaml_text is not None:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        load_settings(None, cfg)
+    # 150 cannot be a percentage of a ratio of 0 to 1: no such hint where it is not one.
+    for k in env:
+        monkeypatch.delenv(k)
+    with pytest.raises(ConfigError) as e:
+        load_settings({"rules": {"GpuMemoryHigh": {"warning": 150}}})
+    assert "a ratio is meant" not in str(e.value)

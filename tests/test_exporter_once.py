@@ -128,7 +128,9 @@ def test_no_nvml_is_unknown_exit_3_with_reason_hint_and_json_error(scenario: Sce
     assert out.returncode == 3
     assert "libnvidia-ml.so.1 was not found" in out.stderr
     assert "--simulate" in out.stderr
-    assert out.stdout == ""  # the table has nothing to show
+    # A plugin's first stdout line is what Nagios shows: UNKNOWN and why, not an empty output.
+    unknown = "GPU UNKNOWN - cannot read the GPUs: the NVIDIA driver library libnvidia-ml.so.1 was not found"
+    assert out.stdout == unknown + "\n"
     js = once(scenario.path, "--format", "json", "--node.name", "n1", library_dir=tmp_path)
     assert js.returncode == 3 and "libnvidia-ml.so.1 was not found" in js.stderr
     doc = json.loads(js.stdout)  # jq gets an object, not an empty stream
@@ -138,6 +140,7 @@ def test_no_nvml_is_unknown_exit_3_with_reason_hint_and_json_error(scenario: Sce
     scenario.write()
     out = once(scenario.path)
     assert out.returncode == 3 and "no permission" in out.stderr
+    assert out.stdout.startswith("GPU UNKNOWN - cannot read the GPUs: ") and "no permission" in out.stdout.lower()
 
 
 def test_a_config_it_cannot_use_is_unknown_not_critical(tmp_path: Path) -> None:
@@ -147,8 +150,14 @@ def test_a_config_it_cannot_use_is_unknown_not_critical(tmp_path: Path) -> None:
     out = once(Path("/nonexistent"), "--simulate", "--config", str(cfg), "--format", "json")
     assert out.returncode == 3 and "poll_interval" in out.stderr
     assert json.loads(out.stdout)["status"] == "UNKNOWN"
+    table = once(Path("/nonexistent"), "--simulate", "--config", str(cfg))
+    assert table.returncode == 3 and table.stdout.startswith("GPU UNKNOWN - invalid poll_interval ")
+    assert len(table.stdout.splitlines()) == 1
     out = once(Path("/nonexistent"), "--simulate", "--no-such-flag")
     assert out.returncode == 3 and "--no-such-flag" in out.stderr
+    assert out.stdout == "GPU UNKNOWN - unrecognized arguments: --no-such-flag\n"
+    js = once(Path("/nonexistent"), "--simulate", "--no-such-flag", "--format=json")
+    assert js.returncode == 3 and json.loads(js.stdout)["error"] == "unrecognized arguments: --no-such-flag"
     daemon = subprocess.run([sys.executable, "-m", "gpu_exporter", "--simulate", "--config", str(cfg)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert daemon.returncode == 2, "the daemon keeps exit 2 for a bad config"

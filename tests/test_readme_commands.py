@@ -168,9 +168,11 @@ OUTSIDE = {
     "podman push registry.example.com/gpu-exporter:0.1.0  # needs your registry",
     "podman run --rm registry.example.com/gpu-exporter:0.1.0 --once --simulate  # needs the image built above",
     "kubectl get runtimeclass nvidia  # needs a cluster",
-    "helm install gpu-exporter deploy/helm/gpu-exporter -n gpu-exporter --create-namespace"
+    "kubectl create namespace gpu-exporter  # needs a cluster",
+    "kubectl label namespace gpu-exporter pod-security.kubernetes.io/enforce=privileged  # needs a cluster",
+    "helm install gpu-exporter deploy/helm/gpu-exporter -n gpu-exporter"
     " -f deploy/helm/examples/kube-prometheus-stack.yaml  # needs a cluster",
-    "helm install gpu-exporter deploy/helm/gpu-exporter -n gpu-exporter --create-namespace"
+    "helm install gpu-exporter deploy/helm/gpu-exporter -n gpu-exporter"
     " -f deploy/helm/examples/dcgm-exporter.yaml  # needs a cluster",
     "kubectl apply -k deploy/k8s/examples  # needs a cluster with the prometheus-operator CRDs",
     "kubectl -n gpu-exporter rollout status daemonset/gpu-exporter  # needs a cluster",
@@ -184,6 +186,20 @@ def test_every_command_shown_has_a_runner() -> None:
     run, outside = shown_commands()
     assert set(run) == set(RUNNERS), "a README command without a runner here, or a runner for a removed one"
     assert set(outside) == OUTSIDE
+
+
+def test_the_helm_steps_build_the_image_and_label_the_namespace_first() -> None:
+    """A newcomer found no published image and a Helm line that skipped the Pod Security label
+    docs/helm.md asks for: the README builds and pushes the image, then labels the namespace as
+    docs/helm.md does, before any ``helm install``."""
+    _, outside = shown_commands()
+    first_helm = next(i for i, c in enumerate(outside) if c.startswith("helm install"))
+    before = [c.split("  # needs ")[0] for c in outside[:first_helm]]
+    assert any(c.startswith("podman build ") for c in before) and any(c.startswith("podman push ") for c in before)
+    helm_doc = (ROOT / "docs" / "helm.md").read_text()
+    asked = re.findall(r"^\s*(kubectl (?:create|label) namespace .*)$", helm_doc, flags=re.M)
+    assert asked and all(c in before for c in asked), (asked, before)
+    assert "There is no published image" in deploying_section()
 
 
 def test_the_commands_in_order(workdir: Path, home: Path) -> None:

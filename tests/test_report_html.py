@@ -177,6 +177,16 @@ addEventListener('load', () => {
     const chart = rec.querySelector('svg');
     out.recs.push([bottom, chart ? chart.getBoundingClientRect().top : null]);
   }
+  // Each chart label against its chart's left edge: a label that starts left of it is cut off there.
+  out.labels = [];
+  for (const t of document.querySelectorAll('svg.chart text'))
+    out.labels.push([t.textContent, t.getBoundingClientRect().left - t.closest('svg').getBoundingClientRect().left]);
+  // The lines each node cell's text is laid out on: an address is read whole, never across lines.
+  out.nodes = [];
+  for (const td of document.querySelectorAll('table.gpus tbody td:first-child')) {
+    const range = document.createRange(); range.selectNodeContents(td);
+    out.nodes.push([td.textContent, new Set([...range.getClientRects()].map(r => Math.round(r.top))).size]);
+  }
   const pre = document.createElement('pre'); pre.id = 'layout'; pre.textContent = JSON.stringify(out);
   document.body.appendChild(pre);
 });
@@ -201,15 +211,21 @@ def layout(html: str, width: int, tmp_path: Path) -> dict[str, Any]:
     return found
 
 
+# Nodes as a store names them where no node label is set: an instance's address, a cloud host name.
+ADDRESSES = {"node-a": "10.128.14.203:9445", "node-b": "ip-10-0-3-17.ec2.internal"}
+
+
 def crowded() -> dict[str, Any]:
     """The example week, with what makes a page wide or tempts a chart into a line of text: long pod
-    names, and a recommendation with its bars whose sentence ends on a short line (the old page put the
-    chart beside it, splitting the sentence)."""
+    names, nodes named by their address, and a recommendation with its bars whose sentence ends on a
+    short line (the old page put the chart beside it, splitting the sentence)."""
     r = results()
     for labels, _ in r["hours"]:
         if labels.get("pod"):
             labels["pod"] = labels["pod"] + "-with-a-name-as-long-as-kubernetes-deployments-make-them-7f9c8d6b5"
     doc = build(window_for(START, END), r, load_catalogue())
+    for g in doc["gpus"]:
+        g["node"] = ADDRESSES.get(g["node"], g["node"])
     with_bars = next(x for x in doc["recommendations"] if x["kind"] in ("card", "mig") and x["saving_per_month"])
     doc["recommendations"].append({**with_bars, "reason": "A short sentence."})
     return doc
@@ -233,6 +249,12 @@ def test_the_page_reads_whole_at_1000_and_1400_px(width: int, tmp_path: Path) ->
     assert got["recs"], got
     for text_bottom, chart_top in got["recs"]:
         assert chart_top is None or chart_top >= text_bottom, got["recs"]
+    # A node's address broke across lines at 1,000 px ("10.128.14" / ".203:9445"): each is on one line.
+    assert {node for node, _ in got["nodes"]} == set(ADDRESSES.values()), got["nodes"]
+    assert all(lines == 1 for _, lines in got["nodes"]), got["nodes"]
+    # The top wasters' labels start with the node: "0.128.14.203:9445 GPU 1 (...)" was cut at the chart's edge.
+    assert got["labels"] and all(left >= -0.5 for _, left in got["labels"]), [x for x in got["labels"] if x[1] < 0]
+    assert any(label.startswith(ADDRESSES["node-a"]) for label, _ in got["labels"]), got["labels"]
 
 
 def test_names_a_tenant_chooses_never_drive_a_terminal_or_a_page() -> None:

@@ -67,6 +67,10 @@ def test_a_whole_range_the_rules_missed_an_hour_of_is_read_raw_and_yes_fails() -
         reads(_Store(H - HOUR), "yes", H - 48 * HOUR, H, H + 3 * HOUR, _interval())
     got, said = reads(_Store(None), "auto", H - 48 * HOUR, H, H + 3 * HOUR, _interval())
     assert not got[0].recorded and "0 of the range's 48" in said
+    # A store without the rules is told, plainly, what loading them would change (it read as a riddle:
+    # "a tenth of the store's time").
+    assert_mentions(said, "load alerts/gpu-report.rules.yml into the store", "one sample per GPU and hour")
+    assert "tenth" not in said
     store = _Store(H)
     got, said = reads(store, "no", H - 48 * HOUR, H, H + 3 * HOUR, _interval())
     assert not got[0].recorded and said == "reading the raw series" and store.asked == []

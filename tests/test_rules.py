@@ -624,3 +624,25 @@ def test_a_windowed_description_says_what_its_samples_cover() -> None:
     for t in range(1065, 2805, 5):
         w.add(float(t), 0.05)
     assert averaged(w, 2800.0, 1800) == ("averaged", "over the last 30 min")
+
+
+def test_an_xid_of_a_gpu_that_stopped_answering_names_its_model() -> None:
+    """XID 119 (GSP timeout) often comes with the GPU lost: no static reading, yet the alert names the
+    model read while it answered, as /alerts does, never a placeholder."""
+    xid = MappingProxyType({119: 1})
+    down = GpuReading(index=0, uuid="GPU-0", up=False, error="lost", xid_errors_total=xid)
+    _, sent = run([gpu(), down], fast_rules(GpuXidError={"for": "0s"}))
+    (summary,) = {dict(a.annotations)["summary"] for batch in sent for a in batch
+                  if a.label_dict["alertname"] == "GpuXidError"}  # fmt: skip
+    assert summary.startswith("GPU 0 (NVIDIA H100 80GB HBM3) reported XID 119: "), summary
+    # Never read (lost from the start): the index alone, no "(GPU)".
+    _, sent = run([down], fast_rules(GpuXidError={"for": "0s"}))
+    (summary,) = {dict(a.annotations)["summary"] for batch in sent for a in batch
+                  if a.label_dict["alertname"] == "GpuXidError"}  # fmt: skip
+    assert summary.startswith("GPU 0 reported XID 119: "), summary
+    # Another card in its index since: not the old one's model.
+    other = GpuReading(index=0, uuid="GPU-9", up=False, error="lost", xid_errors_total=xid)
+    _, sent = run([gpu(), other], fast_rules(GpuXidError={"for": "0s"}))
+    (summary,) = {dict(a.annotations)["summary"] for batch in sent for a in batch
+                  if a.label_dict["alertname"] == "GpuXidError"}  # fmt: skip
+    assert summary.startswith("GPU 0 reported XID 119: "), summary

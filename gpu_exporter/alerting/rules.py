@@ -45,8 +45,13 @@ class GpuHistory:
     sm_active: SampleWindow
     ecc_uncorrected: IncreaseTracker = field(default_factory=IncreaseTracker)
     xids: dict[int, IncreaseTracker] = field(default_factory=dict)
+    # The GPU's (uuid, model) as last read: a GPU that stops answering (an XID 79 or 119 is often why)
+    # has no static reading, and its alerts still name the model, as /alerts does.
+    model: tuple[str | None, str] | None = None
 
     def observe(self, g: GpuReading, now: float) -> None:
+        if g.static is not None:
+            self.model = (g.uuid, g.static.name)
         # A lost GPU's XIDs (79: fell off the bus) are why it is lost: counted while it is down.
         for code, count in g.xid_errors_total.items():
             self.xids.setdefault(code, IncreaseTracker(from_zero=True)).observe(now, count)
@@ -64,9 +69,13 @@ class GpuHistory:
             self.ecc_uncorrected.observe(now, n)
 
 
-def _gpu(g: GpuReading) -> str:
-    name = g.static.name if g.static else "GPU"
-    return f"GPU {g.index} ({name})"
+def _gpu(g: GpuReading, h: GpuHistory | None = None) -> str:
+    """``GPU 4 (NVIDIA H100 80GB HBM3)``; the model last read where the GPU does not answer now, and
+    only the index where it never did (or another card has taken its index since)."""
+    name = g.static.name if g.static else None
+    if name is None and h is not None and h.model is not None and g.uuid in (None, h.model[0]):
+        name = h.model[1]
+    return f"GPU {g.index} ({name})" if name else f"GPU {g.index}"
 
 
 def _pct(v: float) -> str:
@@ -114,7 +123,7 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
         "GpuUnderutilized", "warning",
         fire=holds and mean < r.threshold,
         clear=not holds or mean > r.clear_threshold,
-        summary=f"{_gpu(g)} is allocated but idle",
+        summary=f"{_gpu(g, h)} is allocated but idle",
         description=f"{len(g.processes)} process(es) hold GPU memory but {signal} {verb} {_pct(mean)} "
                     f"{period} (threshold {_pct(r.threshold)}).",
         value=mean, threshold=r.threshold, for_seconds=r.for_,
@@ -133,7 +142,7 @@ def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings
         "GpuLowSmActivity", "warning",
         fire=util >= r.utilization_at_least and sm < r.sm_active_below,
         clear=util < r.clear_utilization_below or sm > r.clear_sm_active_above,
-        summary=f"{_gpu(g)} looks busy but its SMs mostly idle",
+        summary=f"{_gpu(g, h)} looks busy but its SMs mostly idle",
         description=f"GPU utilization {verb} {_pct(util)} but SM activity only {_pct(sm)} {period} "
                     f"(thresholds: utilization at least {_pct(r.utilization_at_least)}, SM activity below "
                     f"{_pct(r.sm_active_below)}): kernels too small or launch-bound, for example tiny batches "
@@ -153,7 +162,7 @@ def idle(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterat
     verb, period = averaged(h.utilization, now, r.window)
     yield Check(
         "GpuIdle", "info", fire=not busy, clear=busy,
-        summary=f"{_gpu(g)} is unused",
+        summary=f"{_gpu(g, h)} is unused",
         description=f"No processes and utilization {verb} {_pct(mean)} {period}.",
         value=mean, threshold=r.threshold, for_seconds=r.for_,
     )  # fmt: skip
@@ -168,7 +177,7 @@ def memory_high(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) ->
                                          ("critical", r.critical, r.critical_clear)):  # fmt: skip
         yield Check(
             "GpuMemoryHigh", severity, fire=ratio > level, clear=ratio < clear_level,
-            summary=f"{_gpu(g)} memory is {_pct(ratio)} full",
+            summary=f"{_gpu(g, h)} memory is {_pct(ratio)} full",
             description=f"{(g.memory_used_bytes or 0) / 2**30:.1f} of {(g.memory_total_bytes or 0) / 2**30:.1f} GiB "
                         f"used ({_pct(ratio)}); threshold {_pct(level)}.",
             value=ratio, threshold=level, for_seconds=r.for_,
@@ -187,7 +196,7 @@ def pcie_bottleneck(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings
         "GpuPcieBottleneck", "warning",
         fire=load >= r.threshold and util < r.utilization_below,
         clear=load < r.clear_threshold or util >= r.utilization_below,
-        summary=f"{_gpu(g)} is starved by its PCIe link",
+        summary=f"{_gpu(g, h)} is starved by its PCIe link",
         description=f"PCIe at {_pct(load)} of the Gen{g.pcie_link_generation} x{g.pcie_link_width} link "
                     f"({max(rates) / 1e9:.2f} of {cap / 1e9:.2f} GB/s; threshold {_pct(r.threshold)}) while GPU "
                     f"utilization is {_pct(util)} (below {_pct(r.utilization_below)}).",
@@ -208,7 +217,7 @@ def pcie_link_degraded(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSetti
         "GpuPcieLinkDegraded", "warning",
         fire=degraded and loaded,
         clear=not degraded or not loaded,
-        summary=f"{_gpu(g)} PCIe link runs below its capability under load",
+        summary=f"{_gpu(g, h)} PCIe link runs below its capability under load",
         description=f"Link at Gen{gen} x{width}, the card supports Gen{max_gen} x{max_width}, "
                     f"with GPU utilization {_pct(util)} (load threshold {_pct(r.min_utilization)}).",
         value=float(gen), threshold=float(max_gen), for_seconds=r.for_,
@@ -233,7 +242,7 @@ def xid(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterato
         recent = tracker.increased_within(now, r.window)
         yield Check(
             "GpuXidError", "critical", fire=recent, clear=not recent,
-            summary=f"{_gpu(g)} reported XID {code}: {xid_advice(code)}",
+            summary=f"{_gpu(g, h)} reported XID {code}: {xid_advice(code)}",
             description=f"XID {code} seen; {g.xid_errors_total.get(code, 0)} since the exporter started.  What "
                         f"NVIDIA's XID catalogue says to do: {xid_advice(code)}.",
             value=float(code), extra_labels=(("xid", str(code)),), for_seconds=r.for_,
@@ -248,7 +257,7 @@ def thermal(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Ite
     temp = g.temperature_celsius.get("gpu")
     yield Check(
         "GpuThermalThrottling", "warning", fire=bool(active), clear=not active,
-        summary=f"{_gpu(g)} is throttled by temperature",
+        summary=f"{_gpu(g, h)} is throttled by temperature",
         description=f"Thermal slowdown active ({', '.join(active) or 'none'}); GPU at "
                     f"{'n/a' if temp is None else f'{temp:.0f} C'}.",
         value=temp, for_seconds=r.for_,
@@ -261,7 +270,7 @@ def ecc_uncorrectable(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettin
     count = g.ecc_errors_total.get("uncorrected")
     yield Check(
         "GpuEccUncorrectable", "critical", fire=recent, clear=not recent,
-        summary=f"{_gpu(g)} had an uncorrectable ECC error",
+        summary=f"{_gpu(g, h)} had an uncorrectable ECC error",
         description=f"Uncorrectable ECC errors rose within the last {r.window / 60:g} min (lifetime total {count}).",
         value=None if count is None else float(count), for_seconds=r.for_,
     )  # fmt: skip
@@ -276,8 +285,8 @@ def row_remap(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> I
          "nvidia-smi -r -i <gpu>)"),
     ):  # fmt: skip
         on = bool(g.up and flag)
-        yield Check(alertname, severity, fire=on, clear=not on, summary=f"{_gpu(g)}: {what}",
-                    description=f"{_gpu(g)}: {what}.", value=1.0,  # read only while it fires
+        yield Check(alertname, severity, fire=on, clear=not on, summary=f"{_gpu(g, h)}: {what}",
+                    description=f"{_gpu(g, h)}: {what}.", value=1.0,  # read only while it fires
                     for_seconds=rule.for_)  # fmt: skip
 
 
@@ -302,8 +311,8 @@ def recovery_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettin
     on = action > 0
     yield Check(
         "GpuRecoveryRequired", "critical", fire=on, clear=not on,
-        summary=f"{_gpu(g)} needs recovery: {what}",
-        description=f"The driver asks for recovery action {action} on {_gpu(g)} ({g.uuid}): {what}.",
+        summary=f"{_gpu(g, h)} needs recovery: {what}",
+        description=f"The driver asks for recovery action {action} on {_gpu(g, h)} ({g.uuid}): {what}.",
         value=None if code is None else float(code), for_seconds=cfg.GpuRecoveryRequired.for_,
     )  # fmt: skip
 
@@ -312,8 +321,8 @@ def reset_required(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings)
     on = g.up and g.reset_required
     yield Check(
         "GpuResetRequired", "critical", fire=on, clear=not on,
-        summary=f"{_gpu(g)} must be reset: {RECOVERY_ACTIONS[1]}",
-        description=f"{_gpu(g)} ({g.uuid}) answers its queries with NVML_ERROR_RESET_REQUIRED: the driver will "
+        summary=f"{_gpu(g, h)} must be reset: {RECOVERY_ACTIONS[1]}",
+        description=f"{_gpu(g, h)} ({g.uuid}) answers its queries with NVML_ERROR_RESET_REQUIRED: the driver will "
                     f"not use it again until it is reset; {RECOVERY_ACTIONS[1]}.",
         value=1.0, for_seconds=cfg.GpuResetRequired.for_,
     )  # fmt: skip
@@ -342,8 +351,8 @@ def fabric_unhealthy(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSetting
         what = FABRIC_ADVICE.get(issue, f"fabric issue {issue}")
         yield Check(
             "GpuFabricUnhealthy", "critical", fire=True, clear=False,
-            summary=f"{_gpu(g)}: NVLink fabric issue {issue}: {what}",
-            description=f"The driver reports NVLink fabric issue {issue} on {_gpu(g)} ({g.uuid}): {what}.",
+            summary=f"{_gpu(g, h)}: NVLink fabric issue {issue}: {what}",
+            description=f"The driver reports NVLink fabric issue {issue} on {_gpu(g, h)} ({g.uuid}): {what}.",
             value=1.0, extra_labels=(("issue", issue),),
             for_seconds=cfg.GpuFabricUnhealthy.for_,
         )  # fmt: skip
@@ -358,9 +367,9 @@ def fabric_not_ready(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSetting
         return  # registered, or no fabric: no check, so an alert of before resolves
     yield Check(
         "GpuFabricNotReady", "critical", fire=True, clear=False,
-        summary=f"{_gpu(g)} has not joined its NVLink fabric (registration {FABRIC_STATES.get(state or 0, state)}): "
+        summary=f"{_gpu(g, h)} has not joined its NVLink fabric (registration {FABRIC_STATES.get(state or 0, state)}): "
                 "CUDA cannot use it until nvidia-fabricmanager (or the NVLink subnet manager) registers it",
-        description=f"{_gpu(g)} ({g.uuid}): fabric registration state {state}; CUDA applications on it fail "
+        description=f"{_gpu(g, h)} ({g.uuid}): fabric registration state {state}; CUDA applications on it fail "
                     "with error 802 (system not yet initialized) until it completes.",
         value=float(state), for_seconds=cfg.GpuFabricNotReady.for_,
     )  # fmt: skip

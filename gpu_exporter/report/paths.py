@@ -109,6 +109,13 @@ def split(start: float, end: float, now: float, interval: float) -> Split | None
 RECORDED = "reading the hourly recorded series (alerts/gpu-report.rules.yml)"
 
 
+# Most stores have no recording rules: say, in words, what loading them would change.
+NO_RULES = (
+    "; load alerts/gpu-report.rules.yml into the store (docs/fleet.md) and the report reads one sample per GPU "
+    "and hour instead of every scrape"
+)
+
+
 def reads(client: Store, mode: str, start: float, end: float, now: float,
           interval: Callable[[], float]) -> tuple[list[Read], str]:  # fmt: skip
     """The parts the range is read in, in time order, and a progress line that says from which series.
@@ -122,6 +129,8 @@ def reads(client: Store, mode: str, start: float, end: float, now: float,
         if hours == w.points:
             return [Read(w, True)], RECORDED
         why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
+        if not hours:
+            why += NO_RULES
     else:
         why = (
             "the range is not 1 to 30 days on whole hours"
@@ -139,8 +148,8 @@ def reads(client: Store, mode: str, start: float, end: float, now: float,
             return together, f"reading the range in parts: {shown}"
         else:
             why = f"the recording rules ran for {hours:.0f} of the {parts.middle.points} whole hours within it"
-            if not hours:  # most stores: say where the rules are, which would make it ten times cheaper
-                why += " (alerts/gpu-report.rules.yml, docs/fleet.md: a tenth of the store's time)"
+            if not hours:
+                why += NO_RULES
     if mode == "yes":
         raise NotRecorded(f"--prometheus.recorded yes: {why}")
     return [Read(window_for(start, end, interval()), False)], f"reading the raw series: {why}"

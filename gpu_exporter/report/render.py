@@ -285,7 +285,12 @@ def _svg_bars(items: list[tuple[str, list[tuple[str, float]]]], unit: str, chart
              'xmlns="http://www.w3.org/2000/svg" role="img">']  # fmt: skip
     for i, (label, segs) in enumerate(items):
         y = 5 + i * row
-        parts.append(f'<text x="{label_w - 8}" y="{y + 16}" text-anchor="end">{escape(label[:48])}</text>')
+        # Right-aligned at the bars, a long label would run off the chart's left edge, cutting off its
+        # start (the node's address): shortened at its end to what 11 px type fits, whole on hover.
+        fits = (label_w - 12) // 7
+        shown = label if len(label) <= fits else label[: fits - 1] + "\u2026"
+        parts.append(f'<text x="{label_w - 8}" y="{y + 16}" text-anchor="end"><title>{escape(label)}</title>'
+                     f"{escape(shown)}</text>")  # fmt: skip
         x = float(label_w)
         for colour, v in segs:
             if v > 0:
@@ -308,6 +313,7 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collap
 td,th{border-bottom:1px solid #e3e3e3;padding:3px 6px;text-align:left;vertical-align:top}
 td{overflow-wrap:anywhere}th{white-space:nowrap}
 table.gpus td:nth-child(n+4):nth-child(-n+11){white-space:nowrap;text-align:right}
+table.gpus td:first-child{white-space:nowrap;overflow-wrap:normal}
 .wide{max-width:100%;overflow-x:auto}
 .chart{display:block;max-width:100%;height:auto}.chart text{font:11px system-ui,sans-serif;fill:#333}
 .legend span{display:inline-block;margin-right:14px}

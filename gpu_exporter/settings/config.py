@@ -12,6 +12,8 @@ import json
 import os
 import re
 import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -334,8 +336,11 @@ class _OneSpelling(PydanticBaseSettingsSource):
         return {OLD_KEYS.get(k, k): v for k, v in self._inner().items()}
 
 
-def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = None) -> Settings:
-    """Settings from every source.  ``cli`` holds only the flags actually given."""
+def load_settings(
+    cli: dict[str, Any] | None = None, config_file: Path | None = None, flags: Mapping[Loc, str] | None = None
+) -> Settings:
+    """Settings from every source.  ``cli`` holds only the flags actually given; ``flags`` names the
+    flag that sets each path of it (``("poll_interval",)``: ``--poll.interval``), for messages."""
     file_data: dict[str, Any] | None = None
     if config_file is not None:
         try:
@@ -367,14 +372,73 @@ def load_settings(cli: dict[str, Any] | None = None, config_file: Path | None = 
                 sources.append(InitSettingsSource(settings_cls, init_kwargs=file_data))
             return tuple(sources)
 
+    given = _Given(cli, variables, dcgm, file_data, config_file, flags or {})
     try:
         settings = _Sourced(**cli)
     except ValidationError as e:
-        raise ConfigError(_describe(e, config_file, spelled)) from e
+        raise ConfigError(_describe(e, config_file, spelled, given.origin)) from e
     except SettingsError as e:  # a value in the environment that should be JSON and is not
         raise ConfigError(_describe_env(e)) from e
     _check_named_files(settings)
     return _rules_for_collectors(settings)
+
+
+Loc = tuple[str | int, ...]
+
+
+def _gives(data: Any, path: Loc) -> bool:
+    """Whether ``data`` (a source's nested settings) holds a value at ``path``, or a whole value above
+    it (a JSON variable, a list given at once)."""
+    for part in path:
+        if isinstance(data, dict):
+            if part not in data:
+                return False
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int):
+            if part >= len(data):
+                return False
+            data = data[part]
+        else:
+            return True
+    return True
+
+
+@dataclass(frozen=True)
+class _Given:
+    """What each source gave, to say which one a bad value came from (the one that won)."""
+
+    cli: dict[str, Any]
+    variables: dict[str, str]
+    dcgm: dict[str, Any]
+    file_data: dict[str, Any] | None
+    config_file: Path | None
+    flags: Mapping[Loc, str]
+
+    def origin(self, loc: Loc) -> str | None:
+        """``flag --poll.interval``, ``GPU_EXPORTER_POLL_INTERVAL``, ``config file c.yaml``; None where
+        no source gave it (a check across settings of several sources)."""
+        if not loc:
+            return None
+        head = str(loc[0])
+        heads = dict.fromkeys([head, OLD_KEYS.get(head, head), SETTING_KEYS.get(head, head),
+                               *(old for old, key in OLD_KEYS.items() if key == head)])  # fmt: skip
+        paths = [(h, *loc[1:]) for h in heads]
+        for path in paths:
+            if _gives(self.cli, path):
+                flag = next((self.flags[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.flags), None)
+                return f"flag {flag}" if flag else "a flag"
+        for path in paths:
+            env = "__".join(str(p) for p in path).lower()
+            for key, name in self.variables.items():
+                if env == key or env.startswith(key + "__"):
+                    return name
+        for path in paths:
+            dcgm = DCGM_NAMES.get(tuple(str(p) for p in path))
+            if dcgm and _gives(self.dcgm, path):
+                return dcgm[1]
+        if self.file_data is not None and any(_gives(self.file_data, path) for path in paths):
+            return f"config file {self.config_file}"
+        return None
 
 
 def _dcgm_environment() -> dict[str, Any]:
@@ -448,10 +512,30 @@ def _known_keys(loc: tuple[str | int, ...]) -> list[str]:
     return [key_names(name, f)[0] for name, f in fields.items()]
 
 
-def _describe(e: ValidationError, config_file: Path | None, spelled: dict[str, str] | None = None) -> str:
-    """One line per error, naming the setting as the user wrote it (``spelled``: an old key)."""
+def _ratio_hint(err: Any) -> str:
+    """``warning: 80`` for a ratio: a percentage meant, which the message should say as 0.8."""
+    value, le = err.get("input"), (err.get("ctx") or {}).get("le")
+    if isinstance(value, str):  # as an environment variable gives it
+        try:
+            value = float(value)
+        except ValueError:
+            return ""
+    if err["type"] != "less_than_equal" or le != 1 or isinstance(value, bool) or not isinstance(value, int | float):
+        return ""
+    return f"; a ratio is meant (0 to 1): {value:g}% is {value / 100:g}" if 1 < value <= 100 else ""
+
+
+def _describe(
+    e: ValidationError,
+    config_file: Path | None,
+    spelled: dict[str, str] | None = None,
+    origin: Callable[[Loc], str | None] | None = None,
+) -> str:
+    """One line per error, naming the setting as the user wrote it (``spelled``: an old key) and the
+    source its value came from (``origin``), else every source it may have come from."""
     lines = []
     for err in e.errors():
+        given = origin(tuple(err["loc"])) if origin is not None else None
         loc = tuple(err["loc"])
         if loc and spelled and loc[0] in spelled:
             loc = (spelled[loc[0]], *loc[1:])
@@ -465,10 +549,11 @@ def _describe(e: ValidationError, config_file: Path | None, spelled: dict[str, s
         value = err.get("input")
         secret = any(is_secret_key(str(part)) for part in loc)
         value = redacted(value, "password" if secret else None)
-        msg = redact_text(err["msg"].removeprefix("Value error, "))
+        msg = redact_text(err["msg"].removeprefix("Value error, ")) + _ratio_hint(err)
         env = ENV_PREFIX + "__".join(str(p) for p in loc).upper()
         dcgm = DCGM_NAMES.get(tuple(str(p) for p in loc))
         env = f"{env}, {dcgm[0]}, {dcgm[1]}" if dcgm else env
         now = f"the old name of {OLD_KEYS[str(loc[0])]}; " if loc and loc[0] in OLD_KEYS else ""
-        lines.append(f"invalid {key} ({now}flag, {env} or config key {key!r}) = {short(value)}: {msg}")
+        where = f"from {given}" if given else f"flag, {env} or config key {key!r}"
+        lines.append(f"invalid {key} ({now}{where}) = {short(value)}: {msg}")
     return clip("; ".join(lines))
