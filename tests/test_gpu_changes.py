@@ -83,3 +83,21 @@ def test_a_gpu_the_driver_no_longer_lists_is_lost_and_another_card_in_its_index_
     assert logs[0]["error"] == "no longer listed by the driver"
     swapped = GpuReading(index=0, uuid="GPU-9", up=True, static=H100)
     assert logged([snap(0, down()), snap(5, swapped)]) == logged([snap(0, down())])
+
+
+def test_a_gpu_the_driver_stopped_listing_is_said_by_missing_alone_and_shares_no_index() -> None:
+    """After a reload with 3 of 4 GPUs, GPU 3 moves into GPU 2's index and GPU 2 is shown down there too
+    (missing.py, which says that change itself as gpu_missing): one line, not two, and the card that
+    moved is neither lost nor new; an XID of the moved card is its own."""
+    from gpu_exporter.sources.missing import MISSING
+
+    moved = GpuReading(index=2, uuid="GPU-3", up=True, static=H100)
+    gone = GpuReading(index=2, uuid="GPU-2", up=False, error=MISSING)
+    before = snap(0, up(0), up(1), up(2), up(3))
+    after = snap(5, up(0), up(1), moved, gone)
+    xid = snap(10, up(0), up(1), GpuReading(index=2, uuid="GPU-3", up=True, static=H100,
+                                            xid_errors_total=MappingProxyType({79: 1})), gone)  # fmt: skip
+    back = snap(15, up(0), up(1), up(2), GpuReading(index=3, uuid="GPU-3", up=True, static=H100,
+                                                    xid_errors_total=MappingProxyType({79: 1})))  # fmt: skip
+    logs = logged([before, after, xid, back])
+    assert [(e["event"], e["uuid"]) for e in logs] == [("gpu_xid", "GPU-3")]
