@@ -18,6 +18,7 @@ import structlog.testing
 
 from gpu_exporter.alerting.delivery import AlertmanagerReceiver, Notifier, Receiver, WebhookReceiver
 from gpu_exporter.alerting.engine import RESOLVED
+from gpu_exporter.alerting.routing import Notification
 from gpu_exporter.alerting.settings import ReceiverSettings, WebhookSettings
 from tests.alerting_helpers import webhook_receiver
 from tests.exporter_helpers import wait_for
@@ -101,26 +102,52 @@ def test_a_notification_with_nothing_to_send_does_not_hold_back_the_next_group()
     assert len(r) == 0
 
 
+def record_retries(r: WebhookReceiver, clock: FakeClock) -> list[tuple[str, float, float]]:
+    """Each failed notification as (group key, when it failed, when the group is tried again), on
+    the made-up clock: what each group's backoff is, exactly."""
+    seen: list[tuple[str, float, float]] = []
+    failed = r.route.failed
+
+    def recording(n: Notification, retry_at: float) -> None:
+        seen.append((n.group.key, clock.now, retry_at))
+        failed(n, retry_at)
+
+    r.route.failed = recording  # type: ignore[method-assign]
+    return seen
+
+
+def wake(r: WebhookReceiver) -> None:
+    """The delivery thread looks again (after the test moved the made-up clock)."""
+    r.submit([], 0.0)
+
+
 def test_failures_back_off_exponentially_and_a_success_starts_the_backoff_again() -> None:
+    clock = FakeClock(T0)
     outcomes = Outcomes()
     with webhook_receiver() as hook:
         hook.status = 503
-        r = receiver(hook.url, outcomes, group_interval=3600)
+        r = receiver(hook.url, outcomes, clock=clock, group_interval=3600)
         r.min_backoff, r.max_backoff = 0.05, 3.0
-        backoffs = record_backoffs(r)
+        retries = record_retries(r, clock)
         r.start()
-        r.submit([alert(gpu="0")], time.time())
-        wait_for(lambda: len(backoffs.waits) >= 5, what="five backoffs")
+        r.submit([alert(gpu="0")], T0)
+        for i in range(5):
+            wait_for(lambda i=i: len(retries) > i, what=f"failure {i + 1}")
+            clock.now = retries[i][2]  # the retry is due: not a moment before (each fails at the last retry_at)
+            wake(r)
+        wait_for(lambda: len(retries) >= 6, what="the sixth failure")
+        assert [at - failed for _, failed, at in retries[:6]] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6], abs=1e-6)
+        assert [failed for _, failed, _ in retries[1:6]] == [at for _, _, at in retries[:5]]
         hook.status = 200
+        clock.now = retries[5][2]
+        wake(r)
         wait_for(lambda: outcomes.count("sent") == 1, timeout=10, what="delivery once the receiver answers")
-        assert backoffs.seconds[:5] == [0.05, 0.1, 0.2, 0.4, 0.8]
-        assert_waited_out(backoffs)
         hook.status = 503
-        before = len(backoffs.waits)
-        r.submit([alert("GpuXidError")], time.time())  # a new group: due at once, and it fails
-        wait_for(lambda: len(backoffs.waits) > before, what="the backoff after the next failure")
+        clock.now += 3600  # the group's next tick, with a change to send
+        r.submit([alert(gpu="1", at=clock.now)], clock.now)
+        wait_for(lambda: len(retries) == 7, what="the failure after the success")
         # The minimum backoff again, not the doubling of the one before the success.
-        assert backoffs.seconds[before] == 0.05, backoffs.seconds
+        assert retries[6][2] - retries[6][1] == pytest.approx(0.05, abs=1e-6), retries
         r.stop()
 
 
