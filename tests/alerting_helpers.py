@@ -306,8 +306,8 @@ class HoldingReceiver:
     def arrived(self, n: int) -> list[HeldRequest]:
         """The first ``n`` requests, once they have arrived (fails after NEVER_S)."""
         with self.cond:
-            assert self.cond.wait_for(lambda: len(self.requests) >= n, NEVER_S), (
-                f"{len(self.requests)} requests arrived, waited for {n}")
+            came = self.cond.wait_for(lambda: len(self.requests) >= n, NEVER_S)
+            assert came, f"{len(self.requests)} requests arrived, waited for {n}"
             return self.requests[:n]
 
     def release_all(self) -> None:
