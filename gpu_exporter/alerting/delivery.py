@@ -113,15 +113,14 @@ class Receiver:
             # Firing alerts are re-sent by the next daemon, and Alertmanager expires the rest by
             # their endsAt; still, say what did not go out.
             log.warning("notifications_undelivered_at_shutdown", receiver=self.name, alerts=left,
-                        in_flight=self.in_flight)  # fmt: skip
+                        **self._shutdown_detail())  # fmt: skip
 
     def _threads(self) -> list[threading.Thread]:
+        """The threads a stop waits for."""
         return [self._thread]
 
-    @property
-    def in_flight(self) -> int:
-        """Requests sent and not yet answered."""
-        return 0
+    def _shutdown_detail(self) -> dict[str, int]:
+        return {}
 
     @property
     def alive(self) -> bool:
@@ -310,6 +309,9 @@ class WebhookReceiver(Receiver):
     def _threads(self) -> list[threading.Thread]:
         with self._cond:
             return [self._thread, *self._senders]
+
+    def _shutdown_detail(self) -> dict[str, int]:
+        return {"in_flight": self.in_flight}
 
     def submit(self, alerts: list[Alert], now: float) -> None:
         with self._cond:
