@@ -555,13 +555,14 @@ def test_a_failing_group_backs_off_alone() -> None:
         wait_for(lambda: len(retries) == 1, what="the failure")
         r.submit([alert("GpuXidError", gpu="1"), warning("2")], T0)
         wait_for(lambda: outcomes.count("sent") == 2, what="the other groups, delivered meanwhile")
-        clock.now = retries[0][2]
-        wake(r)
-        wait_for(lambda: len(retries) == 2, what="the retry after 300 s")
+        for i in (1, 2):
+            clock.now = retries[i - 1][2]
+            wake(r)
+            wait_for(lambda i=i: len(retries) > i, what=f"retry {i}")
         r.stop()
-    assert [at - failed for _, failed, at in retries] == [300.0, 600.0]
+    assert [at - failed for _, failed, at in retries] == [300.0, 600.0, 1000.0], "doubling up to max_backoff"
     names = [h.alertnames[0] for h in hook.requests]
-    assert (names[0], sorted(names[1:3]), names[3:]) == ("GpuLost", ["GpuMemoryHigh", "GpuXidError"], ["GpuLost"])
+    assert (names[0], sorted(names[1:3]), names[3:]) == ("GpuLost", ["GpuMemoryHigh", "GpuXidError"], ["GpuLost"] * 2)
 
 
 def test_stop_with_requests_in_flight_ends_the_receiver_and_starts_nothing_more(
@@ -596,3 +597,33 @@ def test_a_slow_webhook_holds_back_no_other_receiver() -> None:
         held.arrived(1)
         wait_for(lambda: len(quick.requests) == 1, what="the other receiver's notification")
         n.stop()
+
+
+def test_a_request_that_gets_no_thread_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of threads (a container's pids limit): the group backs off as after a failed request,
+    and goes out once a thread can be had; the delivery thread goes on."""
+    refusals = [RuntimeError("can't start new thread")]
+
+    class Scarce(threading.Thread):
+        def start(self) -> None:
+            if self.name.endswith("-send") and refusals:
+                raise refusals.pop()
+            super().start()
+
+    monkeypatch.setattr("gpu_exporter.alerting.delivery.threading.Thread", Scarce)
+    clock = FakeClock(T0)
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = receiver(hook.url, outcomes, clock=clock)
+        r.min_backoff = 7.0
+        retries = record_retries(r, clock)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: len(retries) == 1, what="the group put back")
+        assert r.in_flight == 0 and r.alive
+        clock.now = retries[0][2]
+        wake(r)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the notification, once a thread is had")
+        r.stop()
+    assert retries == [('{}:{alertname="GpuLost", node="n1"}', T0, T0 + 7.0)]
+    assert len(hook.requests) == 1 and outcomes.count("retried") == 1

@@ -339,6 +339,7 @@ class WebhookReceiver(Receiver):
                     self._senders.discard(sender)
                     self._settle(n, "retry")
                     log.exception("notification_failed", receiver=self.name, will_retry=True)
+                    self._count("retried")
         return True
 
     def _send(self, n: Notification) -> None:
