@@ -627,3 +627,29 @@ def test_a_request_that_gets_no_thread_is_tried_again(monkeypatch: pytest.Monkey
         r.stop()
     assert retries == [('{}:{alertname="GpuLost", node="n1"}', T0, T0 + 7.0)]
     assert len(hook.requests) == 1 and outcomes.count("retried") == 1
+
+
+def test_a_bug_in_building_a_webhook_request_backs_the_group_off_and_it_goes_out_after() -> None:
+    clock = FakeClock(T0)
+    outcomes = Outcomes()
+    with webhook_receiver() as hook:
+        r = receiver(hook.url, outcomes, clock=clock)
+        bugs = [RuntimeError("a bug")]
+
+        def generator_url() -> str:
+            if bugs:
+                raise bugs.pop()
+            return GENERATOR
+
+        r._generator_url = generator_url
+        r.min_backoff = 2.0
+        retries = record_retries(r, clock)
+        r.start()
+        r.submit([alert()], T0)
+        wait_for(lambda: len(retries) == 1, what="the group put back")
+        assert outcomes.count("retried") == 1 and r.in_flight == 0
+        clock.now = retries[0][2]
+        wake(r)
+        wait_for(lambda: outcomes.count("sent") == 1, what="the notification after the bug")
+        r.stop()
+    assert retries[0][1:] == (T0, T0 + 2.0) and len(hook.requests) == 1

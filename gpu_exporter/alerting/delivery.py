@@ -344,20 +344,22 @@ class WebhookReceiver(Receiver):
 
     def _send(self, n: Notification) -> None:
         """One group's notification, on its own thread: its outcome decides the group's next send."""
-        doc: Any = None  # what was sent; None: nothing was for this receiver
+        result, counted = "retry", True  # a notification with nothing to send is not counted
         try:
             url = self._generator_url()
             with self._cond:
                 doc = self.route.payload(n, external_url=url.rsplit("/", 1)[0], generator_url=url)
+            counted = doc is not None
             result = "sent" if doc is None else self._post(doc)
         except Exception:  # a bug, not the receiver's fault: say so, and try the group again
             log.exception("notification_failed", receiver=self.name, will_retry=True)
-            result, doc = "retry", n
-        with self._cond:
-            self._senders.discard(threading.current_thread())
-            self._settle(n, result)
-            self._cond.notify_all()  # a place is free, and the group may be due again
-        if doc is not None:  # a notification with nothing to send is not counted
+            result, counted = "retry", True
+        finally:  # whatever happened, the place is freed and the group has a next send
+            with self._cond:
+                self._senders.discard(threading.current_thread())
+                self._settle(n, result)
+                self._cond.notify_all()  # a place is free, and the group may be due again
+        if counted:
             self._count("retried" if result == "retry" else result)
 
     def _settle(self, n: Notification, result: str) -> None:
