@@ -262,3 +262,93 @@ def raw_receiver(script: list[str], then: str = "http", upstream: str | None = N
         stopping.set()
         thread.join(5)
         listener.close()
+
+
+# -- a receiver that answers when the test says ---------------------------------------------------------
+@dataclass
+class HeldRequest:
+    """One webhook request, held open until the test releases it (or NEVER_S passes)."""
+
+    body: Any
+    status: int = 200
+    released: threading.Event = field(default_factory=threading.Event)
+    answered: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def group(self) -> str:
+        return str(self.body["groupKey"])
+
+    @property
+    def alertnames(self) -> list[str]:
+        return [a["labels"]["alertname"] for a in self.body["alerts"]]
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@dataclass
+class HoldingReceiver:
+    """Records every request when it arrives and answers each only once the test releases it (with
+    ``status_for(body)``); counts the requests open at once, so a test can pin a bound on them."""
+
+    port: int = 0
+    hold: bool = True
+    status_for: Any = None  # body -> status; 200 when None
+    requests: list[HeldRequest] = field(default_factory=list)
+    open: int = 0
+    peak: int = 0  # the most requests open at one moment
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def arrived(self, n: int) -> list[HeldRequest]:
+        """The first ``n`` requests, once they have arrived (fails after NEVER_S)."""
+        with self.cond:
+            came = self.cond.wait_for(lambda: len(self.requests) >= n, NEVER_S)
+            assert came, f"{len(self.requests)} requests arrived, waited for {n}"
+            return self.requests[:n]
+
+    def release_all(self) -> None:
+        with self.cond:
+            self.hold = False
+            for r in self.requests:
+                r.release()
+
+
+@contextmanager
+def holding_receiver() -> Iterator[HoldingReceiver]:
+    rec = HoldingReceiver()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"null")
+            req = HeldRequest(body, 200 if rec.status_for is None else rec.status_for(body))
+            with rec.cond:
+                rec.requests.append(req)
+                rec.open += 1
+                rec.peak = max(rec.peak, rec.open)
+                if not rec.hold:
+                    req.release()
+                rec.cond.notify_all()
+            req.released.wait(NEVER_S)
+            with rec.cond:
+                rec.open -= 1  # before the answer: the client may send the next at once
+            self.send_response(req.status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            req.answered.set()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    rec.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield rec
+    finally:
+        rec.release_all()
+        server.shutdown()
+        server.server_close()

@@ -319,3 +319,55 @@ def test_the_notification_log_forgets_a_gone_group_after_the_retention_only() ->
     r.insert([alert("Other")], T0 + 60 + LOG_RETENTION_S)  # something else keeps the route ticking
     deliver(r, T0 + 61 + LOG_RETENTION_S)
     assert list(r.log) == ['{}:{alertname="Other", node="n1"}']
+
+
+# -- groups on their own schedules, with places for requests -------------------------------------------
+def test_a_group_with_a_notification_in_flight_waits_for_its_outcome() -> None:
+    r = route(group_wait=0, group_interval=60)
+    r.insert([alert()], T0)
+    deliver(r, T0)
+    r.insert([alert(gpu="1", at=T0 + 10)], T0 + 10)
+    (n,) = r.due(T0 + 60)
+    r.insert([alert(state=RESOLVED, resolved_at=T0 + 70)], T0 + 70)
+    assert r.next_due() is None and r.due(T0 + 130) == [], "the resolution waits for the firing's outcome"
+    r.failed(n, retry_at=T0 + 131)
+    assert r.next_due() == T0 + 120, "the tick passed during the flight: due again at once"
+    (both,) = r.due(T0 + 131)
+    assert [(a.label_dict["gpu"], a.state) for a in both.alerts] == [("0", RESOLVED), ("1", FIRING)]
+    r.rejected(both)
+    assert r.next_due() == T0 + 191, "after a rejection, the group's next tick"
+
+
+def test_with_free_places_criticals_go_first_and_the_reserved_place_is_theirs() -> None:
+    r = route(group_wait=0, group_by=["alertname", "gpu"])
+    r.insert([alert("GpuMemoryHigh", gpu=str(g), severity="warning", at=T0 - 10 + g) for g in range(4)], T0)
+    r.insert([alert("GpuLost", gpu="9")], T0 + 5)  # due after the warnings, goes before them
+    r.insert([alert("GpuLost", gpu="8", state=RESOLVED, resolved_at=T0)], T0 + 5)  # not firing: no priority
+    assert r.next_due(free=1, reserved=1) == T0 + 5, "only the critical group may take the reserved place"
+    assert r.next_due(free=0) is None
+    (first,) = r.due(T0 + 5, free=1, reserved=1)
+    assert first.group.labels["alertname"] == "GpuLost"
+    assert r.next_due(free=1, reserved=1) is None, "no warning takes the reserved place"
+    two = r.due(T0 + 5, free=3, reserved=1)
+    assert [n.group.labels["gpu"] for n in two] == ["0", "1"], "the longest due first, one place left"
+    assert r.next_due(free=2, reserved=1) == T0, "the warnings left wait, due as they were"
+    assert [n.group.labels["gpu"] for n in r.due(T0 + 6)] == ["2", "3"]
+
+
+def test_a_group_that_needs_nothing_moves_on_without_a_place() -> None:
+    """A tick with nothing to send takes no place: its resolutions are dropped all the same."""
+    r = route(group_wait=0, group_interval=60, send_resolved=False)
+    r.insert([alert()], T0)
+    (n,) = r.due(T0)
+    r.delivered(n, T0)
+    r.insert([alert(gpu="1", severity="warning"), alert(state=RESOLVED, resolved_at=T0 + 1)], T0 + 1)
+    assert r.due(T0 + 60, free=0) == [] and r.next_due() == T0 + 60
+
+
+def test_a_firing_critical_group_goes_before_warnings_due_earlier() -> None:
+    r = route(group_wait=0, group_by=["alertname", "gpu"])
+    r.insert([alert("GpuMemoryHigh", gpu="0", severity="warning")], T0)
+    r.insert([alert("GpuMemoryHigh", gpu="1", severity="critical")], T0 + 1)
+    r.insert([alert("GpuMemoryHigh", gpu="2", severity="warning")], T0 + 2)
+    r.insert([alert("GpuLost", gpu="3")], T0 + 3)
+    assert [n.group.labels["gpu"] for n in r.due(T0 + 3, free=3)] == ["1", "3", "0"]

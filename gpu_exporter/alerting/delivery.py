@@ -9,13 +9,19 @@ the other receivers.  Neither holds history, only the current state of each aler
   never delivered with an ``endsAt`` that passed during the outage (which Alertmanager would read
   as resolved), and a resolution that happened during it is delivered.  The queue is bounded by
   the number of alerts, not by the length of the outage.
-* A webhook receiver routes alerts as an Alertmanager route would (``routing``).
+* A webhook receiver routes alerts as an Alertmanager route would (``routing``).  Its thread only
+  plans: each notification goes out on a thread of its own, so one group's slow request holds back
+  neither the other groups nor its retries.  A group has one notification in flight at a time (its
+  resolution never overtakes its firing), and a receiver at most ``max_concurrent_requests``, one
+  of which only a group with a firing critical alert may take: a ``GpuLost`` never waits behind
+  warnings that a slow receiver holds.
 
 Any failure of a send (refused or reset connection, timeout, TLS error, a 5xx or 429, a reply that
 is not HTTP or is cut short) is counted as ``retried`` and tried again with exponential backoff,
 with the state of that moment.  A reply the receiver means (another 4xx) is counted as ``rejected``
 and logged; an Alertmanager receiver drops what it rejected, a webhook tries the group again at its
-next ``group_interval``, as Alertmanager does.  The delivery thread survives anything a send raises.
+next ``group_interval``, as Alertmanager does; each webhook group backs off on its own.  The
+delivery thread survives anything a send raises.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import structlog
 
 from ..settings.redaction import redact_text
 from .engine import FIRING, RESOLVED, Alert, Labels
-from .routing import Route, rfc3339
+from .routing import Notification, Route, rfc3339
 from .settings import AlertingSettings, ReceiverSettings, WebhookSettings
 
 log = structlog.get_logger(__name__)
@@ -93,16 +99,28 @@ class Receiver:
         self._thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
+        """Stop sending, waiting at most ``timeout`` in all for requests in flight (a receiver that
+        never answers holds no shutdown for longer)."""
+        deadline = time.monotonic() + timeout
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if self._thread.ident is not None:  # a receiver that never started has no thread to wait for
-            self._thread.join(timeout)
+        for thread in self._threads():
+            if thread.ident is not None:  # a receiver that never started has no thread to wait for
+                thread.join(max(0.0, deadline - time.monotonic()))
         left = len(self)
         if left:
             # Firing alerts are re-sent by the next daemon, and Alertmanager expires the rest by
             # their endsAt; still, say what did not go out.
-            log.warning("notifications_undelivered_at_shutdown", receiver=self.name, alerts=left)
+            log.warning("notifications_undelivered_at_shutdown", receiver=self.name, alerts=left,
+                        **self._shutdown_detail())  # fmt: skip
+
+    def _threads(self) -> list[threading.Thread]:
+        """The threads a stop waits for."""
+        return [self._thread]
+
+    def _shutdown_detail(self) -> dict[str, int]:
+        return {}
 
     @property
     def alive(self) -> bool:
@@ -273,39 +291,90 @@ class WebhookReceiver(Receiver):
         super().__init__(settings, outcome, clock, steady)
         self.route = Route(settings)
         self._generator_url = generator_url
+        self.max_concurrent = settings.max_concurrent_requests
+        # Past one place, one is kept for a group with a firing critical alert: warnings that a
+        # slow receiver holds never make a GpuLost wait for one of them to be answered.
+        self._reserved = 1 if self.max_concurrent > 1 else 0
+        self._senders: set[threading.Thread] = set()  # one per request in flight
 
     def __len__(self) -> int:
         with self._cond:
             return self.route.waiting()
 
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return len(self._senders)
+
+    def _threads(self) -> list[threading.Thread]:
+        with self._cond:
+            return [self._thread, *self._senders]
+
+    def _shutdown_detail(self) -> dict[str, int]:
+        return {"in_flight": self.in_flight}
+
     def submit(self, alerts: list[Alert], now: float) -> None:
         with self._cond:
             self.route.insert(alerts, self._steady(), wall=self._clock())
-            self._cond.notify()
+            self._cond.notify_all()
+
+    def _free(self) -> int:
+        return self.max_concurrent - len(self._senders)
 
     def _wait_s(self, now: float) -> float | None:
-        due = self.route.next_due()
+        due = self.route.next_due(self._free(), self._reserved)
         return None if due is None else due - now
 
     def _deliver(self) -> bool:
+        """Start a request for each group due, as many as there are free places; never waits for one."""
         with self._cond:
-            notifications = self.route.due(self._steady())
-        ok = True
-        for n in notifications:
+            if self._stop:  # stop() waits for the senders it saw: no new one after it
+                return True
+            for n in self.route.due(self._steady(), self._free(), self._reserved):
+                sender = threading.Thread(target=self._send, args=(n,), name=f"notify-{self.name}-send", daemon=True)
+                self._senders.add(sender)
+                try:
+                    sender.start()
+                except RuntimeError:  # no thread to be had: the group is tried again, as after a failure
+                    self._senders.discard(sender)
+                    self._settle(n, "retry")
+                    log.exception("notification_failed", receiver=self.name, will_retry=True)
+                    self._count("retried")
+        return True
+
+    def _send(self, n: Notification) -> None:
+        """One group's notification, on its own thread: its outcome decides the group's next send."""
+        result, counted = "retry", True  # a notification with nothing to send is not counted
+        try:
             url = self._generator_url()
             with self._cond:
                 doc = self.route.payload(n, external_url=url.rsplit("/", 1)[0], generator_url=url)
+            counted = doc is not None
             result = "sent" if doc is None else self._post(doc)
+        except Exception:  # a bug, not the receiver's fault: say so, and try the group again
+            log.exception("notification_failed", receiver=self.name, will_retry=True)
+            result, counted = "retry", True
+        finally:  # whatever happened, the place is freed and the group has a next send
             with self._cond:
-                if result == "sent":
-                    self.route.delivered(n, self._steady())
-                elif result == "retry":
-                    self.route.failed(n, self._steady() + self._backoff)
-            if doc is None:
-                continue
+                self._senders.discard(threading.current_thread())
+                self._settle(n, result)
+                self._cond.notify_all()  # a place is free, and the group may be due again
+        if counted:
             self._count("retried" if result == "retry" else result)
-            ok = ok and result != "retry"
-        return ok
+
+    def _settle(self, n: Notification, result: str) -> None:
+        """The group's state after ``n``'s outcome; a failure backs the group off on its own,
+        doubling from ``min_backoff`` to ``max_backoff``, and a success starts it again.  Under the lock."""
+        g, now = n.group, self._steady()
+        if result == "retry":
+            g.backoff = min(max(2 * g.backoff, self.min_backoff), self.max_backoff)
+            self.route.failed(n, now + g.backoff)
+            return
+        g.backoff = 0.0
+        if result == "sent":
+            self.route.delivered(n, now)
+        else:
+            self.route.rejected(n)
 
 
 @dataclass(frozen=True)

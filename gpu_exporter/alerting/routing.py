@@ -15,7 +15,12 @@ Alertmanager 0.25, dispatch/dispatch.go and notify/notify.go):
 * the payload is Alertmanager's webhook body, version 4, with its ``groupKey``
   (``{}:{alertname="GpuLost", node="n1"}``), ``groupLabels``, ``commonLabels``, the receiver's
   name, alerts ordered and fingerprinted as Alertmanager orders and fingerprints them, and the
-  ``endsAt`` of a firing alert left at the zero time as Alertmanager leaves it.
+  ``endsAt`` of a firing alert left at the zero time as Alertmanager leaves it;
+* each group is notified on its own schedule, one notification of a group at a time (Alertmanager's
+  aggregation groups each flush in their own goroutine), so a group's resolution never overtakes
+  its firing notification.  Unlike Alertmanager, the caller may bound how many are sent at once
+  (``due``'s ``free``): then groups with a firing critical alert go first, and may be given a place
+  that the others may not take (``reserved``).
 
 It is pure state: the caller gives the time, so tests drive it with a made-up clock.
 """
@@ -125,6 +130,17 @@ class Group:
     retry_at: float | None = None  # a failed send is tried again then, before the next tick
     changed: bool = True  # holds something not yet delivered
     version: int = 0  # counts changes, so a delivery does not clear one that came in meanwhile
+    sending: bool = False  # a notification of it is in flight: the next waits for its outcome
+    backoff: float = 0.0  # the wait before the last retry (the sender doubles it); 0 once delivered
+
+    @property
+    def critical(self) -> bool:
+        """Holds a firing alert of severity critical: its notification goes before the others'."""
+        return any(a.state == FIRING and ("severity", "critical") in a.labels for a in self.alerts.values())
+
+    @property
+    def due_at(self) -> float:
+        return self.retry_at if self.retry_at is not None and self.retry_at < self.next_flush else self.next_flush
 
 
 @dataclass(frozen=True)
@@ -172,9 +188,10 @@ class Route:
                 g.next_flush = min(g.next_flush, now)
 
     # -- timing -----------------------------------------------------------------------------------
-    def next_due(self) -> float | None:
-        times = [g.retry_at if g.retry_at is not None and g.retry_at < g.next_flush else g.next_flush
-                 for g in self.groups.values()]  # fmt: skip
+    def next_due(self, free: int | None = None, reserved: int = 0) -> float | None:
+        """When the next group that could be notified now is due: none in flight, and, with ``free``
+        places for requests, none that ``due`` would have to leave waiting for a place."""
+        times = [g.due_at for g in self.groups.values() if not g.sending and _admits(g, free, reserved)]
         return min(times) if times else None
 
     def waiting(self) -> int:
@@ -182,27 +199,37 @@ class Route:
         return sum(len(g.alerts) for g in self.groups.values() if g.changed)
 
     # -- notifications out -----------------------------------------------------------------------
-    def due(self, now: float) -> list[Notification]:
+    def due(self, now: float, free: int | None = None, reserved: int = 0) -> list[Notification]:
         """The notifications to send now, one per group whose time has come and that needs one.
+
+        A group with a notification in flight waits for its outcome (``delivered``, ``failed`` or
+        ``rejected``).  With ``free`` places for requests, at most that many are returned, groups
+        with a firing critical alert first, then the longest due; ``reserved`` of the places are
+        for the critical ones alone.  A group left without a place stays due, as it was, and is
+        looked at again when a place frees.
 
         A group's tick moves on by ``group_interval`` whether or not it sends; a group that needs
         nothing drops its delivered resolutions, as Alertmanager does after a successful flush.
         """
         out = []
-        for g in list(self.groups.values()):
-            tick = now >= g.next_flush
-            retry = g.retry_at is not None and now >= g.retry_at
-            if not (tick or retry):
+        ready = [g for g in self.groups.values() if not g.sending and now >= g.due_at]
+        ready.sort(key=lambda g: (not g.critical, g.due_at))  # stable: equals keep their order
+        for g in ready:
+            firing = frozenset(a.fingerprint for a in g.alerts.values() if a.state == FIRING)
+            resolved = frozenset(a.fingerprint for a in g.alerts.values() if a.state == RESOLVED)
+            needs = self._needs_update(self.log.get(g.key), firing, resolved, now)
+            if needs and not _admits(g, free, reserved):
                 continue
-            if tick:
+            if now >= g.next_flush:
                 g.has_flushed = True
                 g.next_flush = now + self.settings.group_interval
             g.retry_at = None
-            firing = frozenset(a.fingerprint for a in g.alerts.values() if a.state == FIRING)
-            resolved = frozenset(a.fingerprint for a in g.alerts.values() if a.state == RESOLVED)
-            if self._needs_update(self.log.get(g.key), firing, resolved, now):
+            if needs:
                 alerts = tuple(sorted(g.alerts.values(), key=_OrderKey))
                 out.append(Notification(g, alerts, firing, resolved, g.version))
+                g.sending = True
+                if free is not None:
+                    free -= 1
             else:
                 self._forget_resolved(g, g.alerts.values(), g.version)
         self._gc(now)
@@ -255,14 +282,20 @@ class Route:
 
     def delivered(self, n: Notification, now: float) -> None:
         """``n`` went through (or was not for this receiver): log it and drop its resolutions."""
+        n.group.sending = False
         self.log[n.group.key] = LogEntry(n.firing, n.resolved, now)
         self._forget_resolved(n.group, n.alerts, n.version)
 
     def failed(self, n: Notification, retry_at: float) -> None:
         """``n`` may go through later: try the group again at ``retry_at`` with its state then."""
         g = n.group
+        g.sending = False
         if self.groups.get(g.key) is g:
             g.retry_at = retry_at
+
+    def rejected(self, n: Notification) -> None:
+        """The receiver refused ``n``: the group is tried again at its next tick, as Alertmanager does."""
+        n.group.sending = False
 
     def _forget_resolved(self, g: Group, alerts: Iterable[Alert], version: int) -> None:
         for a in list(alerts):
@@ -277,6 +310,12 @@ class Route:
         for key, entry in list(self.log.items()):
             if key not in self.groups and entry.at < now - max(LOG_RETENTION_S, self.settings.repeat_interval):
                 del self.log[key]
+
+
+def _admits(g: Group, free: int | None, reserved: int) -> bool:
+    """Whether one of ``free`` places may go to ``g``: any to a critical group, all but ``reserved``
+    to another; no bound where ``free`` is None."""
+    return free is None or free > (0 if g.critical else reserved)
 
 
 def _common(dicts: list[dict[str, str]]) -> dict[str, str]:

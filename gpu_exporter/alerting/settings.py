@@ -453,6 +453,11 @@ class WebhookSettings(ReceiverSettings):
     group_interval: Duration = Field(300.0, gt=0, le=DAY, description="how long between notifications of a group")
     repeat_interval: Duration = Field(4 * 3600.0, gt=0, description="how long before an unchanged group is re-sent")
     send_resolved: bool = True
+    max_concurrent_requests: int = Field(
+        4, ge=1, le=64,
+        description="requests in flight at once to this webhook, each for another group; past one, one place is kept "
+        "for groups with a firing critical alert",
+    )  # fmt: skip
 
     @property
     def receiver(self) -> str:
