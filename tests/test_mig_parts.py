@@ -1,0 +1,113 @@
+"""The books of a card in MIG mode, per GPU instance (issue 48, point 1): each slice's share of the card,
+its own state and holders, and the card kept whole where the cut cannot be told.  The daemon end to
+end, and the report on a real Prometheus, are in tests/test_mig_books_live.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_exporter.accounting.ledger import Accountant
+from gpu_exporter.accounting.states import (
+    ALLOCATED_IDLE,
+    ALLOCATED_UNKNOWN,
+    BUSY,
+    IDLE,
+    NOBODY,
+    WHOLE,
+    parts,
+    slices_of,
+)
+from gpu_exporter.snapshot import Activity, GpuReading, GpuStatic, MigReading, NodeSnapshot, ProcessReading
+
+GIB = 1024**3
+T0 = 1_800_000_000.0
+THRESHOLD = 0.10
+A30 = GpuStatic(index=0, uuid="GPU-0", name="NVIDIA A30", pci_bus_id="00000000:18:00.0", mig_mode="enabled")
+
+
+def proc(pid: int, user: str) -> ProcessReading:
+    return ProcessReading(pid, "python3", GIB, user=user)
+
+
+def mig(index: int, profile: str, gi: int | None, sm: float | None = None, *procs: ProcessReading,
+        ci: int = 0) -> MigReading:  # fmt: skip
+    """A MIG device: ``sm``, its GPU instance's SM activity (GPM), None where none is given."""
+    return MigReading(index, f"MIG-{index}", profile, gi, ci, processes=procs,
+                      activity=None if sm is None else Activity(sm=sm))  # fmt: skip
+
+
+def card(*migs: MigReading, slices: int | None = 4, **kw: Any) -> GpuReading:
+    # In MIG mode the parent lists every instance's processes, and has no GPU-Util.
+    every = tuple(p for m in migs for p in m.processes)
+    return GpuReading(index=0, uuid="GPU-0", up=True, static=A30, utilization_ratio=None, processes=every,
+                      migs=migs, mig_slices=slices, **kw)  # fmt: skip
+
+
+def cut(g: GpuReading, signal: str = "auto") -> dict[str, tuple[float, str, list[str]]]:
+    return {
+        p.instance: (round(p.share, 9), p.state, [h.name for h, _ in p.holders]) for p in parts(g, THRESHOLD, signal)
+    }
+
+
+@pytest.mark.parametrize(("profile", "slices"), [("1g.10gb", 1), ("1g.20gb", 1), ("1g.10gb+me", 1), ("2g.20gb", 2),
+                                                  ("3g.40gb", 3), ("7g.80gb", 7), ("1c.7g.80gb", 7), ("unknown", None),
+                                                  ("0g.1gb", None)])  # fmt: skip
+def test_a_profile_names_its_gpu_instances_compute_slices(profile: str, slices: int | None) -> None:
+    assert slices_of(profile) == slices
+
+
+def test_an_a30_is_cut_in_fourths_and_what_no_instance_takes_is_idle() -> None:
+    """An A30 has 4 compute slices (nvmlDeviceGetMaxMigDeviceCount 4): a 1g is a quarter of it, a 2g half;
+    with one 1g and one 2g, the fourth quarter is idle, held by nobody."""
+    g = card(mig(0, "2g.12gb", 1, 0.6, proc(1, "alice")), mig(1, "1g.6gb", 5, 0.0, proc(2, "bob")))
+    assert cut(g) == {"1": (0.5, BUSY, ["user alice"]), "5": (0.25, ALLOCATED_IDLE, ["user bob"]),
+                      WHOLE: (0.25, IDLE, [NOBODY.name])}  # fmt: skip
+
+
+def test_a_gpu_instances_compute_instances_are_one_slice_with_its_activity() -> None:
+    """GPM is per GPU instance, shown on one of its compute instances: the instance is one part, at its
+    GPU instance's share, held by the holders of every compute instance."""
+    g = card(mig(0, "1c.2g.12gb", 1, 0.03, proc(1, "alice")), mig(1, "1c.2g.12gb", 1, None, proc(2, "bob"), ci=1),
+             mig(2, "2g.12gb", 2, 0.0), slices=4)  # fmt: skip
+    assert cut(g) == {"1": (0.5, ALLOCATED_IDLE, ["user alice", "user bob"]), "2": (0.5, IDLE, [NOBODY.name])}
+
+
+def test_a_held_slice_without_activity_is_held_activity_unknown() -> None:
+    """No GPM (an A100, an A30), or GPU-Util asked for (never given per MIG device): held, unknown."""
+    g = card(mig(0, "2g.12gb", 1, None, proc(1, "alice")), mig(1, "2g.12gb", 2, None))
+    assert cut(g) == {"1": (0.5, ALLOCATED_UNKNOWN, ["user alice"]), "2": (0.5, IDLE, [NOBODY.name])}
+    g = card(mig(0, "2g.12gb", 1, 0.9, proc(1, "alice")), mig(1, "2g.12gb", 2, 0.9))
+    assert cut(g, "gpu_utilization")["1"][1] == ALLOCATED_UNKNOWN
+
+
+@pytest.mark.parametrize("broken", ["no card slices", "no instance id", "no profile", "more than the card"])
+def test_a_cut_that_cannot_be_told_keeps_the_card_whole(broken: str) -> None:
+    """Where the card's slices, an instance's id or its profile are unknown, or the instances add up to more
+    than the card, the card keeps one book: in MIG mode it has no activity, so held it is unknown."""
+    migs = [mig(0, "2g.12gb", 1, 0.9, proc(1, "alice")), mig(1, "2g.12gb", 2, 0.9)]
+    slices: int | None = 4
+    if broken == "no card slices":
+        slices = None
+    elif broken == "no instance id":
+        migs[1] = mig(1, "2g.12gb", None, 0.9)
+    elif broken == "no profile":
+        migs[1] = mig(1, "unknown", 2, 0.9)
+    else:
+        migs.append(mig(2, "1g.6gb", 3, 0.9))  # 2 + 2 + 1 of 4
+        slices = 4
+        migs[1] = mig(1, "3g.18gb", 2, 0.9)
+    assert cut(card(*migs, slices=slices)) == {WHOLE: (1.0, ALLOCATED_UNKNOWN, ["user alice"])}
+
+
+def test_the_books_weight_each_slice_by_its_share_and_add_up_to_the_cards_time() -> None:
+    acc = Accountant(threshold=THRESHOLD)
+    g = card(mig(0, "2g.12gb", 1, 0.6, proc(1, "alice")), mig(1, "1g.6gb", 5, 0.0, proc(2, "bob")))
+    for t in (0.0, 8.0):
+        acc.observe(NodeSnapshot(taken_at=T0 + t, duration_seconds=0.05, nvml_up=True, gpus=(g,), monotonic_at=t))
+    (a,) = acc.view().gpus
+    got = {(i, h.name, s): v for i, h, s, v in a.instance_seconds if v}
+    assert got == {("1", "user alice", BUSY): 4.0, ("5", "user bob", ALLOCATED_IDLE): 2.0}
+    assert {(h.name, s): v for h, s, v in a.seconds if v} == {(NOBODY.name, IDLE): 2.0}
+    assert a.state == BUSY  # the card: its busiest slice's
