@@ -4,6 +4,7 @@ end, and the report on a real Prometheus, are in tests/test_mig_books_live.py.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -111,3 +112,29 @@ def test_the_books_weight_each_slice_by_its_share_and_add_up_to_the_cards_time()
     assert got == {("1", "user alice", BUSY): 4.0, ("5", "user bob", ALLOCATED_IDLE): 2.0}
     assert {(h.name, s): v for h, s, v in a.seconds if v} == {(NOBODY.name, IDLE): 2.0}
     assert a.state == BUSY  # the card: its busiest slice's
+
+
+# -- GpuUnderutilized per slice ----------------------------------------------------------------------------
+def test_underutilized_fires_for_each_idle_slice_and_not_for_the_busy_one() -> None:
+    """Seven 1g slices of an H100, two busy, five held idle: five alerts, one per idle slice (labelled with
+    its GPU instance), none for the card.  An A100's slices (no GPM) say nothing: unknown is not idle."""
+    from gpu_exporter.alerting.engine import FIRING, RuleEngine
+    from gpu_exporter.settings.config import load_settings
+
+    h100 = GpuStatic(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0")
+    busy = (7, 8)
+    migs = tuple(mig(i, "1g.10gb", gi, 0.8 if gi in busy else 0.0, proc(100 + gi, f"u{gi}"))
+                 for i, gi in enumerate(range(7, 14)))  # fmt: skip
+    a100 = tuple(mig(i, "3g.40gb", gi, None, proc(200 + gi, f"a{gi}")) for i, gi in enumerate((1, 2)))
+    cards = (replace(card(*migs, slices=7, activity=Activity(sm=0.03)), static=h100),
+             replace(card(*a100, slices=7), index=1, uuid="GPU-1"))  # fmt: skip
+    engine = RuleEngine(load_settings({"rules": {"GpuUnderutilized": {"for": "1m"}}}).rules, "node-a",
+                        resend_interval=3600)  # fmt: skip
+    sent = [a for i in range(40) for a in engine.evaluate(
+        NodeSnapshot(taken_at=T0 + 5 * i, duration_seconds=0.05, nvml_up=True, gpus=cards, monotonic_at=5.0 * i)
+    ).to_send]  # fmt: skip
+    firing = {(a.label_dict["gpu"], a.label_dict.get("gpu_instance_id")) for a in sent
+              if a.state == FIRING and a.label_dict["alertname"] == "GpuUnderutilized"}  # fmt: skip
+    assert firing == {("0", str(gi)) for gi in range(9, 14)}
+    summary = dict(next(a for a in sent if a.label_dict.get("gpu_instance_id") == "9").annotations)["summary"]
+    assert summary == "MIG slice 9 (1g.10gb) of GPU 0 (NVIDIA H100 80GB HBM3) is allocated but idle"
