@@ -138,3 +138,25 @@ def test_underutilized_fires_for_each_idle_slice_and_not_for_the_busy_one() -> N
     assert firing == {("0", str(gi)) for gi in range(9, 14)}
     summary = dict(next(a for a in sent if a.label_dict.get("gpu_instance_id") == "9").annotations)["summary"]
     assert summary == "MIG slice 9 (1g.10gb) of GPU 0 (NVIDIA H100 80GB HBM3) is allocated but idle"
+
+
+def test_the_cards_slices_are_nvmls_most_mig_devices(scenario: Any, nvml: Any) -> None:
+    """nvmlDeviceGetMaxMigDeviceCount: 4 on an A30 (the fake's ``mig.max_devices``), 7 on an A100 or H100;
+    out of MIG mode there is no cut (None)."""
+    from tests.exporter_helpers import make_poller
+    from tests.fakenvml.presets import mig_uuid
+
+    a30 = scenario.add_gpu().identity("NVIDIA A30", "GPU-a3000000-0000-4000-8000-000000000000")
+    a30.memory(24 * GIB, GIB).mig_mode(True, max_devices=4)
+    a30.add_mig("NVIDIA A30 MIG 1g.6gb", mig_uuid("slices", 0, 0), 3).memory(6 * GIB, GIB)
+    a30.add_process(61_000, GIB, name="python3", gpu_instance_id=3, compute_instance_id=0)
+    scenario.add_gpu().identity("NVIDIA A100-SXM4-80GB", "GPU-a1000000-0000-4000-8000-000000000001").memory(
+        80 * GIB, 0
+    ).mig_mode(False)
+    scenario.write()
+    poller, _ = make_poller()
+    a, whole = poller.poll().gpus
+    assert (a.mig_slices, whole.mig_slices) == (4, None)
+    # Its one 1g slice is a quarter of the card, held (no GPM on an A30: activity unknown); the rest idle.
+    assert cut(a) == {"3": (0.25, ALLOCATED_UNKNOWN, [a.migs[0].processes[0].holder.name]), WHOLE: (0.75, IDLE, [""])}
+    poller.close()
