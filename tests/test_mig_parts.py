@@ -160,3 +160,20 @@ def test_the_cards_slices_are_nvmls_most_mig_devices(scenario: Any, nvml: Any) -
     # Its one 1g slice is a quarter of the card, held (no GPM on an A30: activity unknown); the rest idle.
     assert cut(a) == {"3": (0.25, ALLOCATED_UNKNOWN, [a.migs[0].processes[0].holder.name]), WHOLE: (0.75, IDLE, [""])}
     poller.close()
+
+
+def test_once_says_what_a_mig_card_wastes_now_by_its_idle_slices() -> None:
+    """``--once``: the card is busy (its busiest slice), and wastes the share of its price its idle slices
+    take: 5/7 of 4.00 an hour for five idle 1g slices of seven."""
+    from gpu_exporter.accounting.pricing import PriceBook
+    from gpu_exporter.accounting.settings import PricingSettings
+    from gpu_exporter.once import cost_now
+
+    h100 = GpuStatic(index=0, uuid="GPU-0", name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0")
+    migs = tuple(mig(i, "1g.10gb", gi, 0.8 if gi < 9 else 0.0, proc(100 + gi, f"u{gi}"))
+                 for i, gi in enumerate(range(7, 14)))  # fmt: skip
+    snap = NodeSnapshot(taken_at=T0, duration_seconds=0.05, nvml_up=True,
+                        gpus=(replace(card(*migs, slices=7), static=h100),))  # fmt: skip
+    cost = cost_now(snap, prices=PriceBook(PricingSettings(currency="USD", models={"H100": 4.0})))
+    assert cost.gpus == {0: (BUSY, 4.0)}
+    assert cost.waste_per_hour == pytest.approx(4.0 * 5 / 7)

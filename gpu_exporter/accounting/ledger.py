@@ -21,8 +21,6 @@ from ..snapshot import POD, ContainerRef, GpuReading, JobRef, NodeSnapshot, PodR
 from .peaks import WindowMax
 from .pricing import PriceBook
 from .states import (
-    ALLOCATED_IDLE,
-    ALLOCATED_UNKNOWN,
     BUSY,
     DOWN,
     IDLE,
@@ -30,6 +28,7 @@ from .states import (
     OTHERS,
     WHOLE,
     Holder,
+    card_state,
     containers_of,
     jobs_of,
     parts,
@@ -37,7 +36,6 @@ from .states import (
 )
 
 GpuKey = tuple[int, str]  # NVML index and UUID
-_BUSIEST = (BUSY, ALLOCATED_UNKNOWN, ALLOCATED_IDLE, IDLE, DOWN)
 Account = tuple[Holder, str, str]  # holder, state, GPU instance (WHOLE for the whole GPU)
 
 
@@ -149,8 +147,7 @@ class Accountant:
 
     def _observe_gpu(self, book: _Book, g: GpuReading, t: float, step: float, wall: float) -> None:
         cut = parts(g, self.threshold, self.signal, self.pod_mode)
-        # The card's own state: its busiest part's (a MIG card with one busy slice is busy).
-        state = min((p.state for p in cut), key=_BUSIEST.index)
+        state = card_state(cut)
         book.state = state
         book.pods = pods_of(g) if g.up else ()
         book.jobs = jobs_of(g) if g.up else ()

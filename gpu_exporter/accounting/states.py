@@ -106,6 +106,14 @@ def _state(activity: float | None, held: bool, threshold: float) -> str:
     return ALLOCATED_IDLE if held else IDLE
 
 
+_BUSIEST: Final = (BUSY, ALLOCATED_UNKNOWN, ALLOCATED_IDLE, IDLE, DOWN)
+
+
+def card_state(cut: Iterable[Part]) -> str:
+    """A card's one state, from its parts: its busiest part's (a MIG card with one busy slice is busy)."""
+    return min((p.state for p in cut), key=_BUSIEST.index, default=DOWN)
+
+
 @dataclass(frozen=True)
 class Part:
     """A part of a GPU with books of its own: the whole GPU, or one GPU instance of a card in MIG mode
