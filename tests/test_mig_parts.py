@@ -177,3 +177,32 @@ def test_once_says_what_a_mig_card_wastes_now_by_its_idle_slices() -> None:
     cost = cost_now(snap, prices=PriceBook(PricingSettings(currency="USD", models={"H100": 4.0})))
     assert cost.gpus == {0: (BUSY, 4.0)}
     assert cost.waste_per_hour == pytest.approx(4.0 * 5 / 7)
+
+
+# -- the report's advice on a MIG card ---------------------------------------------------------------------
+def test_a_mig_card_with_a_slice_that_worked_is_never_released_and_its_idle_slices_are_reclaimed() -> None:
+    """Over 100 h, GPU 0: slice 1 (a 1g of 7) busy for 5 h, then unheld, the rest nobody's: the card sat
+    idle 99% of the time, which would release a whole GPU, but not a card a slice worked on.  GPU 1:
+    slice 2 held idle all along by bob, the rest nobody's: bob's slice is reclaimed at a seventh of the
+    card's price, the card is not released."""
+    from gpu_exporter.report.model import build
+    from tests.test_report_model import CATALOGUE, H100, W, add_gpu, empty
+
+    r = empty()
+    worked, held = ({"node": "n1", "instance": "n1:9445", "gpu": str(i), "uuid": f"GPU-m{i}"} for i in (0, 1))
+    for key in (worked, held):
+        add_gpu(r, key, H100, {}, price=4.0, mig_mode="enabled")
+    r["hours"] = [({**worked, "user": "alice", "gpu_instance_id": "1", "state": "busy"}, 5 / 7),
+                  ({**worked, "gpu_instance_id": "1", "state": "idle"}, 95 / 7),
+                  ({**worked, "gpu_instance_id": "", "state": "idle"}, 600 / 7),
+                  ({**held, "user": "bob", "gpu_instance_id": "2", "state": "allocated_idle"}, 100 / 7),
+                  ({**held, "gpu_instance_id": "", "state": "idle"}, 600 / 7)]  # fmt: skip
+    doc = build(W, r, CATALOGUE)
+    (rec,) = doc["recommendations"]
+    assert (rec["gpu"], rec["kind"], rec["gpu_instance_id"], rec["suggested"]) == ("1", "reclaim", "2",
+                                                                                   "reclaim from user bob")  # fmt: skip
+    assert rec["saving_per_month"] == pytest.approx(4.0 * 730 / 7)
+    g0, g1 = doc["gpus"]
+    assert [(x["gpu_instance_id"], x["share"], x["holder"]) for x in g0["slices"]] == [("1", round(1 / 7, 4),
+                                                                                          "user alice")]  # fmt: skip
+    assert g1["wasted_cost"] == pytest.approx(400.0) and g1["slices"][0]["wasted_cost"] == pytest.approx(400 / 7)

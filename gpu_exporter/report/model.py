@@ -247,7 +247,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         if g.slices:  # a card in MIG mode: each slice is reclaimed on its own; the card only released whole
             recommendations.extend(_recommendation(a, u, g.model) for u in slice_usages(g.slices, usage)
                                    if (a := sizer.advise_slice(u)) is not None)  # fmt: skip
-            advice = sizer.advise(usage) if Sizer.waste(usage) == RELEASE else None
+            busy = any(part.hours[BUSY] > 0 for part in g.slices.values())  # a card a slice works on stays
+            advice = sizer.advise(usage) if Sizer.waste(usage) == RELEASE and not busy else None
             if advice is not None:
                 recommendations.append(_recommendation(advice, usage, g.model))
             continue
