@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from .accounting.pricing import PriceBook
-from .accounting.states import WASTE_STATES, classify
+from .accounting.states import WASTE_STATES, card_state, parts
 from .alerting.engine import RuleEngine, holding_now
 from .alerting.settings import RulesSettings
 from .serving.gpu_json import gpu_objects
@@ -82,19 +82,25 @@ class CostNow:
 
     currency: str | None = None
     gpus: dict[int, tuple[str, float | None]] = field(default_factory=dict)  # index -> (state, price)
+    # index -> the share of the GPU idle or allocated but idle now: 0 or 1, or on a card in MIG mode the
+    # share of its slices that are (the GPU's state is its busiest slice's); absent: by its state.
+    wasted: dict[int, float] = field(default_factory=dict)
 
     @property
     def waste_per_hour(self) -> float | None:
-        prices = [p for state, p in self.gpus.values() if state in WASTE_STATES and p is not None]
+        share = {i: self.wasted.get(i, 1.0 if state in WASTE_STATES else 0.0) for i, (state, _) in self.gpus.items()}
+        prices = [p * share[i] for i, (_, p) in self.gpus.items() if p is not None]
         return sum(prices) if self.currency else None
 
 
 def cost_now(snapshot: NodeSnapshot, rules: RulesSettings | None = None, prices: PriceBook | None = None) -> CostNow:
     idle = (rules or RulesSettings()).GpuUnderutilized  # the books' and the alert's idea of idle
+    cut = {g.index: parts(g, idle.threshold, idle.signal) for g in snapshot.gpus}
     return CostNow(
         prices.currency if prices else None,
-        {g.index: (classify(g, idle.threshold, idle.signal),
+        {g.index: (card_state(cut[g.index]),
                    prices.per_hour(g.static.name if g.static else None) if prices else None) for g in snapshot.gpus},
+        {i: sum(p.share for p in ps if p.state in WASTE_STATES) for i, ps in cut.items()},
     )  # fmt: skip
 
 

@@ -312,6 +312,9 @@ class GpuReading:
     xid_errors_total: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
     processes: tuple[ProcessReading, ...] = ()
     migs: tuple[MigReading, ...] = ()
+    # The card's compute slices in MIG mode (nvmlDeviceGetMaxMigDeviceCount: the most MIG devices it
+    # can hold, one per slice: 7 on A100 and H100, 4 on A30); None out of MIG mode or where not given.
+    mig_slices: int | None = None
     pods: tuple[PodRef, ...] = ()  # every container holding the GPU (several with time-slicing)
     activity: Activity | None = None  # None until two GPM samples exist, or where GPM is not supported
     # The Slurm jobs holding it: those the job mapping files list for it, and those its processes

@@ -17,7 +17,16 @@ from gpu_exporter.accounting.ledger import Accountant, AccountingView, GpuAccoun
 from gpu_exporter.accounting.peaks import WindowMax
 from gpu_exporter.accounting.pricing import PriceBook
 from gpu_exporter.accounting.settings import PricingSettings
-from gpu_exporter.accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, NOBODY, classify, holders
+from gpu_exporter.accounting.states import (
+    ALLOCATED_IDLE,
+    ALLOCATED_UNKNOWN,
+    BUSY,
+    DOWN,
+    IDLE,
+    NOBODY,
+    classify,
+    holders,
+)
 from gpu_exporter.alerting.settings import RulesSettings
 from gpu_exporter.settings.config import ConfigError, load_settings
 from gpu_exporter.snapshot import (
@@ -92,7 +101,7 @@ def account(view: AccountingView, index: int = 0) -> GpuAccount:
         (gpu(utilization_ratio=0.0, processes=(), pods=(PodRef("ml", "a", "main"),)), ALLOCATED_IDLE),
         (gpu(utilization_ratio=1.0, activity=Activity(sm=0.03)), ALLOCATED_IDLE),  # GPM says what GPU-Util hides
         (gpu(utilization_ratio=0.0, activity=Activity(sm=0.5)), BUSY),
-        (gpu(utilization_ratio=None), BUSY),  # no signal at all: held counts busy, waste not claimed
+        (gpu(utilization_ratio=None), ALLOCATED_UNKNOWN),  # no signal at all: held, neither busy nor idle
         (gpu(utilization_ratio=None, processes=()), IDLE),
         (GpuReading(index=0, uuid="GPU-0", up=False, error="lost"), DOWN),
     ],
@@ -105,7 +114,8 @@ def test_the_signal_setting_is_the_underutilized_rules() -> None:
     g = gpu(utilization_ratio=1.0, activity=Activity(sm=0.03))
     assert classify(g, THRESHOLD, "auto") == ALLOCATED_IDLE
     assert classify(g, THRESHOLD, "gpu_utilization") == BUSY
-    assert classify(gpu(utilization_ratio=1.0), THRESHOLD, "sm_active") == BUSY  # no SM activity: no signal
+    # No SM activity: no signal, so neither busy nor idle.
+    assert classify(gpu(utilization_ratio=1.0), THRESHOLD, "sm_active") == ALLOCATED_UNKNOWN
     assert classify(g, 0.02, "auto") == BUSY  # the threshold is a setting
 
 

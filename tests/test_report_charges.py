@@ -172,6 +172,19 @@ def test_an_idle_row_is_nobodys_whatever_labels_it_carries() -> None:
     assert "mallory" not in rows[0].holder.name
 
 
+def test_a_mig_slice_held_with_its_activity_unknown_is_charged_to_its_holder() -> None:
+    """An A100's slice (no GPM) is allocated_unknown: held, so its holder's, never nobody's; the rows of one
+    holder and state on two slices of a card are one charge, their hours added."""
+    r = empty()
+    add_gpu(r, GPU_A, H100, {}, price=2.0, w=W)
+    r["hours"] = [({**GPU_A, "user": "alice", "gpu_instance_id": "1", "state": "allocated_unknown"}, 30.0),
+                  ({**GPU_A, "user": "alice", "gpu_instance_id": "2", "state": "allocated_unknown"}, 20.0),
+                  ({**GPU_A, "gpu_instance_id": "", "state": "idle"}, 50.0)]  # fmt: skip
+    _, rows = _charges(r)
+    assert sorted((c.state, c.holder.name, c.hours) for c in rows) == [("allocated_unknown", "user alice", 50.0),
+                                                                       ("idle", "", 50.0)]  # fmt: skip
+
+
 def test_in_parts_each_gpu_is_named_and_its_targets_put_together_from_every_part() -> None:
     """A GPU seen only in the first part keeps its gpu label; one without a node label is named by the
     first target of any part."""

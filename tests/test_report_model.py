@@ -376,7 +376,7 @@ def test_a_range_cut_into_too_many_pieces_is_priced_step_by_step_instead() -> No
 
 def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
     doc = build(W, shared(), CATALOGUE)
-    hours = {"gpu_hours", "busy_hours", "allocated_idle_hours", "idle_hours", "down_hours"}
+    hours = {"gpu_hours", "busy_hours", "allocated_idle_hours", "allocated_unknown_hours", "idle_hours", "down_hours"}
     assert set(doc) == {"schema", "range", "status", "status_reason", "currency", "advice_settings", "totals", "gpus",
                         "holders", "recommendations", "timeline"}  # fmt: skip
     assert set(doc["range"]) == {"start", "end", "hours", "step_seconds", "requested_start", "requested_end"}
@@ -388,16 +388,17 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
         assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
                           "price_now_per_hour", "memory_total_bytes", "memory_peak_bytes", "activity_p95",
                           "activity_signal", "dram_active_p95", "holder", "targets", "left_out_targets",
-                          "notes"}  # fmt: skip
+                          "notes", "slices"}  # fmt: skip
         assert g["memory_total_bytes"] == 80 * GIB
     for h in doc["holders"]:
         assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "container_engine", "user",
-                          "gpus", "gpu_hours", "busy_hours", "allocated_idle_hours", "cost", "wasted_cost",
+                          "gpus", "gpu_hours", "busy_hours", "allocated_idle_hours", "allocated_unknown_hours",
+                          "cost", "wasted_cost",
                           "unpriced_hours"}  # fmt: skip
     (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
     assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "gpus", "kind", "suggested", "reason",
                         "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source", "seen_hours",
-                        "no_saving_figure"}  # fmt: skip
+                        "no_saving_figure", "gpu_instance_id"}  # fmt: skip
 
 
 def test_a_currency_picked_among_several_counts_every_gpu_priced_in_it() -> None:
@@ -656,10 +657,10 @@ def test_the_timeline_has_a_point_per_step() -> None:
     r["timeline"] = [({"state": "busy"}, [(END - 7200, 1.0), (END - 3600, 0.5)]),
                      ({"state": "idle"}, [(END - 3600, 0.5)])]  # fmt: skip
     assert build(W, r, CATALOGUE)["timeline"] == [
-        {"time": "2026-11-29T23:00:00Z", "busy_hours": 1.0, "allocated_idle_hours": 0.0, "idle_hours": 0.0,
-         "down_hours": 0.0},
-        {"time": "2026-11-30T00:00:00Z", "busy_hours": 0.5, "allocated_idle_hours": 0.0, "idle_hours": 0.5,
-         "down_hours": 0.0},
+        {"time": "2026-11-29T23:00:00Z", "busy_hours": 1.0, "allocated_idle_hours": 0.0,
+         "allocated_unknown_hours": 0.0, "idle_hours": 0.0, "down_hours": 0.0},
+        {"time": "2026-11-30T00:00:00Z", "busy_hours": 0.5, "allocated_idle_hours": 0.0,
+         "allocated_unknown_hours": 0.0, "idle_hours": 0.5, "down_hours": 0.0},
     ]  # fmt: skip
 
 

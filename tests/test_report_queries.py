@@ -397,7 +397,7 @@ def test_the_queries_word_for_word() -> None:
                      f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0)){sub}))'),
         "holders_now": ("holders now", "instant",
                         "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, "
-                        "container_name, user) (stddev_over_time("
+                        "container_name, user, gpu_instance_id) (stddev_over_time("
                         f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > bool 0)'),
     }  # fmt: skip
     got = {q.key: (q.what, q.kind, q.expr) for q in queries(w, n2)}
@@ -405,7 +405,7 @@ def test_the_queries_word_for_word() -> None:
     assert all(q.at is None for q in queries(w, n2))
     assert hours(w, n2).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
-        "user, state) "
+        "user, gpu_instance_id, state) "
         "(sum_over_time(("
         f"increase(gpu_state_seconds_total{{{n2}}}[840s] offset 257s)){sub})) / 3600"
     )
@@ -413,8 +413,7 @@ def test_the_queries_word_for_word() -> None:
     assert (cost.key, cost.what, cost.kind, cost.at) == ("cost", "cost of GPUs whose price changed", "instant", None)
     assert cost.expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
-        "user, state, "
-        "currency) (sum_over_time((increase("
+        "user, gpu_instance_id, state, currency) (sum_over_time((increase("
         f'gpu_state_seconds_total{{{n2}, uuid=~"GPU-1|GPU-2"}}[840s] offset 257s) * on (job, instance, gpu, uuid) '
         "group_left (currency) max by (job, instance, gpu, uuid, currency) (last_over_time(gpu_price_per_hour"
         f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'
@@ -427,7 +426,7 @@ def test_the_queries_word_for_word() -> None:
     # a replica label) the largest; a GPU without a uuid once per target.  Other jobs' copies of a GPU count
     # only at steps where the exporter's own job did not see it (its "down" series had no sample).
     assert EXPORTED == ("namespace, pod, container, hpc_job, user, slurm_account, slurm_partition, container_engine, "
-                        "container_id, container_name, state")  # fmt: skip
+                        "container_id, container_name, gpu_instance_id, state")  # fmt: skip
 
     own, other = f'uuid!="", job=~"{OWN_JOB}"', f'uuid!="", job!~"{OWN_JOB}"'
 
@@ -443,7 +442,7 @@ def test_the_queries_word_for_word() -> None:
     )
     assert hours(w, n2, copies=True).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
-        "user, state) "
+        "user, gpu_instance_id, state) "
         f"(sum_over_time(({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s] offset 257s)')}){sub})) "
         "/ 3600"
     )
@@ -454,8 +453,7 @@ def test_the_queries_word_for_word() -> None:
     )
     assert exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD", copies=True).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
-        "user, state, "
-        f"currency) (sum_over_time(({once(priced, ', currency')}){sub})) / 3600"
+        f"user, gpu_instance_id, state, currency) (sum_over_time(({once(priced, ', currency')}){sub})) / 3600"
     )
     # Each GPU once, however many targets saw it: a GPU with a uuid once on its node, one without per target.
     down = 'count(max by (node, instance, gpu, uuid) (label_replace({}, "instance", "", "uuid", ".+")))'

@@ -120,6 +120,7 @@ def test_the_recorded_queries_word_for_word() -> None:
     n2 = 'node="n2"'
     gpu = "node, instance, gpu, uuid"
     holder = f"{gpu}, namespace, pod, hpc_job, container_engine, container_id, container_name, user"
+    by = f"{holder}, gpu_instance_id"  # a MIG card's GPU instances keep their own hours and holders
     span = "[172800s] offset 1ms"
     hour = "[1h] offset 1ms"
     at = h + queries.LAG
@@ -152,22 +153,22 @@ def test_the_recorded_queries_word_for_word() -> None:
                                           f"gpu:report_memory_used_max_bytes:hour{{{n2}}}{span}))"),
         "activity": ("instant", at, 0, f"max by ({gpu}, signal) (quantile_over_time(0.95, "
                                        f"gpu:report_activity_held:hour{{{n2}}}{span}))"),
-        "holders_now": ("instant", None, 0, f"max by ({holder}) (stddev_over_time(gpu_state_seconds_total{{{n2}, "
+        "holders_now": ("instant", None, 0, f"max by ({by}) (stddev_over_time(gpu_state_seconds_total{{{n2}, "
                                             'state=~"busy|allocated_idle"}[3599999ms]) > bool 0)'),
     }  # fmt: skip
     assert queries.coverage(w) == "count_over_time((max(last_over_time(gpu:report_rules:hour[1h] offset 1ms)))" \
         "[172799999ms:1h])"  # fmt: skip
     whole = queries.hours(w, n2, recorded=True)
     assert (whole.key, whole.kind, whole.at) == ("hours", "instant", at)
-    assert whole.expr == f"sum by ({holder}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}{span})) / 3600"
+    assert whole.expr == f"sum by ({by}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}{span})) / 3600"
     piece = queries.hours(w, n2, 3, 20, recorded=True)  # 18 h, ending 28 h before the range does
     assert (piece.key, piece.at) == ("hours:3:20", at - 28 * HOUR)
-    assert piece.expr == (f"sum by ({holder}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}[64800s] "
+    assert piece.expr == (f"sum by ({by}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}[64800s] "
                           "offset 1ms)) / 3600")  # fmt: skip
     cost = queries.exact_cost(w, n2, ["GPU-1"], "USD", recorded=True)
     assert (cost.key, cost.at) == ("cost", at)
     assert cost.expr == (
-        f"sum by ({holder}, state, currency) (sum_over_time((last_over_time(gpu:report_state_seconds:hour"
+        f"sum by ({by}, state, currency) (sum_over_time((last_over_time(gpu:report_state_seconds:hour"
         f'{{{n2}, uuid=~"GPU-1"}}{hour}) * on (job, instance, gpu, uuid) group_left (currency) max by (job, '
         f'instance, gpu, uuid, currency) (last_over_time(gpu:report_price_per_hour:hour{{{n2}, uuid=~"GPU-1", '
         f'currency="USD"}}{hour})))[172799999ms:3600s])) / 3600'

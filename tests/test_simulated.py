@@ -141,8 +141,9 @@ def test_every_field_the_simulator_promises_is_filled(day: Day) -> None:
                       "decoder_utilization_ratio", "row_remap_pending", "row_remap_failure")  # fmt: skip
         for name in GpuReading.__slots__:
             if name not in ("error", "nvlinks", "processes", "xid_errors_total", "fan_speed_ratio", "activity",
-                            "fabric"):  # fmt: skip
+                            "fabric", "mig_slices"):  # fmt: skip
                 assert (getattr(r, name) is None) == (mig and name in not_in_mig), (profile, name)
+        assert r.mig_slices == (7 if mig else None), profile  # an H100's compute slices, in MIG mode only
         # The H100 SXMs sit on an NVSwitch fabric, registered and healthy; PCIe cards have none.
         assert (r.fabric is not None) == (r.static.nvlink_count > 0), profile
         if r.fabric is not None:

@@ -2,7 +2,8 @@
 peak, when it was last busy and what it costs.
 
 Each snapshot adds the time since the previous one to exactly one state of every GPU the books
-know, split between the GPU's holders (:func:`~.states.holders`: pods, Slurm jobs, containers or
+know (of each GPU instance of a card in MIG mode, at its share of the card: :func:`~.states.parts`),
+split between the GPU's holders (:func:`~.states.holders`: pods, Slurm jobs, containers or
 users).  A GPU missing from a snapshot, or every GPU while NVML is down, adds that time to ``down``.
 The sums only grow while the daemon runs, so ``increase()`` over any range is exact to a poll
 interval however the scrapes fall.
@@ -25,16 +26,17 @@ from .states import (
     IDLE,
     NOBODY,
     OTHERS,
-    STATES,
+    WHOLE,
     Holder,
-    classify,
+    card_state,
     containers_of,
-    holders,
     jobs_of,
+    parts,
     pods_of,
 )
 
 GpuKey = tuple[int, str]  # NVML index and UUID
+Account = tuple[Holder, str, str]  # holder, state, GPU instance (WHOLE for the whole GPU)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class GpuAccount:
     energy_price_per_kwh: float | None = None
     jobs: tuple[JobRef, ...] = ()  # as pods
     containers: tuple[ContainerRef, ...] = ()
+    # A card in MIG mode: (GPU instance id, holder, state, seconds at its share of the card) of each
+    # GPU instance; ``seconds`` then holds the time of the slices no instance takes, and the card's down.
+    instance_seconds: tuple[tuple[str, Holder, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ class _Book:
     jobs: tuple[JobRef, ...] = ()
     containers: tuple[ContainerRef, ...] = ()
     last_active: float | None = None
-    seconds: dict[tuple[Holder, str], float] = field(default_factory=dict)
+    seconds: dict[Account, float] = field(default_factory=dict)
     held_at: dict[Holder, float] = field(default_factory=dict)  # holder -> when it last held the GPU
 
     def __post_init__(self) -> None:
@@ -80,7 +85,7 @@ class _Book:
         # zero, and a GPU's two series that nearly never move (busy or allocated_idle and held by
         # nobody) cost no series until they do.
         for state in (IDLE, DOWN):
-            self.seconds[(NOBODY, state)] = 0.0
+            self.seconds[(NOBODY, state, WHOLE)] = 0.0
 
 
 class Accountant:
@@ -145,11 +150,12 @@ class Accountant:
                     continue
                 # Lost from the count, or NVML is down: nobody can use it.
                 book.state, book.pods, book.jobs, book.containers = DOWN, (), (), ()
-                book.seconds[(NOBODY, DOWN)] += step
+                book.seconds[(NOBODY, DOWN, WHOLE)] += step
             self._view = self._render(t)
 
     def _observe_gpu(self, book: _Book, g: GpuReading, t: float, step: float, wall: float) -> None:
-        state = classify(g, self.threshold, self.signal)
+        cut = parts(g, self.threshold, self.signal, self.pod_mode)
+        state = card_state(cut)
         book.state = state
         book.pods = pods_of(g) if g.up else ()
         book.jobs = jobs_of(g) if g.up else ()
@@ -161,12 +167,15 @@ class Accountant:
         if g.memory_used_bytes is not None:
             book.peak.add(t, float(g.memory_used_bytes))
         self._forget(book, t)
-        for holder, share in self._bounded(book, holders(g, self.pod_mode)):
-            book.held_at[holder] = t
-            key = (holder, state)
-            book.seconds[key] = book.seconds.get(key, 0.0) + step * share
+        holding = {h for p in cut for h, _ in p.holders}
+        for part in cut:
+            for holder, share in self._bounded(book, part.holders, holding):
+                book.held_at[holder] = t
+                key = (holder, part.state, part.instance)
+                book.seconds[key] = book.seconds.get(key, 0.0) + step * part.share * share
 
-    def _bounded(self, book: _Book, shares: list[tuple[Holder, float]]) -> list[tuple[Holder, float]]:
+    def _bounded(self, book: _Book, shares: list[tuple[Holder, float]],
+                 holding: set[Holder]) -> list[tuple[Holder, float]]:  # fmt: skip
         """Holders beyond ``max_users`` of one GPU (users, jobs and containers; pods are bounded by the
         kubelet) are counted as one 'other' of their kind, so the series stay bounded.
 
@@ -176,12 +185,11 @@ class Accountant:
         new counters, a reset ``increase()`` handles).  Short-lived holders (twenty half-second
         jobs) thus never keep a long job that comes after them out of its own series; one holding
         the GPU now never loses its place, so its counters never go back.  Only where every place
-        is held now does a newcomer count as 'other'."""
+        is held now does a newcomer count as 'other'.  ``holding``: who holds any part of the GPU now."""
         if self.pod_mode:
             return shares
         others = set(OTHERS.values())
         known = {h for h in book.held_at if h != NOBODY and h not in others}
-        holding = {h for h, _ in shares}
         out: dict[Holder, float] = {}
         for holder, share in shares:
             if holder != NOBODY and holder.kind != POD and holder not in known:
@@ -201,13 +209,13 @@ class Accountant:
 
     @staticmethod
     def _booked(book: _Book, holder: Holder) -> float:
-        return sum(book.seconds.get((holder, state), 0.0) for state in STATES)
+        return sum(v for (h, _, _), v in book.seconds.items() if h == holder)
 
     @staticmethod
     def _drop(book: _Book, holder: Holder) -> None:
         del book.held_at[holder]
-        for state in STATES:
-            book.seconds.pop((holder, state), None)
+        for key in [k for k in book.seconds if k[0] == holder]:
+            del book.seconds[key]
 
     def _forget(self, book: _Book, now: float) -> None:
         """A holder gone for ``holder_retention`` leaves the books: its counters end, and a return
@@ -224,7 +232,8 @@ class Accountant:
             gpus.append(GpuAccount(
                 index=book.index, uuid=book.uuid, state=book.state, pods=book.pods, jobs=book.jobs,
                 containers=book.containers,
-                seconds=tuple((h, s, v) for (h, s), v in sorted(book.seconds.items())),
+                seconds=tuple((h, s, v) for (h, s, i), v in sorted(book.seconds.items()) if i == WHOLE),
+                instance_seconds=tuple(sorted((i, h, s, v) for (h, s, i), v in book.seconds.items() if i != WHOLE)),
                 last_active=book.last_active,
                 memory_peak_bytes=book.peak.max(now) if book.state != DOWN else None,
                 price_per_hour=price, energy_price_per_kwh=prices.energy_per_kwh if prices and book.name else None,

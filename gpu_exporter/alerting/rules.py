@@ -48,6 +48,8 @@ class GpuHistory:
     # The GPU's (uuid, model) as last read: a GPU that stops answering (an XID 79 or 119 is often why)
     # has no static reading, and its alerts still name the model, as /alerts does.
     model: tuple[str | None, str] | None = None
+    # In MIG mode, each GPU instance's SM activity (GPM, the only activity NVML gives per instance).
+    instances: dict[int, SampleWindow] = field(default_factory=dict)
 
     def observe(self, g: GpuReading, now: float) -> None:
         if g.static is not None:
@@ -67,6 +69,20 @@ class GpuHistory:
             self.sm_active.trim(now)
         if (n := g.ecc_errors_total.get("uncorrected")) is not None:
             self.ecc_uncorrected.observe(now, n)
+        self._observe_instances(g, now)
+
+    def _observe_instances(self, g: GpuReading, now: float) -> None:
+        live = {m.gpu_instance_id for m in g.migs if m.gpu_instance_id is not None}
+        for gi in [gi for gi in self.instances if gi not in live]:  # destroyed: a new one starts afresh
+            del self.instances[gi]
+        for m in g.migs:
+            if m.gpu_instance_id is None:
+                continue
+            window = self.instances.get(m.gpu_instance_id)
+            if m.activity is not None and m.activity.sm is not None:
+                if window is None:
+                    window = self.instances[m.gpu_instance_id] = SampleWindow(self.sm_active.horizon)
+                window.add(now, m.activity.sm)
 
 
 def _gpu(g: GpuReading, h: GpuHistory | None = None) -> str:
@@ -114,6 +130,9 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
     r = cfg.GpuUnderutilized
     if not g.up:
         return
+    if g.migs:  # each slice is its own: one busy slice neither hides four idle ones nor is hidden by them
+        yield from _underutilized_slices(g, h, now, cfg)
+        return
     mean, signal = activity_mean(h, now, r.window, r.signal)
     if mean is None:
         return
@@ -128,6 +147,33 @@ def underutilized(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) 
                     f"{period} (threshold {_pct(r.threshold)}).",
         value=mean, threshold=r.threshold, for_seconds=r.for_,
     )  # fmt: skip
+
+
+def _underutilized_slices(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:
+    """GpuUnderutilized for each GPU instance of a card in MIG mode, on its own SM activity (GPM): none
+    where GPU-Util is the signal asked for, or the instance has no GPM (A100, A30), as NVML gives
+    neither per instance."""
+    r = cfg.GpuUnderutilized
+    if r.signal == "gpu_utilization":
+        return
+    for gi in sorted({m.gpu_instance_id for m in g.migs if m.gpu_instance_id is not None}):
+        window = h.instances.get(gi)
+        mean = window.mean(now, r.window) if window is not None else None
+        if window is None or mean is None:
+            continue
+        migs = [m for m in g.migs if m.gpu_instance_id == gi]
+        procs = [p for m in migs for p in m.processes if (p.used_memory_bytes or 0) > 0]
+        verb, period = averaged(window, now, r.window)
+        yield Check(
+            "GpuUnderutilized", "warning",
+            fire=bool(procs) and mean < r.threshold,
+            clear=not procs or mean > r.clear_threshold,
+            summary=f"MIG slice {gi} ({migs[0].profile}) of {_gpu(g)} is allocated but idle",
+            description=f"{len(procs)} process(es) hold memory on MIG slice {gi} but its SM activity {verb} "
+                        f"{_pct(mean)} {period} (threshold {_pct(r.threshold)}).",
+            value=mean, threshold=r.threshold, for_seconds=r.for_,
+            extra_labels=(("gpu_instance_id", str(gi)), ("mig_profile", migs[0].profile)),
+        )  # fmt: skip
 
 
 def low_sm_activity(g: GpuReading, h: GpuHistory, now: float, cfg: RulesSettings) -> Iterator[Check]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..accounting.states import ALLOCATED_IDLE, BUSY, STATES
+from ..accounting.states import HELD_STATES, STATES
 from .client import Labels
 from .cost import GpuKey, Part, Plan, gpu_key, plan
 from .holders import NOBODY, Holder, holder_of
@@ -77,7 +77,7 @@ class _Row:
 
 
 def _holder(labels: Labels, state: str) -> Holder:
-    return holder_of(labels) if state in (BUSY, ALLOCATED_IDLE) else NOBODY
+    return holder_of(labels) if state in HELD_STATES else NOBODY
 
 
 def _runs(prices: Sequence[float | None]) -> list[tuple[int, int, float | None]]:

@@ -52,7 +52,8 @@ CUSTOM_COLUMNS = ("x_Node", "x_GpuIndex", "x_GpuUuid", "x_GpuModel", "x_GpuState
 COLUMNS = (*FOCUS_COLUMNS, *CUSTOM_COLUMNS)
 _NUMERIC = frozenset({"BilledCost", "ConsumedQuantity", "ContractedCost", "ContractedUnitPrice", "EffectiveCost",
                       "ListCost", "ListUnitPrice", "PricingQuantity"})  # fmt: skip
-_STATE_WORDS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": "idle", "down": "down"}
+_STATE_WORDS = {"busy": "busy", "allocated_idle": "allocated but idle",
+               "allocated_unknown": "held, activity unknown", "idle": "idle", "down": "down"}  # fmt: skip
 
 
 def _tags(c: Charge) -> str:

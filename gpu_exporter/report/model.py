@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from ..accounting.settings import PricingSettings
-from ..accounting.states import ALLOCATED_IDLE, BUSY, DOWN, IDLE, STATES, WASTE_STATES
+from ..accounting.states import ALLOCATED_IDLE, ALLOCATED_UNKNOWN, BUSY, DOWN, HELD_STATES, IDLE, STATES, WASTE_STATES
 from .catalogue import PIPES, Catalogue
 from .client import Labels
 from .cost import GpuKey, Part, currencies, money, other_currencies, pick_currency, scraper
 from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
-from .queries import OWN_JOB, Window
-from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage, gpu_order
+from .queries import OWN_JOB, SLICE, Window
+from .rightsizing import MIN_HISTORY_HOURS, RELEASE, SLOWER, Advice, Sizer, Usage, gpu_order
 
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
 # one workload.
@@ -63,6 +63,17 @@ def _hours_fields(hours: dict[str, float]) -> dict[str, float]:
 
 
 @dataclass
+class _Slice:
+    """One GPU instance of a card in MIG mode, with books of its own: hours at its share of the card."""
+
+    hours: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    cost: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    holders: dict[Holder, float] = field(default_factory=lambda: defaultdict(float))
+    idle_holders: dict[Holder, float] = field(default_factory=lambda: defaultdict(float))
+    holders_now: set[Holder] = field(default_factory=set)
+
+
+@dataclass
 class _Gpu:
     node: str
     gpu: str
@@ -85,6 +96,7 @@ class _Gpu:
     scrapers: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every scraper of its series
     sources: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target of its series
     left_out: dict[tuple[tuple[str, str], ...], float] = field(default_factory=lambda: defaultdict(float))
+    slices: dict[str, _Slice] = field(default_factory=dict)  # GPU instance id -> its books (MIG mode)
 
 
 @dataclass(frozen=True)
@@ -135,10 +147,17 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         v *= scale.get(_gpu_key(labels), 1.0)
         g.hours[state] += v
         h = holder_of(labels)
-        if h.kind and state in (BUSY, ALLOCATED_IDLE):
+        part = g.slices.setdefault(gi, _Slice()) if (gi := labels.get(SLICE, "")) else None
+        if part is not None:
+            part.hours[state] += v
+        if h.kind and state in HELD_STATES:
             g.holders[h] += v
+            if part is not None:
+                part.holders[h] += v
             if state == ALLOCATED_IDLE:
                 g.idle_holders[h] += v
+                if part is not None:
+                    part.idle_holders[h] += v
             row = holders.setdefault(h, {"hours": defaultdict(float), "cost": 0.0, "wasted": 0.0, "gpus": {}})
             row["hours"][state] += v
             row["gpus"][_gpu_key(labels)] = g
@@ -150,6 +169,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         v *= scale.get(_gpu_key(labels), 1.0)
         g.cost[state] += v
         g.priced = True
+        if gi := labels.get(SLICE, ""):
+            g.slices.setdefault(gi, _Slice()).cost[state] += v
         h = holder_of(labels)
         if h in holders:
             holders[h]["cost"] += v
@@ -175,6 +196,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, v in results.get("holders_now", []):
         if v > 0 and (h := holder_of(labels)).kind and _gpu_key(labels) in gpus:
             gpus[_gpu_key(labels)].holders_now.add(h)
+            if gi := labels.get(SLICE, ""):
+                gpus[_gpu_key(labels)].slices.setdefault(gi, _Slice()).holders_now.add(h)
     for labels, _ in results["seen"]:
         if (key := _gpu_key(labels)) in gpus:
             gpus[key].targets.add(tuple(sorted((k, x) for k, x in labels.items() if k not in IDENTITY)))
@@ -223,7 +246,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
                       _told_apart(_most(now, g.idle_holders), names), g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
-                      g.mig_mode, pipes, g.signals.get("nvlink_tx"))  # fmt: skip
+                      g.mig_mode, pipes, g.signals.get("nvlink_tx"),
+                      unknown_hours=g.hours[ALLOCATED_UNKNOWN])  # fmt: skip
         rows.append({
             "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
             "cost": _m(sum(g.cost.values())) if g.priced else None,
@@ -236,7 +260,16 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "left_out_targets": [{**dict(t), "hours": _h(h)} for t, h in sorted(_disagreeing(g, w).items())],
             "notes": [*_disagree(g, w), *_over_the_range(total[key], w, g), *sizer.notes(usage),
                       *_priced_elsewhere(elsewhere.get(key) if not g.priced else None, currency)],
+            "slices": [_slice_row(gi, part, usage) for gi, part in sorted(g.slices.items(), key=_instance_order)],
         })  # fmt: skip
+        if g.slices:  # a card in MIG mode: each slice is reclaimed on its own; the card only released whole
+            recommendations.extend(_recommendation(a, u, g.model) for u in slice_usages(g.slices, usage)
+                                   if (a := sizer.advise_slice(u)) is not None)  # fmt: skip
+            busy = any(part.hours[BUSY] > 0 for part in g.slices.values())  # a card a slice works on stays
+            advice = sizer.advise(usage) if Sizer.waste(usage) == RELEASE and not busy else None
+            if advice is not None:
+                recommendations.append(_recommendation(advice, usage, g.model))
+            continue
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
         # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to
         # read and may say anything (a pod "job-7", a job shown as "Slurm job 7").
@@ -265,8 +298,9 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         holder_rows.append({
             "kind": h.kind, "holder": _told_apart(h, names), "namespace": h.namespace, "pod": h.pod,
             "hpc_job": h.hpc_job, "container": h.container, "container_engine": h.engine, "user": h.user,
-            "gpus": len(held_gpus), "gpu_hours": _h(acc["hours"][BUSY] + acc["hours"][ALLOCATED_IDLE]),
+            "gpus": len(held_gpus), "gpu_hours": _h(sum(acc["hours"][s] for s in HELD_STATES)),
             "busy_hours": _h(acc["hours"][BUSY]), "allocated_idle_hours": _h(acc["hours"][ALLOCATED_IDLE]),
+            "allocated_unknown_hours": _h(acc["hours"][ALLOCATED_UNKNOWN]),
             "cost": _m(acc["cost"]) if priced_any else None,
             "wasted_cost": _m(acc["wasted"]) if priced_any else None,
             "unpriced_hours": _h(unpriced_hours),
@@ -397,7 +431,51 @@ def _recommendation(advice: Advice, u: Usage, model: str | None) -> dict[str, An
         "saving_per_month": _m(advice.saving_per_month),
         "suggested_price_per_hour": _m(advice.suggested_price_per_hour), "slowdown": round(advice.slowdown, 2),
         "price_source": advice.price_source, "seen_hours": _h(u.seen_hours),
-        "no_saving_figure": _no_figure(advice, u),
+        "no_saving_figure": _no_figure(advice, u), "gpu_instance_id": u.instance or None,
+    }  # fmt: skip
+
+
+def _instance_order(item: tuple[str, _Slice]) -> tuple[int, str]:
+    return gpu_order(item[0])
+
+
+def _share(part: _Slice, card: Usage) -> float:
+    """A slice's share of the card: its hours (at its share) over the card's hours up.  Exact for a slice
+    that lived through the range; one made or destroyed within it reads smaller, over the whole range,
+    which leaves its money (hours x price) as it is."""
+    up = card.up_hours
+    return min(1.0, sum(v for s, v in part.hours.items() if s != DOWN) / up) if up > 0 else 0.0
+
+
+def slice_usages(slices: dict[str, _Slice], card: Usage) -> list[Usage]:
+    """Each slice of a card in MIG mode as a GPU of its own: its hours in its own time (the books' hours
+    over its share), its price the card's x its share, its holder its own."""
+    out = []
+    for gi, part in sorted(slices.items(), key=_instance_order):
+        share = _share(part, card)
+        if share <= 0:
+            continue
+        top = _most({h: part.holders.get(h, 0.0) for h in part.holders_now}, part.holders)
+        idle = _most({h: part.idle_holders.get(h, 0.0) for h in part.holders_now}, part.idle_holders)
+        out.append(replace(
+            card, holder=top.name, idle_holder=idle.name, busy_hours=part.hours[BUSY] / share,
+            allocated_idle_hours=part.hours[ALLOCATED_IDLE] / share, idle_hours=part.hours[IDLE] / share,
+            unknown_hours=part.hours[ALLOCATED_UNKNOWN] / share, down_hours=card.down_hours,
+            price_per_hour=None if card.price_per_hour is None else card.price_per_hour * share,
+            instance=gi, share=share,
+        ))  # fmt: skip
+    return out
+
+
+def _slice_row(gi: str, part: _Slice, card: Usage) -> dict[str, Any]:
+    """A slice's figures as the report shows them: its hours at its share of the card (they add up to
+    the card's), its cost and waste, who holds it."""
+    top = _most({h: part.holders.get(h, 0.0) for h in part.holders_now}, part.holders)
+    return {
+        "gpu_instance_id": gi, "share": round(_share(part, card), 4), **_hours_fields(part.hours),
+        "cost": _m(sum(part.cost.values())) if part.cost else None,
+        "wasted_cost": _m(sum(part.cost[s] for s in WASTE_STATES)) if part.cost else None,
+        "holder": top.name,
     }  # fmt: skip
 
 

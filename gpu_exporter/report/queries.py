@@ -53,9 +53,12 @@ DOWN = 'state="down"'
 # user), a container (by ID and name) or a Unix user (holders.py).  Grouping by fewer would give a
 # container's time to nobody and merge the jobs of one user.
 HOLDER = ", ".join(HOLDER_LABELS)
+# A GPU instance of a card in MIG mode, whose books are its own (gpu_state_seconds_total): grouped by
+# where a slice's hours, holders and advice are its own; absent on a whole GPU.
+SLICE = "gpu_instance_id"
 # What one exporter writes on a GPU's state series besides the GPU itself: two series of a GPU that
 # agree on these and the state are copies of one counter.
-EXPORTED = ", ".join((*EVERY_HOLDER_LABEL, "state"))
+EXPORTED = ", ".join((*EVERY_HOLDER_LABEL, SLICE, "state"))
 WITH_UUID, WITHOUT_UUID = 'uuid!=""', 'uuid=""'
 # The job the docs tell users to scrape the exporter in: the README's ``job_name: gpu-exporter``, the
 # ServiceMonitor's Service (the Helm chart's ``<release>-gpu-exporter``); GpuExporterDown matches it so.
@@ -335,7 +338,7 @@ def queries(w: Window, matchers: str) -> list[Query]:
         # Who holds each GPU at the end of the range: the one to reclaim it from (a GPU's holders by
         # hours can tie, where pods come and go, and rank differently on two engines).
         Query("holders_now", "holders now",
-              f"max by ({GPU}, {HOLDER}) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
+              f"max by ({GPU}, {HOLDER}, {SLICE}) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
     ]  # fmt: skip
 
 
@@ -395,7 +398,7 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, cop
     if not 1 <= first <= last <= w.points:
         raise ValueError(f"steps {first} to {last} are not within the window's 1 to {w.points}")
     t = _Tiles(w, matchers)
-    holder = f"{GPU}, {HOLDER}, state"
+    holder = f"{GPU}, {HOLDER}, {SLICE}, state"
     span = f"{(last - first + 1) * w.step * 1000 - 1}ms"
     if recorded and not copies:  # the hours' samples as they are: no step to evaluate (``recorded_range``)
         summed = f"sum_over_time({recorded_range(REC_STATE, matchers, last - first + 1)})"
@@ -442,7 +445,7 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies
     return Query(
         "cost",
         "cost of GPUs whose price changed",
-        f"sum by ({GPU}, {HOLDER}, state, currency) (sum_over_time({t.over(priced)})) / 3600",
+        f"sum by ({GPU}, {HOLDER}, {SLICE}, state, currency) (sum_over_time({t.over(priced)})) / 3600",
         at=_at(w, recorded) if recorded else None,
     )
 

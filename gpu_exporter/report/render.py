@@ -17,8 +17,10 @@ from ..accounting.states import STATES
 from .rightsizing import HOURS_PER_MONTH, gpu_order, money
 
 GIB = 1024**3
-COLOURS = {"busy": "#2e7d32", "allocated_idle": "#ef6c00", "idle": "#c62828", "down": "#757575"}
-LABELS = {"busy": "busy", "allocated_idle": "allocated but idle", "idle": "idle", "down": "down"}
+COLOURS = {"busy": "#2e7d32", "allocated_idle": "#ef6c00", "allocated_unknown": "#1565c0", "idle": "#c62828",
+           "down": "#757575"}  # fmt: skip
+LABELS = {"busy": "busy", "allocated_idle": "allocated but idle", "allocated_unknown": "held, activity unknown",
+          "idle": "idle", "down": "down"}  # fmt: skip
 TOP = 10
 MERGED_LINES = 5  # groups of GPUs seen through several targets named in the headline; the JSON has all
 
@@ -79,6 +81,9 @@ def headline(doc: dict[str, Any]) -> list[str]:
         f"idle {_num(t['allocated_idle_hours'])}, idle {_num(t['idle_hours'])}, down {_num(t['down_hours'])}; "
         f"wasted {_num(wasted)}{share}"
     )
+    if unknown := t.get("allocated_unknown_hours"):  # held where the driver gives no activity: neither
+        lines.append(f"Held, activity unknown: {_num(unknown)} GPU-hours (MIG slices without GPM: A100, A30), "
+                     "counted neither busy nor wasted")  # fmt: skip
     lines += counted_once(doc)
     if t["cost"] is not None:
         unpriced = (f" ({plural(t['unpriced_gpus'], 'GPU')} without a price, {_num(t['unpriced_hours'])} GPU-hours "
@@ -169,7 +174,23 @@ def _title(r: dict[str, Any]) -> str:
     n = r.get("gpus", 1)
     if n > 1:  # a job's GPUs, advised together
         return f"{n} GPUs ({r['gpu']}) on {r['node']}: {r['current_model'] or '?'} -> {n} x {r['suggested']}"
+    if r.get("gpu_instance_id"):
+        return (f"MIG slice {r['gpu_instance_id']} of GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} "
+                f"-> {r['suggested']}")  # fmt: skip
     return f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} -> {r['suggested']}"
+
+
+SLICE_HEAD = ["node", "gpu", "slice", "share", "busy h", "alloc-idle h", "unknown h", "idle h", "cost", "wasted",
+              "holder"]  # fmt: skip
+
+
+def _slice_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """The MIG slices of each card in MIG mode, each with its own books (hours at its share of the card)."""
+    cur = doc["currency"]
+    return [[g["node"], g["gpu"], x["gpu_instance_id"], f"{x['share'] * 100:.0f}%", _num(x["busy_hours"]),
+             _num(x["allocated_idle_hours"]), _num(x["allocated_unknown_hours"]), _num(x["idle_hours"]),
+             _cash(x["cost"], cur), _cash(x["wasted_cost"], cur), x["holder"] or "-"]
+            for g in doc["gpus"] for x in g.get("slices") or []]  # fmt: skip
 
 
 def as_table(doc: dict[str, Any]) -> str:
@@ -177,6 +198,8 @@ def as_table(doc: dict[str, Any]) -> str:
     out = [*headline(doc)]
     if doc["gpus"]:
         out += ["", "GPUs, most wasted first", *_grid(GPU_HEAD, _gpu_rows(doc))]
+    if slices := _slice_rows(doc):
+        out += ["", "MIG slices (hours at each slice's share of its card)", *_grid(SLICE_HEAD, slices)]
     if doc["holders"]:
         out += ["", "Holders, most allocated-but-idle first", *_grid(HOLDER_HEAD, _holder_rows(doc))]
     if doc["gpus"]:

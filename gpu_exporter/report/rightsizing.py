@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from fractions import Fraction
 
 from .catalogue import GIB, PIPES, Catalogue, Offer
 from .prices import Price, PriceList
@@ -100,10 +101,15 @@ class Usage:
     # The GPUs of one holder sized together (``job``): each needs what the busiest needed, and the
     # advice is for all of them; ``gpu`` then names them all.
     count: int = 1
+    unknown_hours: float = 0.0  # held, activity unknown (a MIG slice without GPM): neither busy nor idle
+    # One GPU instance of a card in MIG mode (its id; "" for a whole GPU), at ``share`` of the card: its
+    # hours are its own, its price the card's x its share.
+    instance: str = ""
+    share: float = 1.0
 
     @property
     def held_hours(self) -> float:
-        return self.busy_hours + self.allocated_idle_hours
+        return self.busy_hours + self.allocated_idle_hours + self.unknown_hours
 
     @property
     def up_hours(self) -> float:
@@ -243,6 +249,11 @@ class Sizer:
             return self._reclaim(u)
         return self._size(u)
 
+    def advise_slice(self, u: Usage) -> Advice | None:
+        """A MIG slice's advice: reclaimed from its holder where held but idle (as a GPU), never released
+        or resized on its own (the card is released whole, where all of it sits idle: ``advise``)."""
+        return self._reclaim(u) if u.up_hours > 0 and self.waste(u) == RECLAIM else None
+
     @staticmethod
     def waste(u: Usage) -> str | None:
         """RELEASE or RECLAIM where the GPU sat idle long enough for either (its advice, or none where
@@ -313,6 +324,10 @@ class Sizer:
         return saving, price, f", which cost {money(price * hours, self.currency)}"
 
     def _where(self, u: Usage) -> str:
+        if u.instance:
+            part = Fraction(u.share).limit_denominator(8)
+            return (f"MIG slice {u.instance} ({part.numerator}/{part.denominator} of the card) of GPU {u.gpu} on "
+                    f"{u.node} ({u.model or 'model unknown'})")  # fmt: skip
         return f"GPU {u.gpu} on {u.node} ({u.model or 'model unknown'})"
 
     # -- a cheaper card or slice ------------------------------------------------------------------------

@@ -4,7 +4,8 @@ activity and prices (see :mod:`gpu_exporter.accounting`).
 Series carry ``gpu``, ``uuid`` and the holder labels that are on (pods, jobs, containers), like
 every per-GPU series.  ``gpu_state_seconds_total`` is the exception that proves it: one series per
 holder, with every label of that holder's kind (a job's user, account and partition; a container's
-engine, ID and name; a user), where the other series join a shared GPU's holders with commas.
+engine, ID and name; a user), where the other series join a shared GPU's holders with commas; and,
+on a GPU in MIG mode, one per GPU instance (``gpu_instance_id``; empty for a whole GPU).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def accounting_families(view: AccountingView, opts: RenderOptions | None = None)
     currency = view.currency or ""
     for a in view.gpus:
         for holder, state, value in a.seconds:
-            seconds.add_metric([str(a.index), a.uuid, *holders.detail_values(holder), state], value)
+            seconds.add_metric([str(a.index), a.uuid, *holders.detail_values(holder), "", state], value)
+        for instance, holder, state, value in a.instance_seconds:
+            seconds.add_metric([str(a.index), a.uuid, *holders.detail_values(holder), instance, state], value)
         if a.last_active is not None:
             last_active.add_metric(base(a), a.last_active)
         if a.memory_peak_bytes is not None:

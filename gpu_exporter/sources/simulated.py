@@ -555,6 +555,7 @@ class _SimulatedGpu:
             xid_errors_total=MappingProxyType(xids),
             processes=processes,
             migs=migs,
+            mig_slices=7 if migs else None,  # an H100's
             activity=activity,
         )
 

@@ -28,11 +28,14 @@ def mig_profile(name: str) -> str:
     return m.group(1) if m else "unknown"
 
 
-def read_migs(dev: Device, processes: ProcessReader | None, gpm: GpmReader | None) -> tuple[MigReading, ...]:
-    """Every MIG device of ``dev``; ``processes``/``gpm`` None where that collector is off or the
-    GPU has no GPM."""
+def read_migs(
+    dev: Device, processes: ProcessReader | None, gpm: GpmReader | None
+) -> tuple[tuple[MigReading, ...], int | None]:
+    """Every MIG device of ``dev``, and the most it can hold (its compute slices: the books share
+    the card by them); ``processes``/``gpm`` None where that collector is off or the GPU has no GPM."""
     N = pynvml
-    count = dev.call("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount) or 0
+    most = dev.call("nvmlDeviceGetMaxMigDeviceCount", N.nvmlDeviceGetMaxMigDeviceCount)
+    count = most or 0
     found = []
     for i in range(count):
         try:
@@ -66,8 +69,9 @@ def read_migs(dev: Device, processes: ProcessReader | None, gpm: GpmReader | Non
     dev.mig_process_names = {(p.pid, p.start_time): p.name for m in found for p in m.processes}
     seen = {(m.gpu_instance_id, m.uuid) for m in found}
     dev.gpu_instances = {k: v for k, v in dev.gpu_instances.items() if k in seen}
+    slices = most if most and most > 0 else None
     if gpm is None:
-        return tuple(found)
+        return tuple(found), slices
     # GPM is per GPU instance: sampled once for each, and shown on one of its MIG devices (the one
     # with the lowest compute instance id), so a sum over MIG devices counts each instance once.
     shown: dict[int, MigReading] = {}
@@ -78,7 +82,7 @@ def read_migs(dev: Device, processes: ProcessReader | None, gpm: GpmReader | Non
                 shown[m.gpu_instance_id] = m
     activity = {m.index: gpm.mig_activity(dev, gi, m.uuid, m.profile) for gi, m in shown.items()}
     gpm.forget_migs(dev, {(m.gpu_instance_id, m.uuid, m.profile) for m in shown.values()})
-    return tuple(replace(m, activity=activity[m.index]) if m.index in activity else m for m in found)
+    return tuple(replace(m, activity=activity[m.index]) if m.index in activity else m for m in found), slices
 
 
 def gpu_instance(dev: Device, gi: int, uuid: str) -> tuple[int | None, int | None]:

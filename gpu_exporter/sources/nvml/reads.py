@@ -184,6 +184,7 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
     gpm = readers.gpm if static.gpm_supported else None
     activity = gpm.gpu_activity(dev) if gpm else None
     fabric = slow.fabric
+    migs, mig_slices = read_migs(dev, proc, gpm) if mig_mode else ((), None)
     return GpuReading(
         index=static.index,
         uuid=static.uuid,
@@ -230,7 +231,8 @@ def read_quick(dev: Device, static: GpuStatic, readers: Readers, xids: Mapping[i
         reset_required=dev.reset_required,
         fabric=fabric,
         processes=processes,
-        migs=read_migs(dev, proc, gpm) if mig_mode else (),
+        migs=migs,
+        mig_slices=mig_slices,
         activity=activity,
     )
 
