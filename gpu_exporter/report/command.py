@@ -301,7 +301,7 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
         try:
             if q.kind == "range":
                 got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step, q.what)
-                return [(labels, [(t - q.shift, v) for t, v in points]) for labels, points in got] if q.shift else got
+                return [(labels, points.shifted(-q.shift)) for labels, points in got] if q.shift else got
             return client.instant(q.expr, w.at if q.at is None else q.at, q.what)
         except QueryError as e:
             raise QueryError(f"{q.what}: {e}") from e
