@@ -14,8 +14,8 @@ a second never trips one), and an answer is read to at most ``max_answer_bytes``
 ever held whole: it is decoded as it arrives, a series at a time, into the report's own compact form
 (labels whose names and values are shared, points as an array of doubles), and the series the
 report keeps from all its answers together are bounded too (``max_kept_bytes``), since many small
-series cost far more decoded than their bytes (issue 50: 200,000 series in a 47 MB answer took
-815 MiB as Python's lists and dicts).
+series cost far more in memory than their bytes (issue 50: 200,000 series in a 47 MB answer took
+815 MiB).
 """
 
 from __future__ import annotations
@@ -59,12 +59,15 @@ _OWN_HEADERS = {"content-type", "content-length", "host", "accept", "user-agent"
 # An answer is decoded as it arrives, never held whole: 128 MiB is some 2 million samples, far past what
 # one query of a report of hundreds of GPUs returns, and a bound a report of thousands can raise.
 MAX_ANSWER_BYTES = 128 * 1024 * 1024
-# What the report keeps of all its answers together, in its compact form (SERIES_COST a series, 16
-# bytes a point), is three quarters of the answer bound: 96 MiB, some 350,000 series, and with the
-# interpreter, the model built from them and the answers in flight, a peak under 256 MiB
-# (benchmarks/report_memory.py).  Past it the report stops, naming the query and the bound, rather
-# than grow with a store's series count (issue 50).
-SERIES_COST = 288  # bytes a kept series takes besides its points: its labels' dict, a tuple, a float or array
+# What the report keeps of all its answers together is bounded too, by what it costs at the report's
+# peak: a series 6 KiB (its labels and value decoded are some 500 bytes; the model built from it and
+# the rendered output take the rest: 5.5 KiB a series at 40,000 series, benchmarks/report_memory.py)
+# and a point 24 bytes (16 in its array, and a copy while it is shifted or filtered).  The bound is
+# one and a half times the answer bound, 192 MiB by default, some 32,000 series: a peak under 256 MiB
+# with the interpreter's 45.  Past it the report stops, naming the query and the bound, rather than
+# grow with a store's series count (issue 50: 200,000 small series in a 47 MB answer took 815 MiB).
+SERIES_COST = 6 * 1024
+POINT_COST = 24
 READ_CHUNK = 256 * 1024
 # One series of an answer, as JSON, at most: its labels, and a point per step of the query (each
 # ``[1700000000.123,"1.2345678901234567e+18"]`` at most, which is 44 bytes).  A series past it is
@@ -94,7 +97,7 @@ class ClientOptions:
     environ: Mapping[str, str] = field(default_factory=dict)  # where TOKEN_ENV and PASSWORD_ENV are read
     retries: int = RETRIES
     max_answer_bytes: int = MAX_ANSWER_BYTES
-    max_kept_bytes: int | None = None  # None: three quarters of max_answer_bytes
+    max_kept_bytes: int | None = None  # None: one and a half times max_answer_bytes
 
 
 def redact(url: str) -> str:
@@ -145,9 +148,9 @@ class PromClient:
         self.timeout, self.retries, self.sleep = opts.timeout, opts.retries, sleep
         self.max_answer = opts.max_answer_bytes
         # One flag raises both: a machine with the memory for larger answers has it for more series.
-        self.max_kept = opts.max_answer_bytes * 3 // 4 if opts.max_kept_bytes is None else opts.max_kept_bytes
-        self.kept = 0  # bytes of series kept from every answer so far, as SERIES_COST and 16 a point count them
-        self.kept_series = 0
+        self.max_kept = opts.max_answer_bytes * 3 // 2 if opts.max_kept_bytes is None else opts.max_kept_bytes
+        self.kept = 0  # what the series kept from every answer so far cost, as SERIES_COST and POINT_COST count it
+        self.kept_series = self.kept_points = 0
         self.origin = _origin(self.base)
         self.impossible = 0  # values left out as no store could mean them (negative, past MAX_VALUE)
         # Series left out for a currency label the exporter could never have written: what each was, shown
@@ -353,15 +356,19 @@ class PromClient:
     def _keep(self, series: int, points: int) -> None:
         """Counts what an answer keeps against ``max_kept``, for every answer together; a QueryError past it."""
         with self._largest_lock:
-            self.kept += series * SERIES_COST + points * 16
+            self.kept += series * SERIES_COST + points * POINT_COST
             self.kept_series += series
+            self.kept_points += points
             if self.kept <= self.max_kept:
                 return
-            n = self.kept_series
+            n, points = self.kept_series, self.kept_points
         raise QueryError(
-            f"the answers hold more series than the report keeps in memory ({n:,} so far, past "
-            f"{_mib(self.max_kept)} of them): narrow the report (a --selector for some nodes, a shorter --since) "
-            f"or raise --prometheus.max-answer-mib, which bounds both"
+            f"more series than the report holds in memory: {n:,} with {points:,} points so far, past the "
+            f"bound of {self.max_kept // SERIES_COST:,} series (each {SERIES_COST // POINT_COST} points count as one "
+            f"more) that "
+            f"--prometheus.max-answer-mib sets ({_mib(self.max_answer)}): narrow the report (a --selector for "
+            f"some nodes, a shorter --since) or raise --prometheus.max-answer-mib where the machine has the memory "
+            f"(a series takes some {SERIES_COST // 1024} KiB)"
         )
 
     def _vetted(self, labels: Labels) -> bool:
@@ -392,7 +399,6 @@ class PromClient:
 # negative, and never near 1e308 (whose sum overflows to infinity, which is not JSON).  A store that
 # answers one lies or is broken: such a value is left out, as a NaN is.
 MAX_VALUE = 1e18
-
 
 
 class _NotJson(Exception):
@@ -476,6 +482,8 @@ class _Stream:
         while True:
             try:
                 value, end = _DECODER.raw_decode(self.buf, self.pos)
+                if end - self.pos > self.element_bytes:
+                    raise self._too_long()
                 if end < len(self.buf) or self.eof:  # a number that ends the buffer may go on
                     self.pos = end
                     return value
@@ -486,14 +494,16 @@ class _Stream:
                     if isinstance(e, json.JSONDecodeError) and e.pos < len(self.buf) - 64 and \
                             not e.msg.startswith("Unterminated"):  # fmt: skip
                         raise _NotJson from e  # broken where it was read, not cut short by the buffer
-                    raise QueryError(
-                        f"{self.shown}: one series (or value) of the answer is longer than "
-                        f"{_mib(self.element_bytes)}, more than the query's labels and steps can be: is it "
-                        f"a Prometheus query API?"
-                    ) from e
+                    raise self._too_long() from e
             want = max(READ_CHUNK, 2 * (len(self.buf) - self.pos))
             while len(self.buf) - self.pos < want and self._more():
                 pass
+
+    def _too_long(self) -> QueryError:
+        return QueryError(
+            f"{self.shown}: one series (or value) of the answer is longer than {_mib(self.element_bytes)}, more "
+            f"than the query's labels and steps can be: is it a Prometheus query API?"
+        )
 
     def _object(self, path: tuple[str, ...]) -> dict[str, Any]:
         """An object whose member ``path[0]`` is walked into (``data``, then its ``result``, an array
@@ -544,6 +554,7 @@ class _Stream:
 def _too_large(shown: str, limit: int) -> str:
     return (f"{shown}: an answer of more than {_mib(limit)}: narrow the report (a shorter --since, a --selector "
             f"for some nodes) or raise --prometheus.max-answer-mib")  # fmt: skip
+
 
 class _Watch:
     """The sockets of one try, shut when its time is up, so that a read blocked on them returns."""

@@ -181,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MAX_ANSWER_BYTES // 1048576,
         metavar="MIB",
-        help=f"the largest answer read, in MiB; a report decodes it in about four times that "
-        f"(default {MAX_ANSWER_BYTES // 1048576})",
+        help=f"the largest answer read, in MiB (default {MAX_ANSWER_BYTES // 1048576}); the series the report holds "
+        "from all its answers together are bounded by one and a half times that, as they cost in memory "
+        "(some 32,000 series by default)",
     )
     p.add_argument(
         "--prometheus.recorded",
