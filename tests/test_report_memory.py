@@ -70,20 +70,24 @@ def fleet(series: int, pods_per_gpu: int) -> Answer:
     pod each, as a fleet whose pods change hourly answers it; each GPU priced on every step of
     ``--since 1h`` (720 of 5 s); every other query answers nothing."""
     gpus = -(-series // pods_per_gpu)
-    hours = success("vector", [
-        {"metric": {**gpu(i // pods_per_gpu), "namespace": f"team-{i % 40}", "pod": f"train-{i:07d}-x7k2q",
-                    "state": ("busy", "allocated_idle")[i % 2]}, "value": [0, "0.5"]} for i in range(series)])  # fmt: skip
-    priced = success("vector", [{"metric": {**gpu(g), "currency": "USD"}, "value": [0, "720"]} for g in range(gpus)])
+
+    def holder(i: int) -> dict[str, str]:
+        return {**gpu(i // pods_per_gpu), "namespace": f"team-{i % 40}", "pod": f"train-{i:07d}-x7k2q",
+                "state": ("busy", "allocated_idle")[i % 2]}  # fmt: skip
+
+    priced = [{**gpu(g), "currency": "USD"} for g in range(gpus)]
+    hours = success("vector", [{"metric": holder(i), "value": [0, "0.5"]} for i in range(series)])
+    steps = success("vector", [{"metric": labels, "value": [0, "720"]} for labels in priced])
 
     def answer(path: str, form: dict[str, str]) -> bytes:
         query, matrix = form.get("query", ""), path.endswith("query_range")
         if query.startswith("sum by (node, instance, gpu, uuid, ") and "gpu_state_seconds_total" in query:
             return hours
         if matrix and query.startswith("(max by (node, instance, gpu, uuid, currency)"):
-            return success("matrix", [{"metric": {**gpu(g), "currency": "USD"}, "values": [[float(form["start"]), "2.5"]]}
-                                      for g in range(gpus)])  # fmt: skip
+            start = float(form["start"])
+            return success("matrix", [{"metric": labels, "values": [[start, "2.5"]]} for labels in priced])
         if query.startswith("max by (node, instance, gpu, uuid, currency) (count_over_time("):
-            return priced
+            return steps
         return success("matrix" if matrix else "vector", [])
 
     return answer
@@ -123,8 +127,8 @@ def test_300000_small_series_within_the_byte_bound_stop_the_report_naming_the_qu
     128 MiB answer bound.  The report now stops once the series it holds pass their own bound, within
     256 MiB, saying which query, the bound, and how to narrow the report."""
     answer = fleet(300_000, pods_per_gpu=8)
-    assert len(answer("/api/v1/query", {"query": "sum by (node, instance, gpu, uuid, x) (gpu_state_seconds_total)"})) < \
-        client_module.MAX_ANSWER_BYTES  # fmt: skip
+    hours = answer("/api/v1/query", {"query": "sum by (node, instance, gpu, uuid, x) (gpu_state_seconds_total)"})
+    assert len(hours) < client_module.MAX_ANSWER_BYTES  # within the byte bound: some 60 MB
     with store(answer) as url:
         out, peak_mib = report(url, tmp_path)
     assert out.returncode == 1, out.stderr[-2000:]
@@ -185,8 +189,8 @@ def test_a_series_with_more_points_than_the_query_has_steps_is_refused() -> None
 
 
 def test_one_series_longer_than_its_query_allows_is_refused_before_it_is_decoded() -> None:
-    huge = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"gpu": "0", "pod": "x" * (2 * client_module.MAX_LABELS_BYTES)}, "value": [0, "1"]}]}}).encode()  # fmt: skip
+    long_pod = "x" * (2 * client_module.MAX_LABELS_BYTES)
+    huge = success("vector", [{"metric": {"gpu": "0", "pod": long_pod}, "value": [0, "1"]}])
     with store(lambda *_: huge) as url, pytest.raises(QueryError) as e:
         client(url).instant("up", 0)
     assert_mentions(str(e.value), "one series", "65536 bytes")
@@ -208,8 +212,11 @@ def test_an_answer_cut_anywhere_decodes_as_it_would_whole(chunk: int, monkeypatc
     monkeypatch.setattr(client_module, "READ_CHUNK", chunk)
     with store(lambda *_: VM_LIKE.encode()) as url:
         got = client(url).range("up", 0, 30, 10)
-    assert got == [({"gpu": "0", "pod": "éé ü"}, [(10.0, 1.5), (30.0, 2.0)]), ({}, [(10.0, 300.0)])]
-    assert isinstance(got[0][1], Points)
+    assert [(labels, list(points)) for labels, points in got] == [
+        ({"gpu": "0", "pod": "éé ü"}, [(10.0, 1.5), (30.0, 2.0)]),
+        ({}, [(10.0, 300.0)]),
+    ]
+    assert all(isinstance(points, Points) for _, points in got)
 
 
 @pytest.mark.parametrize(
