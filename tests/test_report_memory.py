@@ -170,8 +170,9 @@ def test_points_count_against_the_bound_too() -> None:
     points = [[float(t), "1"] for t in range(1000)]
     body = success("matrix", [{"metric": {"gpu": "0"}, "values": points}])
     with store(lambda *_: body) as url:
-        # A series of 1,000 points costs as much as 5 without (4 of 256 points, and itself): two pass 8.
-        c = client(url, max_kept_bytes=8 * client_module.SERIES_COST)
+        # Room for one and a half series of 1,000 points: one passes, two do not.
+        one = client_module.SERIES_COST + 1000 * client_module.POINT_COST
+        c = client(url, max_kept_bytes=one * 3 // 2)
         assert len(c.range("up", 0, 999, 1)[0][1]) == 1000
         with pytest.raises(QueryError, match="more series than the report holds"):
             c.range("up", 0, 999, 1)

@@ -62,12 +62,13 @@ MAX_ANSWER_BYTES = 128 * 1024 * 1024
 # What the report keeps of all its answers together is bounded too, by what it costs at the report's
 # peak: a series 6 KiB (its labels and value decoded are some 500 bytes; the model built from it and
 # the rendered output take the rest: 5.5 KiB a series at 40,000 series, benchmarks/report_memory.py)
-# and a point 24 bytes (16 in its array, and a copy while it is shifted or filtered).  The bound is
-# one and a half times the answer bound, 192 MiB by default, some 32,000 series: a peak under 256 MiB
-# with the interpreter's 45.  Past it the report stops, naming the query and the bound, rather than
-# grow with a store's series count (issue 50: 200,000 small series in a 47 MB answer took 815 MiB).
+# and a point 128 bytes (16 in its array; the prices' plan, ``cost.plan``, holds each in a dict for a
+# while: some 100 bytes a point at 2 million).  The bound is one and a half times the answer bound,
+# 192 MiB by default, some 32,000 series or 1.5 million points: a peak under 256 MiB with the
+# interpreter's 45.  Past it the report stops, naming the query and the bound, rather than grow with
+# a store's series (issue 50: 200,000 small series in a 47 MB answer took 815 MiB).
 SERIES_COST = 6 * 1024
-POINT_COST = 24
+POINT_COST = 128
 READ_CHUNK = 256 * 1024
 # One series of an answer, as JSON, at most: its labels, and a point per step of the query (each
 # ``[1700000000.123,"1.2345678901234567e+18"]`` at most, which is 44 bytes).  A series past it is
