@@ -212,9 +212,9 @@ class PromClient:
     def _post(self, path: str, params: dict[str, str], what: str, take: Callable[[Any], None],
               element_bytes: int) -> tuple[dict[str, Any], QueryError | None]:  # fmt: skip
         """The answer's ``data``, less its ``result``, whose series went to ``take`` one at a time as
-        they were read (a new ``take`` state for each try is the caller's: a try that fails took none
-        the report keeps, as no 2xx answer is tried again); and the first fault ``take`` found in a
-        series, for the caller to raise after it has checked the envelope, as when answers were read whole."""
+        they were read (a try is tried again only where the store refused it, before any series); and
+        the first fault ``take`` found in a series, for the caller to raise once it has checked the
+        envelope, as when answers were read whole."""
         url, shown = f"{self.base}/api/v1/{path}", f"{self.shown}/api/v1/{path}"
         body = urllib.parse.urlencode(params).encode()
         for attempt in range(self.retries + 1):
