@@ -53,7 +53,7 @@ def hours_answer(series: int) -> bytes:
     return _success("vector", out)
 
 
-def prices_answer(series: int, start: float) -> bytes:
+def prices_answer(series: int, start: float, points: int = 1) -> bytes:
     gpus = -(-series // PODS_PER_GPU)
     out = []
     for g in range(gpus):
@@ -61,7 +61,7 @@ def prices_answer(series: int, start: float) -> bytes:
         labels = {"node": f"node-{node:05d}", "instance": f"10.1.{node // 250}.{node % 250}:9400",
                   "gpu": str(g % GPUS_PER_NODE), "uuid": f"GPU-{g:08x}-5e1f-4a2b-9c3d-0123456789ab",
                   "currency": "USD"}  # fmt: skip
-        out.append({"metric": labels, "values": [[start, "2.5"]]})
+        out.append({"metric": labels, "values": [[start + 5 * k, "2.5"] for k in range(points)]})
     return _success("matrix", out)
 
 
@@ -84,9 +84,11 @@ def _success(kind: str, result: list[dict[str, Any]]) -> bytes:
 
 
 @contextmanager
-def store(series: int) -> Iterator[tuple[str, dict[str, int]]]:
-    """A store whose hours answer has ``series`` series; yields its URL and that answer's size."""
+def store(series: int, points: int = 1) -> Iterator[tuple[str, dict[str, int]]]:
+    """A store whose hours answer has ``series`` series, and each GPU's prices ``points`` points; yields
+    its URL and the larger of the two answers' sizes."""
     hours = hours_answer(series)
+    prices: dict[float, bytes] = {}  # made once, when a start is asked
     largest = {"bytes": len(hours)}
 
     class Handler(BaseHTTPRequestHandler):
@@ -99,7 +101,11 @@ def store(series: int) -> Iterator[tuple[str, dict[str, int]]]:
             if query.startswith("sum by (node, instance, gpu, uuid, ") and "gpu_state_seconds_total" in query:
                 body = hours
             elif range_query and query.startswith("(max by (node, instance, gpu, uuid, currency)"):
-                body = prices_answer(series, float(form["start"][0]))
+                start = float(form["start"][0])
+                if start not in prices:
+                    prices[start] = prices_answer(series, start, points)
+                    largest["bytes"] = max(largest["bytes"], len(prices[start]))
+                body = prices[start]
             elif query.startswith("max by (node, instance, gpu, uuid, currency) (count_over_time("):
                 body = priced_steps_answer(series)
             else:
@@ -159,6 +165,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--series", type=int, nargs="+", default=[0, 10_000, 50_000, 100_000, 200_000, 300_000, 500_000])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--points", type=int, default=1, help="each GPU's prices answer this many points (at most 720)")
     ap.add_argument("--against", metavar="REV", help="also measure this git revision, alternately")
     args = ap.parse_args()
 
@@ -173,13 +180,13 @@ def main() -> None:
             trees[args.against] = old
         rows = []
         for n in args.series:
-            with store(n) as (url, largest):
+            with store(n, args.points) as (url, largest):
                 got: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
                 for _ in range(args.runs):
                     for name, tree in trees.items():
                         got[name].append(run_report(tree, url))
                 for name, runs in got.items():
-                    row = {"tree": name, "series": n, "answer_mib": largest["bytes"] / 1048576,
+                    row = {"tree": name, "series": n, "points": args.points, "answer_mib": largest["bytes"] / 1048576,
                            "peak_mib": median([r["peak_mib"] for r in runs]),
                            "wall_s": median([r["wall_s"] for r in runs]), "rc": runs[-1]["rc"],
                            "last": runs[-1]["last"]}  # fmt: skip
@@ -188,15 +195,17 @@ def main() -> None:
                         f"{row['wall_s']:.1f} s, exit {row['rc']}: {row['last'][:160]}")  # fmt: skip
     m = machine()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "report-memory.json").write_text(json.dumps({"machine": m, "rows": rows}, indent=2) + "\n")
-    md = [f"# gpu-exporter report: peak RSS against the hours answer's series ({machine_line(m)})", "",
+    tag = "" if args.points == 1 else f"-{args.points}-points"
+    (RESULTS / f"report-memory{tag}.json").write_text(json.dumps({"machine": m, "rows": rows}, indent=2) + "\n")
+    md = [f"# gpu-exporter report: peak RSS against the hours answer's series, {args.points} price point(s) a GPU "
+          f"({machine_line(m)})", "",
           f"Medians of {args.runs} runs. Exit 0/4: a report (4: some GPUs without a price); 1: stopped, naming "
           "the query and the bound.", "",
           "| tree | series | answer | peak RSS | wall | exit |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         md.append(f"| {r['tree']} | {r['series']:,} | {r['answer_mib']:.1f} MiB | {r['peak_mib']:.0f} MiB | "
                   f"{r['wall_s']:.1f} s | {r['rc']} |")  # fmt: skip
-    (RESULTS / "report-memory.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"report-memory{tag}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
