@@ -84,6 +84,10 @@ class QueryError(Exception):
     """The API could not be reached or refused a query; the message says which and why."""
 
 
+class TooManySeries(QueryError):
+    """The series of the answers so far passed what the report holds: it stops reading at once."""
+
+
 @dataclass(frozen=True)
 class ClientOptions:
     url: str
@@ -363,7 +367,7 @@ class PromClient:
             if self.kept <= self.max_kept:
                 return
             n, points = self.kept_series, self.kept_points
-        raise QueryError(
+        raise TooManySeries(
             f"more series than the report holds in memory: {n:,} with {points:,} points so far, past the "
             f"bound of {self.max_kept // SERIES_COST:,} series (each {SERIES_COST // POINT_COST} points count as one "
             f"more) that "
@@ -541,6 +545,8 @@ class _Stream:
             if self.failed is None:
                 try:
                     self.take(element)
+                except TooManySeries:
+                    raise  # nothing more of the answer is needed
                 except QueryError as e:
                     self.failed = e
             del element
