@@ -369,7 +369,9 @@ def test_a_nan_or_infinite_answer_is_left_out_never_a_figure() -> None:
     with api(nans) as (url, _):
         client = PromClient(ClientOptions(url))
         assert client.instant("x", 1) == [({"gpu": "1"}, 3.0)]
-        assert client.range("x", 1, 4, 1) == [({"gpu": "0"}, [(2.0, 2.5)])]
+        assert [(labels, list(points)) for labels, points in client.range("x", 1, 4, 1)] == [
+            ({"gpu": "0"}, [(2.0, 2.5)])
+        ]
 
 
 # -- issue 38: a store that lies ---------------------------------------------------------------------------

@@ -10,12 +10,18 @@ would carry ``Authorization`` and the tenant header to wherever a store points.
 
 A store that lies cannot hold the report or its memory: one try of a query, from connecting to the
 last byte, has ``timeout`` in all (a socket timeout bounds each read, and a store that drips a byte
-a second never trips one), and an answer is read to at most ``max_answer_bytes``.
+a second never trips one), and an answer is read to at most ``max_answer_bytes``.  Nor is an answer
+ever held whole: it is decoded as it arrives, a series at a time, into the report's own compact form
+(labels whose names and values are shared, points as an array of doubles), and the series the
+report keeps from all its answers together are bounded too (``max_kept_bytes``), since many small
+series cost far more in memory than their bytes (issue 50: 200,000 series in a 47 MB answer took
+815 MiB).
 """
 
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import http.client
 import json
@@ -23,16 +29,18 @@ import math
 import re
 import socket
 import ssl
+import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..accounting.settings import CURRENCY as CURRENCY_PATTERN
 from ..settings.yamlfile import MAX_SECRET_BYTES, read_bounded
@@ -48,10 +56,25 @@ PASSWORD_ENV = "GPU_EXPORTER_PROMETHEUS_PASSWORD"
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110's token
 CURRENCY = re.compile(CURRENCY_PATTERN)
 _OWN_HEADERS = {"content-type", "content-length", "host", "accept", "user-agent"}
-# An answer is decoded whole, at about four times its size in memory (a 120 MB answer took 521 MiB):
-# 128 MiB is some 2 million samples, far past what one query of a report of hundreds of GPUs
-# returns, and a bound a report of thousands can raise.
+# An answer is decoded as it arrives, never held whole: 128 MiB is some 2 million samples, far past what
+# one query of a report of hundreds of GPUs returns, and a bound a report of thousands can raise.
 MAX_ANSWER_BYTES = 128 * 1024 * 1024
+# What the report keeps of all its answers together is bounded too, by what it costs at the report's
+# peak: a series 6 KiB (its labels and value decoded are some 500 bytes; the model built from it and
+# the rendered output take the rest: 5.5 KiB a series at 40,000 series, benchmarks/report_memory.py)
+# and a point 128 bytes (16 in its array; the prices' plan, ``cost.plan``, holds each in a dict for a
+# while: some 100 bytes a point at 2 million).  The bound is one and a half times the answer bound,
+# 192 MiB by default, some 32,000 series or 1.5 million points: a peak under 256 MiB with the
+# interpreter's 45.  Past it the report stops, naming the query and the bound, rather than grow with
+# a store's series (issue 50: 200,000 small series in a 47 MB answer took 815 MiB).
+SERIES_COST = 6 * 1024
+POINT_COST = 128
+READ_CHUNK = 256 * 1024
+# One series of an answer, as JSON, at most: its labels, and a point per step of the query (each
+# ``[1700000000.123,"1.2345678901234567e+18"]`` at most, which is 44 bytes).  A series past it is
+# no series a store computed for the query, and decoding it whole would cost some ten times its size.
+MAX_LABELS_BYTES = 64 * 1024
+MAX_POINT_BYTES = 64
 MAX_ERROR_BYTES = 64 * 1024  # of a refusal's body: its first 300 characters are shown
 MAX_REDIRECTS = 3
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -59,6 +82,10 @@ _REDIRECTS = (301, 302, 303, 307, 308)
 
 class QueryError(Exception):
     """The API could not be reached or refused a query; the message says which and why."""
+
+
+class TooManySeries(QueryError):
+    """The series of the answers so far passed what the report holds: it stops reading at once."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +102,7 @@ class ClientOptions:
     environ: Mapping[str, str] = field(default_factory=dict)  # where TOKEN_ENV and PASSWORD_ENV are read
     retries: int = RETRIES
     max_answer_bytes: int = MAX_ANSWER_BYTES
+    max_kept_bytes: int | None = None  # None: one and a half times max_answer_bytes
 
 
 def redact(url: str) -> str:
@@ -124,6 +152,10 @@ class PromClient:
         self.shown = self.shown.rstrip("/")
         self.timeout, self.retries, self.sleep = opts.timeout, opts.retries, sleep
         self.max_answer = opts.max_answer_bytes
+        # One flag raises both: a machine with the memory for larger answers has it for more series.
+        self.max_kept = opts.max_answer_bytes * 3 // 2 if opts.max_kept_bytes is None else opts.max_kept_bytes
+        self.kept = 0  # what the series kept from every answer so far cost, as SERIES_COST and POINT_COST count it
+        self.kept_series = self.kept_points = 0
         self.origin = _origin(self.base)
         self.impossible = 0  # values left out as no store could mean them (negative, past MAX_VALUE)
         # Series left out for a currency label the exporter could never have written: what each was, shown
@@ -181,12 +213,17 @@ class PromClient:
             return {}
         return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
-    def _post(self, path: str, params: dict[str, str], what: str = "") -> Any:
+    def _post(self, path: str, params: dict[str, str], what: str, take: Callable[[Any], None],
+              element_bytes: int) -> tuple[dict[str, Any], QueryError | None]:  # fmt: skip
+        """The answer's ``data``, less its ``result``, whose series went to ``take`` one at a time as
+        they were read (a try is tried again only where the store refused it, before any series); and
+        the first fault ``take`` found in a series, for the caller to raise once it has checked the
+        envelope, as when answers were read whole."""
         url, shown = f"{self.base}/api/v1/{path}", f"{self.shown}/api/v1/{path}"
         body = urllib.parse.urlencode(params).encode()
         for attempt in range(self.retries + 1):
             try:
-                raw = self._fetch(url, shown, body)
+                answer = self._fetch(url, shown, body, take, element_bytes)
                 break
             except urllib.error.HTTPError as e:
                 detail = _error_text(_read_some(e, MAX_ERROR_BYTES))
@@ -204,18 +241,17 @@ class PromClient:
             except OSError as e:  # a connection reset mid-answer
                 raise QueryError(f"{shown}: the connection failed: {_reason(e)}") from e
         with self._largest_lock:
-            self.largest = max(self.largest, (len(raw), what or params.get("query", "")[:60]))
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise QueryError(f"{shown} did not answer with JSON: is it a Prometheus query API?") from e
+            self.largest = max(self.largest, (answer.read, what or params.get("query", "")[:60]))
+        if answer.not_json:
+            raise QueryError(f"{shown} did not answer with JSON: is it a Prometheus query API?")
+        doc = answer.doc
         if not isinstance(doc, dict) or doc.get("status") != "success" or not isinstance(doc.get("data"), dict):
-            raise QueryError(f"{shown}: {_error_text(raw)}")
-        return doc["data"]
+            raise QueryError(f"{shown}: {_error_text(answer.head)}")
+        return doc["data"], answer.failed
 
-    def _fetch(self, url: str, shown: str, body: bytes) -> bytes:
-        """One try: the answer's body, following redirects within the store's origin, all of it within
-        ``timeout`` (TimeoutError past it).  Raises HTTPError for a status that is not 2xx."""
+    def _fetch(self, url: str, shown: str, body: bytes, take: Callable[[Any], None], element_bytes: int) -> _Stream:
+        """One try: the answer, decoded as it is read, following redirects within the store's origin, all
+        of it within ``timeout`` (TimeoutError past it).  Raises HTTPError for a status that is not 2xx."""
         watch = _Watch()
         timer = threading.Timer(self.timeout, watch.fire)
         timer.daemon = True
@@ -229,7 +265,7 @@ class PromClient:
                     **self.headers, "Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
                 try:
                     with opener.open(req, timeout=max(deadline - time.monotonic(), 0.001)) as r:
-                        raw = self._body(r, shown)
+                        raw = self._body(r, shown, take, element_bytes)
                 except urllib.error.HTTPError as e:
                     if e.code not in _REDIRECTS:
                         raise
@@ -249,16 +285,16 @@ class PromClient:
         finally:
             timer.cancel()
 
-    def _body(self, r: http.client.HTTPResponse, shown: str) -> bytes:
+    def _body(self, r: http.client.HTTPResponse, shown: str, take: Callable[[Any], None],
+              element_bytes: int) -> _Stream:  # fmt: skip
         limit = self.max_answer
         length = r.headers.get("Content-Length", "")
-        # A length said up front is refused unread; else the read stops one byte past the bound.
-        if (length.isdigit() and int(length) > limit) or len(raw := r.read(limit + 1)) > limit:
-            raise QueryError(
-                f"{shown}: an answer of more than {_mib(limit)}: narrow the report (a shorter --since, a --selector "
-                f"for some nodes) or raise --prometheus.max-answer-mib"
-            )
-        return raw
+        # A length said up front is refused unread; else the read stops one chunk past the bound.
+        if length.isdigit() and int(length) > limit:
+            raise QueryError(_too_large(shown, limit))
+        answer = _Stream(r, shown, limit, take, element_bytes)
+        answer.run()
+        return answer
 
     def _redirect(self, url: str, shown: str, e: urllib.error.HTTPError) -> str:
         """Where a redirect within the store's origin points; a QueryError for any other place."""
@@ -281,27 +317,64 @@ class PromClient:
     def instant(self, expr: str, at: float, what: str = "") -> list[tuple[Labels, float]]:
         """The vector's samples; a NaN or infinite one (an exporter's broken gauge, a 0/0) is left out:
         a figure that cannot be known is no figure, never 0, and never NaN in the report."""
-        data = self._post("query", {"query": expr, "time": f"{at:.3f}"}, what)
+        kept = _Kept(self)
+
+        def take(r: Any) -> None:
+            labels = _labels(_series(r))
+            _, v = _sample(_point(r, "value"))
+            if kept.first(labels) and self._sane(v):
+                kept.add(labels, v, 0)
+
+        data, failed = self._post("query", {"query": expr, "time": f"{at:.3f}"}, what, take, MAX_LABELS_BYTES)
         if data.get("resultType") != "vector":
             raise QueryError(f"expected a vector from {expr!r}, got {_shown(data.get('resultType'))}")
-        rows = [(_labels(r), _sample(_point(r, "value"))[1]) for r in _results(data)]
-        return [(labels, v) for labels, v in _unique(rows) if self._sane(v) and self._vetted(labels)]
+        return kept.done(data, failed)
 
     def range(self, expr: str, start: float, end: float, step: float,
-              what: str = "") -> list[tuple[Labels, list[tuple[float, float]]]]:  # fmt: skip
+              what: str = "") -> list[tuple[Labels, Points]]:  # fmt: skip
+        kept = _Kept(self)
+        most = int((end - start) // step) + 1 if step > 0 else 1  # the points a store can have computed
+
+        def take(r: Any) -> None:
+            labels = _labels(_series(r))
+            values = r.get("values")
+            if not isinstance(values, list):
+                raise QueryError(f"a series without its values: {_shown(r)}")
+            if len(values) > most:
+                raise QueryError(f"a series of {len(values):,} points from a query of {most:,} steps: "
+                                 f"{_shown(labels)}")  # fmt: skip
+            flat = array("d")
+            for p in values:
+                flat.extend(_sample(p))
+            if kept.first(labels):
+                points = Points.sane(flat, self._sane)
+                kept.add(labels, points, len(points))
+
         # nocache: VictoriaMetrics would otherwise align the start to its cache's grid.
-        data = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                          "step": f"{step:g}", "nocache": "1"}, what)  # fmt: skip
+        data, failed = self._post("query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                  "step": f"{step:g}", "nocache": "1"}, what, take,
+                                  MAX_LABELS_BYTES + most * MAX_POINT_BYTES)  # fmt: skip
         if data.get("resultType") != "matrix":
             raise QueryError(f"expected a matrix from {expr!r}, got {_shown(data.get('resultType'))}")
-        series = []
-        for r in _results(data):
-            points = r.get("values")
-            if not isinstance(points, list):
-                raise QueryError(f"a series without its values: {_shown(r)}")
-            series.append((_labels(r), [_sample(p) for p in points]))
-        return [(labels, [(t, v) for t, v in points if self._sane(v)])
-                for labels, points in _unique(series) if self._vetted(labels)]  # fmt: skip
+        return kept.done(data, failed)
+
+    def _keep(self, series: int, points: int) -> None:
+        """Counts what an answer keeps against ``max_kept``, for every answer together; a QueryError past it."""
+        with self._largest_lock:
+            self.kept += series * SERIES_COST + points * POINT_COST
+            self.kept_series += series
+            self.kept_points += points
+            if self.kept <= self.max_kept:
+                return
+            n, points = self.kept_series, self.kept_points
+        raise TooManySeries(
+            f"more series than the report holds in memory: {n:,} with {points:,} points so far, past the "
+            f"bound of {self.max_kept // SERIES_COST:,} series (each {SERIES_COST // POINT_COST} points count as one "
+            f"more) that "
+            f"--prometheus.max-answer-mib sets ({_mib(self.max_answer)}): narrow the report (a --selector for "
+            f"some nodes, a shorter --since) or raise --prometheus.max-answer-mib where the machine has the memory "
+            f"(a series takes some {SERIES_COST // 1024} KiB)"
+        )
 
     def _vetted(self, labels: Labels) -> bool:
         """Whether a series' labels may be computed with: a ``currency`` the exporter's own settings would
@@ -331,6 +404,163 @@ class PromClient:
 # negative, and never near 1e308 (whose sum overflows to infinity, which is not JSON).  A store that
 # answers one lies or is broken: such a value is left out, as a NaN is.
 MAX_VALUE = 1e18
+
+
+class _NotJson(Exception):
+    pass
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = " \t\n\r"
+_HEAD_BYTES = 64 * 1024  # an answer's start, kept for a message where it is no successful answer
+
+
+class _Stream:
+    """An answer's JSON, decoded as it is read: the envelope's small values whole, and each series of
+    ``data.result`` on its own, handed to ``take`` and dropped, so that neither the answer's bytes nor
+    Python's objects for all of it are ever held (the stdlib has no streaming parser, but
+    ``raw_decode`` decodes one value where a buffer holds it).  After ``run``: ``doc``, the answer
+    less its result's series (an empty list stands for them); ``read``, its size; ``head``, its first
+    bytes; ``not_json``; and ``failed``, the first QueryError ``take`` raised (no later series is
+    taken)."""
+
+    def __init__(self, r: http.client.HTTPResponse, shown: str, limit: int, take: Callable[[Any], None],
+                 element_bytes: int) -> None:  # fmt: skip
+        self.r, self.shown, self.limit, self.take, self.element_bytes = r, shown, limit, take, element_bytes
+        self.text = codecs.getincrementaldecoder("utf-8")()
+        self.buf, self.pos, self.eof = "", 0, False
+        self.read, self.head = 0, b""
+        self.doc: Any = None
+        self.not_json = False
+        self.failed: QueryError | None = None
+
+    def run(self) -> None:
+        try:
+            self._space()
+            if self._peek() == "{":
+                self.doc = self._object(("data", "result"))
+            else:
+                self.doc = self._value()
+            self._space()
+            if self.pos < len(self.buf):
+                raise _NotJson
+        except (_NotJson, UnicodeDecodeError, RecursionError):
+            self.not_json = True
+            while self._more():  # to the end, as a store would be read whole: the bound still holds
+                self.pos = len(self.buf)
+
+    def _more(self) -> bool:
+        """Reads a chunk onto the buffer (dropping what was decoded); False at the end of the answer."""
+        if self.eof:
+            return False
+        chunk = self.r.read(READ_CHUNK)
+        self.read += len(chunk)
+        if self.read > self.limit:
+            raise QueryError(_too_large(self.shown, self.limit))
+        if len(self.head) < _HEAD_BYTES:
+            self.head += chunk[: _HEAD_BYTES - len(self.head)]
+        self.buf = self.buf[self.pos :] + self.text.decode(chunk, final=not chunk)
+        self.pos = 0
+        self.eof = not chunk
+        return bool(chunk)
+
+    def _space(self) -> None:
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in _SPACE:
+                self.pos += 1
+            if self.pos < len(self.buf) or not self._more():
+                return
+
+    def _peek(self) -> str:
+        self._space()
+        return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def _expect(self, c: str) -> None:
+        if self._peek() != c:
+            raise _NotJson
+        self.pos += 1
+
+    def _value(self) -> Any:
+        """One whole value at the buffer's position, read on until the buffer holds all of it (twice as
+        much each time, so that a long one is not decoded over and over), at most ``element_bytes``."""
+        self._space()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self.buf, self.pos)
+                if end - self.pos > self.element_bytes:
+                    raise self._too_long()
+                if end < len(self.buf) or self.eof:  # a number that ends the buffer may go on
+                    self.pos = end
+                    return value
+            except ValueError as e:
+                if self.eof:
+                    raise _NotJson from e
+                if len(self.buf) - self.pos > self.element_bytes:
+                    if isinstance(e, json.JSONDecodeError) and e.pos < len(self.buf) - 64 and \
+                            not e.msg.startswith("Unterminated"):  # fmt: skip
+                        raise _NotJson from e  # broken where it was read, not cut short by the buffer
+                    raise self._too_long() from e
+            want = max(READ_CHUNK, 2 * (len(self.buf) - self.pos))
+            while len(self.buf) - self.pos < want and self._more():
+                pass
+
+    def _too_long(self) -> QueryError:
+        return QueryError(
+            f"{self.shown}: one series (or value) of the answer is longer than {_mib(self.element_bytes)}, more "
+            f"than the query's labels and steps can be: is it a Prometheus query API?"
+        )
+
+    def _object(self, path: tuple[str, ...]) -> dict[str, Any]:
+        """An object whose member ``path[0]`` is walked into (``data``, then its ``result``, an array
+        whose elements go to ``take``); every other member is decoded whole."""
+        self._expect("{")
+        out: dict[str, Any] = {}
+        if self._peek() == "}":
+            self.pos += 1
+            return out
+        while True:
+            if self._peek() != '"':
+                raise _NotJson
+            key = self._value()
+            self._expect(":")
+            c = self._peek()
+            if path and key == path[0] and c == ("{" if len(path) > 1 else "["):
+                out[key] = self._object(path[1:]) if len(path) > 1 else self._array()
+            else:
+                out[key] = self._value()
+            c = self._peek()
+            self.pos += 1
+            if c == "}":
+                return out
+            if c != ",":
+                raise _NotJson
+
+    def _array(self) -> list[Any]:
+        self._expect("[")
+        if self._peek() == "]":
+            self.pos += 1
+            return []
+        while True:
+            element = self._value()
+            if self.failed is None:
+                try:
+                    self.take(element)
+                except TooManySeries:
+                    raise  # nothing more of the answer is needed
+                except QueryError as e:
+                    self.failed = e
+            del element
+            c = self._peek()
+            self.pos += 1
+            if c == "]":
+                return []
+            if c != ",":
+                raise _NotJson
+
+
+def _too_large(shown: str, limit: int) -> str:
+    return (f"{shown}: an answer of more than {_mib(limit)}: narrow the report (a shorter --since, a --selector "
+            f"for some nodes) or raise --prometheus.max-answer-mib")  # fmt: skip
 
 
 class _Watch:
@@ -437,20 +667,21 @@ def _shown(v: object) -> str:
     return for_terminal(repr(v)[:120])
 
 
-def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
-    result = data.get("result")
-    if not isinstance(result, list) or not all(isinstance(r, dict) for r in result):
-        raise QueryError(f"a result that is not a list of series: {_shown(result)}")
-    return result
+def _series(r: Any) -> dict[str, Any]:
+    if not isinstance(r, dict):
+        raise QueryError(f"a result that is not a list of series: {_shown(r)}")
+    return r
 
 
 def _labels(r: dict[str, Any]) -> Labels:
+    """The series' labels, their names and values interned: a fleet's series share most of them (the
+    node, the state, the label names), and each is then held once, not once a series."""
     if "metric" not in r:  # both engines send it always, {} for an aggregate: its absence is no label set
         raise QueryError(f"a series without its labels (no 'metric' key): {_shown(r)}")
     metric = r["metric"]
     if not isinstance(metric, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items()):
         raise QueryError(f"a series whose labels are not names and strings: {_shown(metric)}")
-    return metric
+    return {sys.intern(k): sys.intern(v) for k, v in metric.items()}
 
 
 def _point(r: dict[str, Any], key: str) -> Any:
@@ -473,16 +704,104 @@ def _sample(p: Any) -> tuple[float, float]:
         raise QueryError(f"a sample's value that is not a number: {_shown(p[1])}") from None
 
 
-def _unique(series: list[tuple[Labels, Any]]) -> list[tuple[Labels, Any]]:
-    """One series per label set: a store that sends the same one twice would count its hours twice."""
-    seen: set[tuple[tuple[str, str], ...]] = set()
-    out = []
-    for labels, x in series:
-        key = tuple(sorted(labels.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append((labels, x))
-    return out
+class Points(Sequence[tuple[float, float]]):
+    """A series' ``(time, value)`` points, held as one array of doubles (16 bytes a point, where a list
+    of tuples of floats takes 112), read as the sequence of pairs it stands for."""
+
+    __slots__ = ("_flat",)
+
+    def __init__(self, pairs: Iterator[tuple[float, float]] | Sequence[tuple[float, float]] = ()) -> None:
+        self._flat = array("d")
+        for t, v in pairs:
+            self._flat.append(t)
+            self._flat.append(v)
+
+    @classmethod
+    def sane(cls, flat: array[float], keep: Callable[[float], bool]) -> Points:
+        """The points of ``flat`` (time, value, time, value...) whose value ``keep`` takes."""
+        p = cls()
+        it = iter(flat)
+        for t, v in zip(it, it, strict=True):
+            if keep(v):
+                p._flat.append(t)
+                p._flat.append(v)
+        return p
+
+    def shifted(self, by: float) -> Points:
+        """The same points, each ``by`` seconds later."""
+        p = Points()
+        p._flat = array("d", self._flat)
+        p._flat[0::2] = array("d", (t + by for t in self._flat[0::2]))
+        return p
+
+    def __len__(self) -> int:
+        return len(self._flat) // 2
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        it = iter(self._flat)
+        return zip(it, it, strict=True)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[float, float]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[float, float]]: ...
+    def __getitem__(self, i: int | slice) -> tuple[float, float] | list[tuple[float, float]]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("point index out of range")
+        i %= n
+        return self._flat[2 * i], self._flat[2 * i + 1]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Points):
+            return self._flat == other._flat
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
+
+
+class _Kept:
+    """The series of one answer as they are taken: each label set once (a store that sends the same one
+    twice would count its hours twice), vetted, and counted against the client's bound as it comes."""
+
+    def __init__(self, client: PromClient) -> None:
+        self.client = client
+        self.out: list[tuple[Labels, Any]] = []
+        self._labels: list[Labels] = []  # every label set taken, vetted or not
+        # Where each label set's hash was first seen: its hash, not the set, is what is held (a tuple of
+        # its pairs would cost more than the series); two sets of one hash are told apart by equality.
+        self._seen: dict[int, int | list[int]] = {}
+
+    def first(self, labels: Labels) -> bool:
+        """Whether this label set is new in the answer, and may be computed with (``_vetted``)."""
+        h = hash(frozenset(labels.items()))
+        at = self._seen.get(h)
+        if at is not None:
+            where = [at] if isinstance(at, int) else at
+            if any(self._labels[i] == labels for i in where):
+                return False
+            self._seen[h] = [*where, len(self._labels)]
+        else:
+            self._seen[h] = len(self._labels)
+        self._labels.append(labels)
+        return self.client._vetted(labels)
+
+    def add(self, labels: Labels, x: Any, points: int) -> None:
+        self.client._keep(1, points)
+        self.out.append((labels, x))
+
+    def done(self, data: dict[str, Any], failed: QueryError | None) -> list[tuple[Labels, Any]]:
+        if failed is not None:
+            raise failed
+        if not isinstance(data.get("result"), list):  # a list was taken series by series, and left empty
+            raise QueryError(f"a result that is not a list of series: {_shown(data.get('result'))}")
+        self._seen.clear()
+        return self.out
 
 
 def _wait(retry_after: str | None, attempt: int) -> float:

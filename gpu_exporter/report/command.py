@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MAX_ANSWER_BYTES // 1048576,
         metavar="MIB",
-        help=f"the largest answer read, in MiB; a report decodes it in about four times that "
-        f"(default {MAX_ANSWER_BYTES // 1048576})",
+        help=f"the largest answer read, in MiB (default {MAX_ANSWER_BYTES // 1048576}); the series the report holds "
+        "from all its answers together are bounded by one and a half times that, as they cost in memory "
+        "(some 32,000 series by default)",
     )
     p.add_argument(
         "--prometheus.recorded",
@@ -303,7 +304,7 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
         try:
             if q.kind == "range":
                 got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step, q.what)
-                return [(labels, [(t - q.shift, v) for t, v in points]) for labels, points in got] if q.shift else got
+                return [(labels, points.shifted(-q.shift)) for labels, points in got] if q.shift else got
             return client.instant(q.expr, w.at if q.at is None else q.at, q.what)
         except QueryError as e:
             raise QueryError(f"{q.what}: {e}") from e
