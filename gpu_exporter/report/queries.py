@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from .holders import LABELS as HOLDER_LABELS
 
@@ -92,6 +92,9 @@ class Window:
     start: int
     end: int
     step: int
+    # The scrape interval the steps were cut for (0: unknown): how many samples a step holds where no
+    # scrape failed, which tells the steps that a scrape gap cut into (``counted``).
+    scrape: float = field(default=0.0, compare=False)
 
     @property
     def points(self) -> int:
@@ -108,7 +111,7 @@ class Window:
         least = 3 * self.step
         if self.start >= least:
             return self
-        return Window(self.start + -((self.start - least) // self.step) * self.step, self.end, self.step)
+        return replace(self, start=self.start + -((self.start - least) // self.step) * self.step)
 
     @property
     def at(self) -> int:
@@ -152,7 +155,7 @@ def window_for(start: float, end: float, scrape_interval: float = 0.0) -> Window
     if span // step < wanted / 2:
         raise RangeError(f"a range of {span} s cannot be cut into equal steps of {least} s or more ({span // step} "
                          "would be all): give a start and an end on whole minutes")  # fmt: skip
-    return Window(lo, hi, step)
+    return Window(lo, hi, step, scrape_interval)
 
 
 def end_window(start: int, end: int, scrape_interval: float) -> Window:
@@ -165,7 +168,7 @@ def end_window(start: int, end: int, scrape_interval: float) -> Window:
     step = next((d for d in _divisors(span) if d >= least), span)
     if not least <= step <= HOUR:
         raise RangeError(f"an end of {span} s has no step of {least} s to an hour that tiles it")
-    return Window(start, end, step)
+    return Window(start, end, step, scrape_interval)
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,10 @@ class _Tiles:
         the last sample before the range)."""
         return f"{_sel(metric, self.matchers, *extra)}[{self.s}]{self.off}"
 
+    def counted(self, metric: str, *extra: str) -> str:
+        """A counter's increase over each step, across a scrape gap (``counted``)."""
+        return counted(_sel(metric, self.matchers, *extra), self.w, self.w.offset)
+
     def over(self, inner: str) -> str:
         """A subquery of ``inner`` at the end of every step."""
         return f"({inner})[{self.span}:{self.s}]"
@@ -232,6 +239,50 @@ class _Tiles:
         """``outer`` over the range of ``inner`` of each step, each sample read once: a subquery of an
         instant selector would decode the chunk around every step, most samples twice."""
         return f"{outer}({inner}({self.range(metric, *extra)})[{self.span}:{self.s}])"
+
+
+# How long a run of failed scrapes may be for the exporter's counters to carry a GPU's hours across it
+# (or a step, where a step is longer): how far back a step looks for the sample before a gap.
+BRIDGE = 15 * 60
+
+
+def counted(selector: str, w: Window, offset: int = 0) -> str:
+    """A counter's increase over the step ending ``offset`` s before each evaluation, exact across a
+    scrape gap of up to ``BRIDGE`` (or a step, where a step is longer).
+
+    ``increase()`` over a step is exact where no scrape near it failed: a counter of seconds rises at
+    one a second, and Prometheus extrapolates it to the step's ends.  Past a gap it is not: Prometheus
+    extrapolates at most half a scrape interval beyond a gap's edge and a step with fewer than two
+    samples counts nothing (a minute of failed scrapes at 15 s lost a fifth of a 5-minute range), and
+    VictoriaMetrics counts from the sample before a step only while that is near.  The exporter kept
+    counting through the gap, so such a step's increase is its last sample less the last one before
+    it, however far back (up to the bridge): the first step after the gap gets the gap's seconds, each
+    state's on its own counter.  A step is read by ``increase()`` where the step and the scrape before
+    it hold every sample regular scrapes put there (``count_over_time``), else by the difference; where
+    that is negative (the exporter restarted in the gap: the new process's last sample, what it counted,
+    where that is more) or has no sample before the step (a new holder), by ``increase()``.  What the
+    counters cannot carry (a restarted exporter's seconds before it stopped) is lost, and ``gaps``
+    says so.
+    Regular scrapes put both ends of a run of differences at the same phase, so a run is exact too,
+    off by no more than a scrape where the phase moved in the gap or the state changed in it."""
+    off = f" offset {offset}s" if offset else ""
+    increase = f"increase({selector}[{w.step}s]{off})"
+    if w.scrape:  # the step and the scrape before it: every sample of both, however the scrapes fall
+        near = f"{round((w.step + w.scrape) * 1000) - 1}ms"
+        full = math.floor(w.step / w.scrape + 1e-9) + 1
+    else:  # the scrape interval unknown: as many samples as increase() needs
+        near, full = f"{w.step * 1000 - 1}ms", 2
+    whole = f"{increase} and count_over_time({selector}[{near}]{off}) >= {full}"
+    back = f"[{max(BRIDGE, w.step)}s] offset {offset + w.step}s"
+    last, before = f"last_over_time({selector}[{w.step * 1000 - 1}ms]{off})", f"last_over_time({selector}{back})"
+    bridged = f"{last} - {before} >= 0"
+    # Restarted since the sample before the step: what the new process counted, its last sample, where
+    # that is more than increase() extrapolates from its first or increase() has no two samples to count
+    # from (VictoriaMetrics' increase() counts it so).
+    # ("+ 0" drops the metric name, which Prometheus 2's last_over_time() keeps: the branches of one step
+    # must agree on their labels.)
+    restarted = f"{last} + 0 < {before}"
+    return f"(({whole}) or ({bridged}) or ({restarted}) > {increase} or {increase} or ({restarted}))"
 
 
 def once(per_series: Callable[[str], str], keep: str) -> str:
@@ -346,7 +397,7 @@ def timeline(w: Window, matchers: str, copies: bool = False, recorded: bool = Fa
     if recorded:
         each = _each(lambda m: hourly(REC_STATE, matchers, m), copies)
     else:
-        each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies)
+        each = _each(lambda m: counted(_sel(state, matchers, m), w), copies)
     return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range",
                  shift=LAG if recorded else 0)  # fmt: skip
 
@@ -368,7 +419,7 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, cop
     elif recorded:
         summed = f"sum_over_time(({_each(lambda m: hourly(REC_STATE, matchers, m), copies)})[{span}:{t.s}])"
     else:
-        inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies)
+        inner = _each(lambda m: t.counted("gpu_state_seconds_total", m), copies)
         summed = f"sum_over_time(({inner})[{span}:{t.s}])"
     whole = (first, last) == (1, w.points)
     what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
@@ -400,7 +451,7 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies
         else:
             prices = t.range("gpu_price_per_hour", only, m, _currency_matcher(currency))
             price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
-            hours = f"increase({t.counter('gpu_state_seconds_total', only, m)})"
+            hours = t.counted("gpu_state_seconds_total", only, m)
         return f"{hours} * on ({JOIN}) group_left (currency) {price}"
 
     priced = _each(priced_series, copies, ", currency")
