@@ -106,7 +106,9 @@ def history() -> str:
                 labels = {**base, **(pod if state in ("busy", "allocated_idle") else {}), "state": state, "user": ""}
                 series.setdefault(f"gpu_state_seconds_total{{{_labels(labels)}}}", []).append(f"{v} {t}")
             held = {**base, **pod}
-            series.setdefault(f"gpu_price_per_hour{{{_labels({**held, 'currency': 'USD'})}}}", []).append(f"{PRICE} {t}")
+            series.setdefault(f"gpu_price_per_hour{{{_labels({**held, 'currency': 'USD'})}}}", []).append(
+                f"{PRICE} {t}"
+            )
             series.setdefault(f"gpu_info{{{_labels({**held, 'name': H100, 'mig_mode': 'disabled'})}}}", []).append(
                 f"1 {t}"
             )

@@ -94,4 +94,3 @@ def _iso(t: float) -> str:
     from gpu_exporter.report.model import iso
 
     return iso(t)
-

@@ -405,8 +405,11 @@ def test_the_queries_word_for_word() -> None:
         more than increase() gives, else increase()."""
         inc = f"increase({sel}[840s]{off})"
         last, prior = f"last_over_time({sel}[839999ms]{off})", f"last_over_time({sel}[900s] offset {before})"
-        return (f"(({inc} and count_over_time({sel}[854999ms]{off}) >= 57) or ({last} - {prior} >= 0) or "
-                f"({last} + 0 < {prior}) > {inc} or {inc} or ({last} + 0 < {prior}))")
+        return (
+            f"(({inc} and count_over_time({sel}[854999ms]{off}) >= 57) or ({last} - {prior} >= 0) or "
+            f"({last} + 0 < {prior}) > {inc} or {inc} or ({last} + 0 < {prior}))"
+        )
+
     assert hours(w, n2).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "
         "(sum_over_time(("

@@ -164,3 +164,16 @@ def together(parts: list[Part]) -> dict[str, Any]:
                 points[tuple(sorted(labels.items()))][min(-(-t // HOUR) * HOUR, part.w.end)] += v
     out["timeline"] = [(dict(key), sorted(p.items())) for key, p in points.items()]
     return out
+
+
+def recorded_lines(doc: dict[str, Any]) -> list[str]:
+    """The hours the recorded series lacked and that were read raw instead, as sentences."""
+    missing = (doc.get("recorded") or {}).get("missing_hours") or []
+    if not missing:
+        return []
+    runs = ", ".join(f"{r['from']} to {r['to']}" for r in missing)
+    n = sum(r["hours"] for r in missing)
+    return [
+        f"the recording rules left {n} hour{'s' if n != 1 else ''} of the range without hours ({runs}): "
+        "read from the raw series instead"
+    ]
