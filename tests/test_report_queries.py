@@ -399,16 +399,12 @@ def test_the_queries_word_for_word() -> None:
     assert all(q.at is None for q in queries(w, n2))
 
     def counted(sel: str, off: str = " offset 257s", before: str = "1097s") -> str:
-        """A step's increase across a scrape gap (queries.counted): increase() where the step and the
-        scrape before it (855 s) hold their 57 samples of 15 s, else the last sample less the last one
-        before the step (up to 900 s back), else on a restart the new process's last sample where that is
-        more than increase() gives, else increase()."""
+        """A step's increase across a scrape gap (queries.counted): the last sample less the last one
+        before the step (up to 900 s back); on a restart the new process's last sample where that is
+        more than increase() gives or increase() has nothing; a new series' increase()."""
         inc = f"increase({sel}[840s]{off})"
         last, prior = f"last_over_time({sel}[839999ms]{off})", f"last_over_time({sel}[900s] offset {before})"
-        return (
-            f"(({inc} and count_over_time({sel}[854999ms]{off}) >= 57) or ({last} - {prior} >= 0) or "
-            f"({last} + 0 < {prior}) > {inc} or {inc} or ({last} + 0 < {prior}))"
-        )
+        return f"(({last} - {prior} >= 0) or ({last} + 0 < {prior}) > {inc} or {inc} or ({last} + 0 < {prior}))"
 
     assert hours(w, n2).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "

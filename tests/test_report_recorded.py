@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from gpu_exporter.report.model import iso
 from gpu_exporter.report.queries import LAG
 from tests.prometheus_helpers import Prometheus, prometheus, victoria_metrics
 
@@ -204,14 +205,20 @@ def test_the_history_holds_the_edges_the_recorded_path_keeps(both: dict[str, tup
     assert gpus[("n3", "0")]["cost"] is None
 
 
-def test_a_range_the_rules_did_not_cover_falls_back_to_the_raw_series(store: Prometheus) -> None:
-    """Before the rules ran, auto reads the raw series and yes fails.  Their backfill starts at START,
+def test_the_hours_before_the_rules_ran_are_read_raw(store: Prometheus) -> None:
+    """Before the rules ran, the hours are read from the raw series, the others recorded (issue 48); where
+    the rules ran for none of the range, auto reads it raw and yes fails.  Their backfill starts at START,
     whose evaluation records the hour ending an hour before it: the hours before START - 2 h are not."""
     early = ("--start", str(START - 4 * HOUR), "--end", str(END))
     doc, err = as_json(store.url, *early)
-    assert "reading the raw series: the recording rules ran for 50 of the range's 52 hours" in err
-    assert doc["totals"]["cost"] is not None
-    out = report(store.url, *early, "--prometheus.recorded", "yes")
+    assert f"raw from {iso(START - 4 * HOUR)} to {iso(START - 2 * HOUR)}; recorded from" in err, err
+    assert "lack 2 of its hours" in err and doc["recorded"]["missing_hours"][0]["hours"] == 2
+    raw, _ = as_json(store.url, *early, "--prometheus.recorded", "no")
+    assert doc["totals"]["cost"] == pytest.approx(raw["totals"]["cost"], rel=1e-9)
+    before = ("--start", str(START - 40 * HOUR), "--end", str(START - 2 * HOUR))
+    _, err = as_json(store.url, *before)
+    assert "reading the raw series: the recorded series hold 0 of the range's 38 hours" in err
+    out = report(store.url, *before, "--prometheus.recorded", "yes")
     assert out.returncode == 1 and "--prometheus.recorded yes" in out.stderr
 
 

@@ -28,7 +28,7 @@ from .focus import as_focus
 from .gaps import as_json as gaps_json
 from .gaps import scan
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
-from .paths import NotRecorded, Read, reads, together
+from .paths import NotRecorded, Read, filled_json, reads, together
 from .queries import (
     HOUR,
     PROBES,
@@ -525,6 +525,8 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
             parts=None if len(parts) == 1 else parts,
         )
         doc["store_gaps"] = gaps_json(gaps)
+        if any(r.recorded for r in planned):
+            doc["recorded"] = filled_json(planned)
     except (QueryError, NotRecorded) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 1

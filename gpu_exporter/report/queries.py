@@ -221,12 +221,6 @@ class _Tiles:
         would read it twice, in this step and the one before; VictoriaMetrics never reads it)."""
         return f"{_sel(metric, self.matchers, *extra)}[{self.open}]{self.off}"
 
-    def counter(self, metric: str, *extra: str) -> str:
-        """One step of a counter's samples for ``increase()``, with the sample at the step's start:
-        the increase since it is the step's (Prometheus 2 reads it in the range; VictoriaMetrics reads
-        the last sample before the range)."""
-        return f"{_sel(metric, self.matchers, *extra)}[{self.s}]{self.off}"
-
     def counted(self, metric: str, *extra: str) -> str:
         """A counter's increase over each step, across a scrape gap (``counted``)."""
         return counted(_sel(metric, self.matchers, *extra), self.w, self.w.offset)
@@ -247,42 +241,26 @@ BRIDGE = 15 * 60
 
 
 def counted(selector: str, w: Window, offset: int = 0) -> str:
-    """A counter's increase over the step ending ``offset`` s before each evaluation, exact across a
-    scrape gap of up to ``BRIDGE`` (or a step, where a step is longer).
+    """A counter's increase over the step ending ``offset`` s before each evaluation: its last sample
+    less the last one before the step, however far back (up to ``BRIDGE``, or a step where a step is
+    longer), so that the seconds of a scrape gap are in the first step after it, each state's on its
+    own counter.
 
-    ``increase()`` over a step is exact where no scrape near it failed: a counter of seconds rises at
-    one a second, and Prometheus extrapolates it to the step's ends.  Past a gap it is not: Prometheus
-    extrapolates at most half a scrape interval beyond a gap's edge and a step with fewer than two
-    samples counts nothing (a minute of failed scrapes at 15 s lost a fifth of a 5-minute range), and
-    VictoriaMetrics counts from the sample before a step only while that is near.  The exporter kept
-    counting through the gap, so such a step's increase is its last sample less the last one before
-    it, however far back (up to the bridge): the first step after the gap gets the gap's seconds, each
-    state's on its own counter.  A step is read by ``increase()`` where the step and the scrape before
-    it hold every sample regular scrapes put there (``count_over_time``), else by the difference; where
-    that is negative (the exporter restarted in the gap: the new process's last sample, what it counted,
-    where that is more) or has no sample before the step (a new holder), by ``increase()``.  What the
-    counters cannot carry (a restarted exporter's seconds before it stopped) is lost, and ``gaps``
-    says so.
-    Regular scrapes put both ends of a run of differences at the same phase, so a run is exact too,
-    off by no more than a scrape where the phase moved in the gap or the state changed in it."""
+    Not ``increase()``, which loses a gap on Prometheus: it extrapolates at most half a scrape interval
+    past a gap's edge, and a step with fewer than two samples counts nothing (a minute of failed scrapes
+    at 15 s lost a fifth of a 5-minute range), where VictoriaMetrics' counts from the sample before the
+    step, as this does.  Where the counter went down (the exporter restarted: what it counted before is
+    lost, and ``gaps`` says so where that was in a gap), the new process's last sample, what it counted,
+    where that is more than ``increase()`` extrapolates or where ``increase()`` has no two samples (as
+    VictoriaMetrics' counts it); where the counter has no sample before the step (a new holder),
+    ``increase()``.  The recorded hours are this at a step of an hour (``rules``).  ("+ 0" drops the
+    metric name, which Prometheus 2's last_over_time() keeps: each step's branches agree on labels.)"""
     off = f" offset {offset}s" if offset else ""
     increase = f"increase({selector}[{w.step}s]{off})"
-    if w.scrape:  # the step and the scrape before it: every sample of both, however the scrapes fall
-        near = f"{round((w.step + w.scrape) * 1000) - 1}ms"
-        full = math.floor(w.step / w.scrape + 1e-9) + 1
-    else:  # the scrape interval unknown: as many samples as increase() needs
-        near, full = f"{w.step * 1000 - 1}ms", 2
-    whole = f"{increase} and count_over_time({selector}[{near}]{off}) >= {full}"
-    back = f"[{max(BRIDGE, w.step)}s] offset {offset + w.step}s"
-    last, before = f"last_over_time({selector}[{w.step * 1000 - 1}ms]{off})", f"last_over_time({selector}{back})"
-    bridged = f"{last} - {before} >= 0"
-    # Restarted since the sample before the step: what the new process counted, its last sample, where
-    # that is more than increase() extrapolates from its first or increase() has no two samples to count
-    # from (VictoriaMetrics' increase() counts it so).
-    # ("+ 0" drops the metric name, which Prometheus 2's last_over_time() keeps: the branches of one step
-    # must agree on their labels.)
+    last = f"last_over_time({selector}[{w.step * 1000 - 1}ms]{off})"
+    before = f"last_over_time({selector}[{max(BRIDGE, w.step)}s] offset {offset + w.step}s)"
     restarted = f"{last} + 0 < {before}"
-    return f"(({whole}) or ({bridged}) or ({restarted}) > {increase} or {increase} or ({restarted}))"
+    return f"(({last} - {before} >= 0) or ({restarted}) > {increase} or {increase} or ({restarted}))"
 
 
 def once(per_series: Callable[[str], str], keep: str) -> str:
@@ -512,7 +490,7 @@ def rules() -> dict[str, str]:
     t = _Tiles(Window(0, HOUR, HOUR), "")
     state = "gpu_state_seconds_total"
     per_hour = {
-        REC_STATE: f"increase({t.counter(state)})",
+        REC_STATE: counted(state, t.w),
         REC_PRICE: f"last_over_time({t.range('gpu_price_per_hour')})",
         REC_DOWN: f"max_over_time({t.range(state, DOWN)})",
         REC_INFO: f"max_over_time({t.range('gpu_info')})",
@@ -560,9 +538,21 @@ def _hours_of(w: Window, inner: str, outer: str) -> str:
     return f"{outer}(({inner})[{w.points * HOUR * 1000 - 1}ms:1h])"
 
 
+def hour_covered(matchers: str = "") -> str:
+    """1 where the recorded series hold an hour's hours, read at the hour's end + LAG: the rules ran
+    (their marker), the hours rule wrote something (each GPU's "down" series has a figure every hour it
+    was seen for a whole hour), and it wrote every GPU the rules saw that hour (``REC_DOWN``, recorded
+    by a rule of its own).  A ruler's limit or timeout that failed the hours rule alone, for one hour or
+    for some GPUs, leaves the hour uncovered, where the marker alone would say it ran."""
+    written = hourly(REC_STATE, matchers, DOWN)
+    return (f"max({hourly(REC_MARKER, '')}) and on () count({written}) unless on () "
+            f"count({hourly(REC_DOWN, matchers)} unless {written})")  # fmt: skip
+
+
 def coverage(w: Window) -> str:
-    """On how many of the range's hours the recording rules ran (their marker): all, or the raw path."""
-    return _hours_of(w, f"max({hourly(REC_MARKER, '')})", "count_over_time")
+    """On how many of the range's hours the recorded series hold the hours (``hour_covered``): all, or
+    some and which (``hour_covered`` of each hour, a range query), or the raw path."""
+    return _hours_of(w, hour_covered(), "count_over_time")
 
 
 def recorded_queries(w: Window, matchers: str) -> list[Query]:
