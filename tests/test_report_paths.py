@@ -44,7 +44,9 @@ class _Store:
         """Which hours the recorded series hold (``queries.hour_covered``, at each hour's end + LAG)."""
         self.asked.append((expr, start))
         assert expr == queries.hour_covered() and step == HOUR
-        points = [(t, 1.0) for t in range(int(start), int(end) + 1, HOUR) if self.until and t - LAG <= self.until]
+        points = [
+            (float(t), 1.0) for t in range(int(start), int(end) + 1, HOUR) if self.until and t - LAG <= self.until
+        ]
         return [({}, points)] if points else []
 
 

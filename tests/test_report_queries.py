@@ -237,10 +237,13 @@ def test_the_queries_avoid_what_the_engines_read_differently() -> None:
 
 
 def _one_series(node: Any) -> bool:
-    """An ``or`` whose every selector is the one counter's (the same name and matchers), with no
-    aggregation in it: each side's labels are that series' own."""
+    """An ``or`` whose every selector is the one counter's (the same name and matchers): each side's
+    labels are that series' own."""
     found = {(v.name, tuple(sorted(map(str, matchers_of(v))))) for v in selectors(node)}
-    return len(found) == 1 and not any(isinstance(x, pp.AggregateExpr) for x in walk(node))
+    # No aggregation but the larger of two figures of each series, told apart by a label of their own.
+    return len(found) == 1 and all(
+        str(x.modifier) == "without (counted_as)" for x in walk(node) if isinstance(x, pp.AggregateExpr)
+    )
 
 
 def _split_by_uuid(node: Any) -> bool:
@@ -400,11 +403,15 @@ def test_the_queries_word_for_word() -> None:
 
     def counted(sel: str, off: str = " offset 257s", before: str = "1097s") -> str:
         """A step's increase across a scrape gap (queries.counted): the last sample less the last one
-        before the step (up to 900 s back); on a restart the new process's last sample where that is
-        more than increase() gives or increase() has nothing; a new series' increase()."""
-        inc = f"increase({sel}[840s]{off})"
+        before the step (up to 900 s back) where the counter never went down in it; else the larger of
+        increase() and, on a restart, the new process's last sample."""
+        window = f"{sel}[840s]{off}"
         last, prior = f"last_over_time({sel}[839999ms]{off})", f"last_over_time({sel}[900s] offset {before})"
-        return f"(({last} - {prior} >= 0) or ({last} + 0 < {prior}) > {inc} or {inc} or ({last} + 0 < {prior}))"
+        return (
+            f"(({last} - {prior} >= 0 unless resets({window}) > 0) or max without (counted_as) (label_replace("
+            f'increase({window}), "counted_as", "increase", "", "") or label_replace({last} + 0 < {prior}, '
+            '"counted_as", "restart", "", "")))'
+        )
 
     assert hours(w, n2).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_id, container_name, user, state) "

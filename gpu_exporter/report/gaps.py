@@ -72,15 +72,12 @@ def find(w: Window, rows: list[tuple[Labels, list[Point]]]) -> list[Gap]:
     return sorted(out, key=lambda g: (g.start, g.node, g.instance))
 
 
-def check(w: Window, matchers: str, gap: Gap) -> str:
-    """Whether some state counter of the gap's target went down across it: how many did, at the end of
-    the first step after it, against the last sample before the gap (the step before it starts)."""
+def check(matchers: str, gap: Gap) -> str:
+    """How many of the gap's target's state counters went down from the first step of the gap to the
+    first whole step after it (the samples on both sides of the gap): a restart in it."""
     target = [f'{k}="{_escape(v)}"' for k, v in (("node", gap.node), ("instance", gap.instance))]
     sel = _sel("gpu_state_seconds_total", matchers, *target)
-    after = f"last_over_time({sel}[{w.step * 1000 - 1}ms])"
-    before = f"last_over_time({sel}[{max(BRIDGE, w.step)}s] offset {gap.resumed - gap.start}s)"
-    # How many went down; 0 where some were compared and none did; nothing where none could be.
-    return f"count({after} + 0 < {before}) or count({after} + 0 >= {before}) * 0"
+    return f"sum(resets({sel}[{gap.resumed - gap.start}s]) > bool 0)"
 
 
 def _escape(v: str) -> str:
@@ -88,16 +85,17 @@ def _escape(v: str) -> str:
 
 
 def covered(w: Window, matchers: str, gaps: list[Gap], ask: Callable[[str, float], list[tuple[Labels, float]]]) -> None:
-    """Mark each gap covered or not: longer than the report bridges, not; else asked of the store
-    (``check``), the longest ``MAX_CHECKED`` gaps; the others are left unknown."""
+    """Mark each gap covered or not, asked of the store (``check``), the longest ``MAX_CHECKED`` gaps;
+    the others are left unknown."""
+    bridge = max(BRIDGE, w.step)
     for n, gap in enumerate(sorted(gaps, key=lambda g: -g.missing)):
-        if gap.resumed - gap.start - w.step > max(BRIDGE, w.step):
-            gap.covered, gap.why = False, f"longer than the {max(BRIDGE, w.step) // 60} min the report bridges"
+        if gap.missing + w.scrape > bridge:  # the step after it finds no sample before it (queries.counted)
+            gap.covered, gap.why = False, f"longer than the {bridge // 60} min the report bridges"
             continue
         if n >= MAX_CHECKED:
             gap.why = f"not checked (only the {MAX_CHECKED} longest gaps are)"
             continue
-        got = ask(check(w, matchers, gap), gap.resumed)
+        got = ask(check(matchers, gap), gap.resumed)
         if not got:
             gap.why = "no counter on both sides of it"
             continue

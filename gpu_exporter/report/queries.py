@@ -250,17 +250,27 @@ def counted(selector: str, w: Window, offset: int = 0) -> str:
     past a gap's edge, and a step with fewer than two samples counts nothing (a minute of failed scrapes
     at 15 s lost a fifth of a 5-minute range), where VictoriaMetrics' counts from the sample before the
     step, as this does.  Where the counter went down (the exporter restarted: what it counted before is
-    lost, and ``gaps`` says so where that was in a gap), the new process's last sample, what it counted,
-    where that is more than ``increase()`` extrapolates or where ``increase()`` has no two samples (as
-    VictoriaMetrics' counts it); where the counter has no sample before the step (a new holder),
-    ``increase()``.  The recorded hours are this at a step of an hour (``rules``).  ("+ 0" drops the
-    metric name, which Prometheus 2's last_over_time() keeps: each step's branches agree on labels.)"""
+    lost, and ``gaps`` says so where that was in a gap), the larger of ``increase()`` and the new
+    process's last sample, what it counted (``increase()`` extrapolates from its first, or has no two
+    samples to count from, where VictoriaMetrics' counts it all); where the counter has no sample
+    before the step (a new holder), ``increase()``.  The recorded hours are this at a step of an hour
+    (``rules``).  ("+ 0" drops the metric name, which Prometheus 2's last_over_time() keeps: each
+    step's branches agree on labels.)"""
     off = f" offset {offset}s" if offset else ""
-    increase = f"increase({selector}[{w.step}s]{off})"
+    window = f"{selector}[{w.step}s]{off}"  # with the sample before the step (as increase() reads it)
     last = f"last_over_time({selector}[{w.step * 1000 - 1}ms]{off})"
     before = f"last_over_time({selector}[{max(BRIDGE, w.step)}s] offset {offset + w.step}s)"
-    restarted = f"{last} + 0 < {before}"
-    return f"(({last} - {before} >= 0) or ({restarted}) > {increase} or {increase} or ({restarted}))"
+    # The difference only where the counter never went down in the step: a restart whose new counter
+    # rose past the old one's last sample would hide the seconds counted before it.
+    carried = f"{last} - {before} >= 0 unless resets({window}) > 0"
+    # Else the larger of increase() and, where the counter went down, its last sample.
+    restarted = f'label_replace({last} + 0 < {before}, "{SIDE}", "restart", "", "")'
+    larger = f'max without ({SIDE}) (label_replace(increase({window}), "{SIDE}", "increase", "", "") or {restarted})'
+    return f"(({carried}) or {larger})"
+
+
+# A label of counted()'s own, to take the larger of two figures of one series.
+SIDE = "counted_as"
 
 
 def once(per_series: Callable[[str], str], keep: str) -> str:
