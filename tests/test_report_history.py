@@ -301,8 +301,8 @@ def code_blocks(path: Path, after: str) -> list[str]:
 def test_the_readme_and_docs_show_real_output(week: Stores, engine: str, tmp_path: Path) -> None:
     """The README's excerpt and docs/cost.md's worked examples are what the report prints for this week
     (the dates aside): each line of them is a line of the output. The README's is Prometheus's, as it
-    says (VictoriaMetrics counts 267.65 allocated-but-idle hours, which it prints as 267.6, where
-    Prometheus extrapolates 30 s more across n2's outage); the examples are both engines'."""
+    says (the engines count every step alike since issue 48, but for a new series' first step); the
+    examples are both engines'."""
     url = week.urls()[engine]
     cheap_l40s, slower = tmp_path / "l40s.yaml", tmp_path / "slower.yaml"
     cheap_l40s.write_text(yaml.safe_dump({"pricing": {"currency": "USD", "models": {"L40S": 0.80}}}))

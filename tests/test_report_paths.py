@@ -39,6 +39,16 @@ class _Store:
         hours = sum(1 for k in range(span // 1000 // HOUR) if end - k * HOUR <= self.until)
         return [({}, float(hours))]
 
+    def range(self, expr: str, start: float, end: float, step: float,
+              what: str = "") -> list[tuple[dict[str, str], list[tuple[float, float]]]]:  # fmt: skip
+        """Which hours the recorded series hold (``queries.hour_covered``, at each hour's end + LAG)."""
+        self.asked.append((expr, start))
+        assert expr == queries.hour_covered() and step == HOUR
+        points = [
+            (float(t), 1.0) for t in range(int(start), int(end) + 1, HOUR) if self.until and t - LAG <= self.until
+        ]
+        return [({}, points)] if points else []
+
 
 def _interval(seconds: float = 15.0) -> Any:
     asked: list[int] = []
@@ -59,12 +69,15 @@ def test_a_whole_range_the_rules_ran_for_is_read_recorded_alone_and_the_store_as
     assert interval.asked == []  # no raw part: the scrape interval is not asked
 
 
-def test_a_whole_range_the_rules_missed_an_hour_of_is_read_raw_and_yes_fails() -> None:
-    got, said = reads(_Store(H - HOUR), "auto", H - 48 * HOUR, H, H + 3 * HOUR, _interval())
-    assert [r.recorded for r in got] == [False] and got[0].w == queries.window_for(H - 48 * HOUR, H, 15)
-    assert_mentions(said, "raw series", "47 of the range's 48 hours")
-    with pytest.raises(NotRecorded, match="47 of the range's 48"):
-        reads(_Store(H - HOUR), "yes", H - 48 * HOUR, H, H + 3 * HOUR, _interval())
+def test_a_whole_range_the_recorded_series_lack_an_hour_of_reads_that_hour_raw_and_says_so() -> None:
+    """Issue 48: the hours the recorded series lack are read raw, the others recorded, and the line says
+    how many."""
+    for mode in ("auto", "yes"):
+        got, said = reads(_Store(H - HOUR), mode, H - 48 * HOUR, H, H + 3 * HOUR, _interval())
+        assert got == [Read(Window(H - 48 * HOUR, H - HOUR, HOUR), True),
+                       Read(queries.window_for(H - HOUR, H, 15), False, filled=True)]  # fmt: skip
+        assert got[1].filled and got[1].w.scrape == 15
+        assert_mentions(said, "in parts", "lack 1 of its hours", "read raw")
     got, said = reads(_Store(None), "auto", H - 48 * HOUR, H, H + 3 * HOUR, _interval())
     assert not got[0].recorded and "0 of the range's 48" in said
     # A store without the rules is told, plainly, what loading them would change (it read as a riddle:
@@ -136,9 +149,10 @@ def test_a_range_without_24_whole_hours_written_within_it_is_read_raw() -> None:
     assert_mentions(said, "not 1 to 30 days on whole hours", "24 to 720 whole hours")
     with pytest.raises(NotRecorded, match="24 to 720"):
         reads(_Store(H), "yes", now - 25 * HOUR, now, now, _interval())
-    # Written for a part of the hours within it only: raw, saying how many.
+    # Written for a part of the hours within it only: those recorded, the others raw, saying how many.
     got, said = reads(_Store(H - 10 * HOUR), "auto", now - 720 * HOUR, now, now, _interval())
-    assert [r.recorded for r in got] == [False] and "709 of the 717 whole hours within it" in said
+    assert [(r.recorded, r.filled) for r in got] == [(False, False), (True, False), (False, True), (False, False)]
+    assert got[2].w.end - got[2].w.start == 8 * HOUR and "lack 8 of its hours" in said
     _, said = reads(_Store(None), "auto", now - 720 * HOUR, now, now, _interval())
     assert_mentions(said, "0 of the 717 whole hours", "alerts/gpu-report.rules.yml")
     # A range ending on a whole hour an hour ago: its last hour is not written yet, so it is read raw.

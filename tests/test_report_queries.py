@@ -210,8 +210,13 @@ def test_the_queries_avoid_what_the_engines_read_differently() -> None:
     for expr in every_query(""):
         tree = pp.parse(expr)
         for node in walk(tree):
-            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or") and (_split_by_uuid(node)
-                                                                                   or _split_by_job(node)):  # fmt: skip
+            if isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or") and _one_series(node):
+                # A counter's increase read one of several ways (queries.counted): alternatives for each
+                # series at a step, whose labels are all the series' own, so both engines take the first
+                # that has a value there.
+                assert node.modifier is None or not getattr(node.modifier, "labels", None), expr
+            elif (isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or")
+                  and (_split_by_uuid(node) or _split_by_job(node))):  # fmt: skip
                 assert node.modifier is None or not getattr(node.modifier, "labels", None), expr
             elif isinstance(node, pp.BinaryExpr) and str(node.op).endswith("or"):
                 for side in (node.lhs, node.rhs):
@@ -233,6 +238,16 @@ def test_the_queries_avoid_what_the_engines_read_differently() -> None:
             assert ranges and all(r in ("839999ms", "840s") for r in ranges), q.expr
             assert set(re.findall(r"offset \d+s", q.expr)) == {f"offset {w.offset}s"}, q.expr
         assert "increase(" not in q.expr or re.search(r"increase\([^)]*\[840s\]", q.expr), q.expr
+
+
+def _one_series(node: Any) -> bool:
+    """An ``or`` whose every selector is the one counter's (the same name and matchers): each side's
+    labels are that series' own."""
+    found = {(v.name, tuple(sorted(map(str, matchers_of(v))))) for v in selectors(node)}
+    # No aggregation but the larger of two figures of each series, told apart by a label of their own.
+    return len(found) == 1 and all(
+        str(x.modifier) == "without (counted_as)" for x in walk(node) if isinstance(x, pp.AggregateExpr)
+    )
 
 
 def _split_by_uuid(node: Any) -> bool:
@@ -403,24 +418,38 @@ def test_the_queries_word_for_word() -> None:
     got = {q.key: (q.what, q.kind, q.expr) for q in queries(w, n2)}
     assert got == expected
     assert all(q.at is None for q in queries(w, n2))
+
+    def counted(sel: str, off: str = " offset 257s", before: str = "1097s") -> str:
+        """A step's increase across a scrape gap (queries.counted): the last sample less the last one
+        before the step (up to 900 s back) where the counter never went down in it; else the larger of
+        increase() and, on a restart, the new process's last sample."""
+        window = f"{sel}[840s]{off}"
+        last, prior = f"last_over_time({sel}[839999ms]{off})", f"last_over_time({sel}[900s] offset {before})"
+        return (
+            f"(({last} - {prior} >= 0 unless resets({window}) > 0) or max without (counted_as) (label_replace("
+            f'increase({window}), "counted_as", "increase", "", "") or label_replace({last} + 0 < {prior}, '
+            '"counted_as", "restart", "", "")))'
+        )
+
     assert hours(w, n2).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
         "user, gpu_instance_id, state) "
         "(sum_over_time(("
-        f"increase(gpu_state_seconds_total{{{n2}}}[840s] offset 257s)){sub})) / 3600"
+        f"{counted(f'gpu_state_seconds_total{{{n2}}}')}){sub})) / 3600"
     )
     cost = exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD")
+    only = f'gpu_state_seconds_total{{{n2}, uuid=~"GPU-1|GPU-2"}}'
     assert (cost.key, cost.what, cost.kind, cost.at) == ("cost", "cost of GPUs whose price changed", "instant", None)
     assert cost.expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
-        "user, gpu_instance_id, state, currency) (sum_over_time((increase("
-        f'gpu_state_seconds_total{{{n2}, uuid=~"GPU-1|GPU-2"}}[840s] offset 257s) * on (job, instance, gpu, uuid) '
+        "user, gpu_instance_id, state, currency) (sum_over_time(("
+        f"{counted(only)} * on (job, instance, gpu, uuid) "
         "group_left (currency) max by (job, instance, gpu, uuid, currency) (last_over_time(gpu_price_per_hour"
         f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'
     )
     line = timeline(w, n2)
     assert (line.key, line.what, line.kind, line.at, line.shift) == ("timeline", "hours over time", "range", None, 0)
-    assert line.expr == f"sum by (state) (increase(gpu_state_seconds_total{{{n2}}}[840s])) / 3600"
+    assert line.expr == f"sum by (state) ({counted(f'gpu_state_seconds_total{{{n2}}}', '', '840s')}) / 3600"
     # Where some GPU was seen through two scrapers (cost.seen_twice), each step's increase is counted once
     # (queries.once): the instances one scraper saw a GPU at added up, the copies of other scrapers (job,
     # a replica label) the largest; a GPU without a uuid once per target.  Other jobs' copies of a GPU count
@@ -438,16 +467,17 @@ def test_the_queries_word_for_word() -> None:
                 f"(node, instance, gpu, {EXPORTED}{keep}) ({without})")  # fmt: skip
 
     assert timeline(w, n2, copies=True).expr == (
-        f"sum by (state) ({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s])', off='')}) / 3600"
+        f"sum by (state) ({once(counted(f'gpu_state_seconds_total{{{{{n2}, {{u}}}}}}', '', '840s'), off='')}) / 3600"
     )
     assert hours(w, n2, copies=True).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
         "user, gpu_instance_id, state) "
-        f"(sum_over_time(({once(f'increase(gpu_state_seconds_total{{{{{n2}, {{u}}}}}}[840s] offset 257s)')}){sub})) "
+        f"(sum_over_time(({once(counted(f'gpu_state_seconds_total{{{{{n2}, {{u}}}}}}'))}){sub})) "
         "/ 3600"
     )
+    only_each = f'gpu_state_seconds_total{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}}}}}'
     priced = (
-        f'increase(gpu_state_seconds_total{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}}}}}[840s] offset 257s) * on '
+        f"{counted(only_each)} * on "
         "(job, instance, gpu, uuid) group_left (currency) max by (job, instance, gpu, uuid, currency) "
         f'(last_over_time(gpu_price_per_hour{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}, currency="USD"}}}}{tile})'
     )

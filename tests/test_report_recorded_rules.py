@@ -36,8 +36,10 @@ def test_the_rules_compute_what_a_raw_step_of_an_hour_does() -> None:
     w = queries.window_for(end - 720 * HOUR, end)
     assert w.step == HOUR and w.offset == 0
     hours = queries.hours(w, "").expr
-    assert "increase(gpu_state_seconds_total[3600s])" in hours
-    assert "(increase(gpu_state_seconds_total[3600s]))[1h:1h] offset 1h" in queries.rules()[queries.REC_STATE]
+    step = queries.counted("gpu_state_seconds_total", w)  # across a scrape gap (issue 48)
+    assert f"sum_over_time(({step})[2591999999ms:3600s])" in hours
+    assert queries.rules()[queries.REC_STATE] == f"last_over_time(({step})[1h:1h] offset 1h)"
+    assert "last_over_time(gpu_state_seconds_total[3600s] offset 3600s)" in step
     raw_activity = next(q.expr for q in queries.queries(w, "") if q.key == "activity")
     assert queries.held_activity(queries._Tiles(w, "")) in raw_activity
 
@@ -107,8 +109,10 @@ def test_every_recorded_query_reads_the_rules_series_narrowed_by_the_selector() 
             assert {("node", "Equal", "n2"), ("team", "NotEqual", "ci")} <= matchers_of(v), q.expr
             read.add(str(v.name))
     assert read == recorded | {"gpu_state_seconds_total"}
-    (marker,) = selectors(pp.parse(queries.coverage(queries.Window(0, 48 * HOUR, HOUR))))
-    assert marker.name == queries.REC_MARKER and matchers_of(marker) == set()  # every cluster's rules
+    # Every cluster's rules: the marker, the hours and the GPUs seen (issue 48: the hours rule may fail alone).
+    found = list(selectors(pp.parse(queries.coverage(queries.Window(0, 48 * HOUR, HOUR)))))
+    assert {str(v.name) for v in found} == {queries.REC_MARKER, queries.REC_STATE, queries.REC_DOWN}
+    assert all(matchers_of(v) <= {("state", "Equal", "down")} for v in found)
 
 
 def test_the_recorded_queries_word_for_word() -> None:
@@ -156,8 +160,13 @@ def test_the_recorded_queries_word_for_word() -> None:
         "holders_now": ("instant", None, 0, f"max by ({by}) (stddev_over_time(gpu_state_seconds_total{{{n2}, "
                                             'state=~"busy|allocated_idle"}[3599999ms]) > bool 0)'),
     }  # fmt: skip
-    assert queries.coverage(w) == "count_over_time((max(last_over_time(gpu:report_rules:hour[1h] offset 1ms)))" \
-        "[172799999ms:1h])"  # fmt: skip
+    # An hour counts where the rules ran, the hours rule wrote something, and every GPU seen has its hours.
+    written = 'last_over_time(gpu:report_state_seconds:hour{state="down"}[1h] offset 1ms)'
+    assert queries.coverage(w) == (
+        "count_over_time((max(last_over_time(gpu:report_rules:hour[1h] offset 1ms)) and on () "
+        f"count({written}) unless on () count(last_over_time(gpu:report_down:hour[1h] offset 1ms) unless "
+        f"{written}))[172799999ms:1h])"
+    )
     whole = queries.hours(w, n2, recorded=True)
     assert (whole.key, whole.kind, whole.at) == ("hours", "instant", at)
     assert whole.expr == f"sum by ({by}, state) (sum_over_time(gpu:report_state_seconds:hour{{{n2}}}{span})) / 3600"

@@ -24,9 +24,11 @@ from .cost import Part, currencies, pick_currency, plan, seen_twice
 from .csv_export import as_csv
 from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
+from .gaps import as_json as gaps_json
+from .gaps import scan
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .output import OutputError, write
-from .paths import NotRecorded, Read, reads, together
+from .paths import NotRecorded, Read, filled_json, reads, together
 from .queries import (
     HOUR,
     PROBES,
@@ -492,6 +494,7 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         with progress:
             parts = [Part(r.w, run_queries(client, r.w, matchers, qs, progress, opts.currency, r.recorded))
                      for r, qs in zip(planned, asks, strict=True)]  # fmt: skip
+            gaps = scan(client, [r.w for r in planned if not r.recorded], matchers)
         results = parts[0].results if len(parts) == 1 else together(parts)
         longest = max(parts, key=lambda p: p.w.hours).w
         empty = None if any(v for p in parts for k, v in p.results.items() if k.startswith("hours")) else \
@@ -508,6 +511,9 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
             ),
             parts=None if len(parts) == 1 else parts,
         )
+        doc["store_gaps"] = gaps_json(gaps)
+        if any(r.recorded for r in planned):
+            doc["recorded"] = filled_json(planned)
     except (QueryError, NotRecorded) as e:
         print(f"gpu-exporter report: {e}", file=sys.stderr)
         return 1

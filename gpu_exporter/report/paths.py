@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from .queries import (
     Window,
     coverage,
     end_window,
+    hour_covered,
     recorded_window,
     window_for,
 )
@@ -57,6 +58,9 @@ class NotRecorded(Exception):
 class Store(Protocol):
     def instant(self, expr: str, at: float, what: str = ...) -> list[tuple[Labels, float]]: ...
 
+    def range(self, expr: str, start: float, end: float, step: float,
+              what: str = ...) -> Sequence[tuple[Labels, Sequence[tuple[float, float]]]]: ...  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Read:
@@ -64,12 +68,53 @@ class Read:
 
     w: Window
     recorded: bool
+    filled: bool = False  # raw: whole hours of a recorded range that the recorded series lack
 
 
 def _covered(client: Store, w: Window) -> float:
     """On how many of ``w``'s hours the recording rules ran (one cheap query)."""
     got = client.instant(coverage(w), w.end + LAG)
     return got[0][1] if got else 0.0
+
+
+# The most parts a range is read in where the recorded series lack some of its hours: past it, the hours
+# are too scattered to read part by part (ten queries each), and the range is read raw whole.
+MAX_PARTS = 12
+
+
+def _filled(client: Store, w: Window, interval: Callable[[], float]) -> list[Read] | None:
+    """``w``'s whole hours read recorded where the recorded series hold them (``hour_covered``) and
+    raw where they do not, in time order; None where that is more than ``MAX_PARTS`` parts."""
+    got = client.range(hour_covered(), w.start + HOUR + LAG, w.end + LAG, HOUR, "hours the recorded series hold")
+    covered = {round(t) - LAG for _, points in got for t, _ in points}  # the hours' ends
+    runs: list[list[Any]] = []
+    for end in range(w.start + HOUR, w.end + HOUR, HOUR):
+        if runs and runs[-1][2] == (end in covered):
+            runs[-1][1] = end
+        else:
+            runs.append([end - HOUR, end, end in covered])
+    if len(runs) > MAX_PARTS:
+        return None
+    return [Read(Window(a, b, HOUR), True) if rec else Read(window_for(a, b, interval()), False, filled=True)
+            for a, b, rec in runs]  # fmt: skip
+
+
+def _middle(client: Store, w: Window, interval: Callable[[], float]) -> tuple[list[Read], float]:
+    """The whole hours of a range read in parts: recorded, where the recorded series hold them all; else
+    in runs (``_filled``); none where they hold none (or too scattered); and how many they hold."""
+    hours = _covered(client, w)
+    if hours == w.points:
+        return [Read(w, True)], hours
+    return (_filled(client, w, interval) or [] if hours else []), hours
+
+
+def _shown(parts: list[Read]) -> str:
+    shown = "; ".join(f"{'recorded' if r.recorded else 'raw'} from {iso(r.w.start)} to {iso(r.w.end)}" for r in parts)
+    line = f"reading the range in parts: {shown}"
+    if missing := sum(r.w.end - r.w.start for r in parts if r.filled) // HOUR:
+        line += (f" (the recorded series lack {missing} of its hours, which the hours rule did not write: "
+                 "read raw)")  # fmt: skip
+    return line
 
 
 @dataclass(frozen=True)
@@ -128,7 +173,9 @@ def reads(client: Store, mode: str, start: float, end: float, now: float,
         hours = _covered(client, w)
         if hours == w.points:
             return [Read(w, True)], RECORDED
-        why = f"the recording rules ran for {hours:.0f} of the range's {w.points} hours"
+        if hours and (filled := _filled(client, w, interval)) is not None:
+            return filled, _shown(filled)
+        why = f"the recorded series hold {hours:.0f} of the range's {w.points} hours"
         if not hours:
             why += NO_RULES
     else:
@@ -140,14 +187,13 @@ def reads(client: Store, mode: str, start: float, end: float, now: float,
         parts = split(start, end, now, interval())
         if parts is None:
             why += ", nor does it hold 24 to 720 whole hours written with its ends read raw"
-        elif (hours := _covered(client, parts.middle)) == parts.middle.points:
-            together = [Read(x, x is parts.middle) for x in (parts.head, parts.middle, parts.tail)
-                        if x is not None]  # fmt: skip
-            shown = "; ".join(f"{'recorded' if r.recorded else 'raw'} from {iso(r.w.start)} to {iso(r.w.end)}"
-                              for r in together)  # fmt: skip
-            return together, f"reading the range in parts: {shown}"
+        elif (inner := _middle(client, parts.middle, interval))[0]:
+            together = [*([Read(parts.head, False)] if parts.head else []), *inner[0],
+                        *([Read(parts.tail, False)] if parts.tail else [])]  # fmt: skip
+            return together, _shown(together)
         else:
-            why = f"the recording rules ran for {hours:.0f} of the {parts.middle.points} whole hours within it"
+            hours = inner[1]
+            why = f"the recorded series hold {hours:.0f} of the {parts.middle.points} whole hours within it"
             if not hours:
                 why += NO_RULES
     if mode == "yes":
@@ -173,3 +219,27 @@ def together(parts: list[Part]) -> dict[str, Any]:
                 points[tuple(sorted(labels.items()))][min(-(-t // HOUR) * HOUR, part.w.end)] += v
     out["timeline"] = [(dict(key), sorted(p.items())) for key, p in points.items()]
     return out
+
+
+def filled_json(planned: list[Read]) -> dict[str, Any]:
+    """Which hours were read raw because the recorded series lack them (runs of whole hours)."""
+    return {
+        "missing_hours": [
+            {"from": iso(r.w.start), "to": iso(r.w.end), "hours": (r.w.end - r.w.start) // HOUR}
+            for r in planned
+            if r.filled
+        ]
+    }
+
+
+def recorded_lines(doc: dict[str, Any]) -> list[str]:
+    """The hours the recorded series lacked and that were read raw instead, as sentences."""
+    missing = (doc.get("recorded") or {}).get("missing_hours") or []
+    if not missing:
+        return []
+    runs = ", ".join(f"{r['from']} to {r['to']}" for r in missing)
+    n = sum(r["hours"] for r in missing)
+    return [
+        f"the recording rules left {n} hour{'s' if n != 1 else ''} of the range without hours ({runs}): "
+        "read from the raw series instead"
+    ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from .holders import LABELS as HOLDER_LABELS
 
@@ -100,6 +100,9 @@ class Window:
     start: int
     end: int
     step: int
+    # The scrape interval the steps were cut for (0: unknown): how many samples a step holds where no
+    # scrape failed, which tells the steps that a scrape gap cut into (``counted``).
+    scrape: float = field(default=0.0, compare=False)
 
     @property
     def points(self) -> int:
@@ -116,7 +119,7 @@ class Window:
         least = 3 * self.step
         if self.start >= least:
             return self
-        return Window(self.start + -((self.start - least) // self.step) * self.step, self.end, self.step)
+        return replace(self, start=self.start + -((self.start - least) // self.step) * self.step)
 
     @property
     def at(self) -> int:
@@ -160,7 +163,7 @@ def window_for(start: float, end: float, scrape_interval: float = 0.0) -> Window
     if span // step < wanted / 2:
         raise RangeError(f"a range of {span} s cannot be cut into equal steps of {least} s or more ({span // step} "
                          "would be all): give a start and an end on whole minutes")  # fmt: skip
-    return Window(lo, hi, step)
+    return Window(lo, hi, step, scrape_interval)
 
 
 def end_window(start: int, end: int, scrape_interval: float) -> Window:
@@ -173,7 +176,7 @@ def end_window(start: int, end: int, scrape_interval: float) -> Window:
     step = next((d for d in _divisors(span) if d >= least), span)
     if not least <= step <= HOUR:
         raise RangeError(f"an end of {span} s has no step of {least} s to an hour that tiles it")
-    return Window(start, end, step)
+    return Window(start, end, step, scrape_interval)
 
 
 @dataclass(frozen=True)
@@ -227,10 +230,13 @@ class _Tiles:
         return f"{_sel(metric, self.matchers, *extra)}[{self.open}]{self.off}"
 
     def counter(self, metric: str, *extra: str) -> str:
-        """One step of a counter's samples for ``increase()``, with the sample at the step's start:
-        the increase since it is the step's (Prometheus 2 reads it in the range; VictoriaMetrics reads
-        the last sample before the range)."""
+        """One step of a counter's samples, with the sample at the step's start (Prometheus 2 reads it in
+        the range; VictoriaMetrics reads the last sample before the range): where a target saw a GPU."""
         return f"{_sel(metric, self.matchers, *extra)}[{self.s}]{self.off}"
+
+    def counted(self, metric: str, *extra: str) -> str:
+        """A counter's increase over each step, across a scrape gap (``counted``)."""
+        return counted(_sel(metric, self.matchers, *extra), self.w, self.w.offset)
 
     def over(self, inner: str) -> str:
         """A subquery of ``inner`` at the end of every step."""
@@ -240,6 +246,44 @@ class _Tiles:
         """``outer`` over the range of ``inner`` of each step, each sample read once: a subquery of an
         instant selector would decode the chunk around every step, most samples twice."""
         return f"{outer}({inner}({self.range(metric, *extra)})[{self.span}:{self.s}])"
+
+
+# How long a run of failed scrapes may be for the exporter's counters to carry a GPU's hours across it
+# (or a step, where a step is longer): how far back a step looks for the sample before a gap.
+BRIDGE = 15 * 60
+
+
+def counted(selector: str, w: Window, offset: int = 0) -> str:
+    """A counter's increase over the step ending ``offset`` s before each evaluation: its last sample
+    less the last one before the step, however far back (up to ``BRIDGE``, or a step where a step is
+    longer), so that the seconds of a scrape gap are in the first step after it, each state's on its
+    own counter.
+
+    Not ``increase()``, which loses a gap on Prometheus: it extrapolates at most half a scrape interval
+    past a gap's edge, and a step with fewer than two samples counts nothing (a minute of failed scrapes
+    at 15 s lost a fifth of a 5-minute range), where VictoriaMetrics' counts from the sample before the
+    step, as this does.  Where the counter went down (the exporter restarted: what it counted before is
+    lost, and ``gaps`` says so where that was in a gap), the larger of ``increase()`` and the new
+    process's last sample, what it counted (``increase()`` extrapolates from its first, or has no two
+    samples to count from, where VictoriaMetrics' counts it all); where the counter has no sample
+    before the step (a new holder), ``increase()``.  The recorded hours are this at a step of an hour
+    (``rules``).  ("+ 0" drops the metric name, which Prometheus 2's last_over_time() keeps: each
+    step's branches agree on labels.)"""
+    off = f" offset {offset}s" if offset else ""
+    window = f"{selector}[{w.step}s]{off}"  # with the sample before the step (as increase() reads it)
+    last = f"last_over_time({selector}[{w.step * 1000 - 1}ms]{off})"
+    before = f"last_over_time({selector}[{max(BRIDGE, w.step)}s] offset {offset + w.step}s)"
+    # The difference only where the counter never went down in the step: a restart whose new counter
+    # rose past the old one's last sample would hide the seconds counted before it.
+    carried = f"{last} - {before} >= 0 unless resets({window}) > 0"
+    # Else the larger of increase() and, where the counter went down, its last sample.
+    restarted = f'label_replace({last} + 0 < {before}, "{SIDE}", "restart", "", "")'
+    larger = f'max without ({SIDE}) (label_replace(increase({window}), "{SIDE}", "increase", "", "") or {restarted})'
+    return f"(({carried}) or {larger})"
+
+
+# A label of counted()'s own, to take the larger of two figures of one series.
+SIDE = "counted_as"
 
 
 def once(per_series: Callable[[str], str], keep: str, own_saw: Callable[[str], str] | None = None) -> str:
@@ -382,7 +426,7 @@ def timeline(w: Window, matchers: str, copies: bool = False, recorded: bool = Fa
     if recorded:
         each = _each(lambda m: hourly(REC_STATE, matchers, m), copies, own_saw=_saw(_Tiles(w, matchers), True))
     else:
-        each = _each(lambda m: f"increase({_sel(state, matchers, m)}[{w.step}s])", copies,
+        each = _each(lambda m: counted(_sel(state, matchers, m), w), copies,
                      own_saw=lambda m: f"last_over_time({_sel(state, matchers, m)}[{w.step}s])")  # fmt: skip
     return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range",
                  shift=LAG if recorded else 0)  # fmt: skip
@@ -406,7 +450,7 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, cop
         summed = (f"sum_over_time(({_each(lambda m: hourly(REC_STATE, matchers, m), copies, own_saw=_saw(t, True))})"
                   f"[{span}:{t.s}])")  # fmt: skip
     else:
-        inner = _each(lambda m: f"increase({t.counter('gpu_state_seconds_total', m)})", copies, own_saw=_saw(t, False))
+        inner = _each(lambda m: t.counted("gpu_state_seconds_total", m), copies, own_saw=_saw(t, False))
         summed = f"sum_over_time(({inner})[{span}:{t.s}])"
     whole = (first, last) == (1, w.points)
     what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
@@ -438,7 +482,7 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies
         else:
             prices = t.range("gpu_price_per_hour", only, m, _currency_matcher(currency))
             price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
-            hours = f"increase({t.counter('gpu_state_seconds_total', only, m)})"
+            hours = t.counted("gpu_state_seconds_total", only, m)
         return f"{hours} * on ({JOIN}) group_left (currency) {price}"
 
     priced = _each(priced_series, copies, ", currency", _saw(t, recorded))
@@ -480,7 +524,7 @@ def disagreeing(w: Window, matchers: str, recorded: bool = False) -> Query:
     else:
 
         def per(m: str) -> str:
-            return f"increase({t.counter(state, m)})"
+            return t.counted(state, m)
 
         def present(m: str) -> str:
             return f"last_over_time({t.counter(state, m)})"
@@ -542,7 +586,7 @@ def rules() -> dict[str, str]:
     t = _Tiles(Window(0, HOUR, HOUR), "")
     state = "gpu_state_seconds_total"
     per_hour = {
-        REC_STATE: f"increase({t.counter(state)})",
+        REC_STATE: counted(state, t.w),
         REC_PRICE: f"last_over_time({t.range('gpu_price_per_hour')})",
         REC_DOWN: f"max_over_time({t.range(state, DOWN)})",
         REC_INFO: f"max_over_time({t.range('gpu_info')})",
@@ -590,9 +634,21 @@ def _hours_of(w: Window, inner: str, outer: str) -> str:
     return f"{outer}(({inner})[{w.points * HOUR * 1000 - 1}ms:1h])"
 
 
+def hour_covered(matchers: str = "") -> str:
+    """1 where the recorded series hold an hour's hours, read at the hour's end + LAG: the rules ran
+    (their marker), the hours rule wrote something (each GPU's "down" series has a figure every hour it
+    was seen for a whole hour), and it wrote every GPU the rules saw that hour (``REC_DOWN``, recorded
+    by a rule of its own).  A ruler's limit or timeout that failed the hours rule alone, for one hour or
+    for some GPUs, leaves the hour uncovered, where the marker alone would say it ran."""
+    written = hourly(REC_STATE, matchers, DOWN)
+    return (f"max({hourly(REC_MARKER, '')}) and on () count({written}) unless on () "
+            f"count({hourly(REC_DOWN, matchers)} unless {written})")  # fmt: skip
+
+
 def coverage(w: Window) -> str:
-    """On how many of the range's hours the recording rules ran (their marker): all, or the raw path."""
-    return _hours_of(w, f"max({hourly(REC_MARKER, '')})", "count_over_time")
+    """On how many of the range's hours the recorded series hold the hours (``hour_covered``): all, or
+    some and which (``hour_covered`` of each hour, a range query), or the raw path."""
+    return _hours_of(w, hour_covered(), "count_over_time")
 
 
 def recorded_queries(w: Window, matchers: str) -> list[Query]:

@@ -14,6 +14,8 @@ from html import escape
 from typing import Any
 
 from ..accounting.states import STATES
+from .gaps import lines as gap_lines
+from .paths import recorded_lines
 from .rightsizing import HOURS_PER_MONTH, gpu_order, money
 
 GIB = 1024**3
@@ -161,6 +163,17 @@ def _notes(doc: dict[str, Any]) -> list[str]:
     return [f"GPU {g['gpu']} on {g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
 
 
+def store_sections(doc: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """What the report says about the store's history itself: its scrape gaps, and where the recorded
+    series were missing hours that were read raw instead."""
+    sections = []
+    if found := gap_lines(doc):
+        sections.append(("Scrape gaps", found))
+    if found := recorded_lines(doc):
+        sections.append(("Recorded series", found))
+    return sections
+
+
 def saving_text(r: dict[str, Any], currency: str | None) -> str:
     """What a recommendation saves, as its title says it."""
     if r["kind"] == "slower":
@@ -208,6 +221,8 @@ def as_table(doc: dict[str, Any]) -> str:
         out += [f"  {_title(r)}, {saving_text(r, doc['currency'])}", f"    {r['reason']}"]
     if notes := _notes(doc):
         out += ["", "Notes", *(f"  {n}" for n in notes)]
+    for title, found in store_sections(doc):
+        out += ["", title, *(f"  {n}" for n in found)]
     return "\n".join(out) + "\n"
 
 
@@ -256,6 +271,8 @@ def as_markdown(doc: dict[str, Any]) -> str:
                 for r in doc["recommendations"]] or ["None."]  # fmt: skip
     if notes := _notes(doc):
         out += ["", "## Notes", "", *(f"- {n}" for n in notes)]
+    for title, found in store_sections(doc):
+        out += ["", f"## {title}", "", *(f"- {n}" for n in found)]
     return "\n".join(out) + "\n"
 
 
@@ -385,6 +402,8 @@ def as_html(doc: dict[str, Any]) -> str:
         recs.append(f'<div class="rec"><p><b>{escape(title)}</b>, {escape(saving_text(r, cur))}</p>'
                     f"<p>{escape(r['reason'])}</p>{_rec_bars(r, i, cur)}</div>")  # fmt: skip
     notes = "".join(f'<div class="note">{escape(n)}</div>' for n in _notes(doc))
+    store = "".join(f"<h2>{t}</h2>" + "".join(f'<div class="note">{escape(n)}</div>' for n in found)
+                    for t, found in store_sections(doc))  # fmt: skip
     why = f'<p class="why">{escape(doc["status_reason"])}</p>' if doc.get("status", "ok") != "ok" else ""
     body = ""
     if doc["gpus"]:
@@ -398,6 +417,7 @@ def as_html(doc: dict[str, Any]) -> str:
 <h2>Recommendations</h2>
 {"".join(recs) or "<p>None.</p>"}
 {"<h2>Notes</h2>" + notes if notes else ""}
+{store}
 <h2>GPUs</h2>
 {_html_table(GPU_HEAD, _gpu_rows(doc), "gpus")}
 <h2>Holders</h2>
