@@ -26,7 +26,7 @@ from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
 from .queries import Window
-from .rightsizing import MIN_HISTORY_HOURS, SLOWER, Advice, Sizer, Usage, gpu_order
+from .rightsizing import LINK, MIN_HISTORY_HOURS, SLOWER, Advice, Link, Sizer, Usage, gpu_order
 
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
 # one workload.
@@ -81,6 +81,7 @@ class _Gpu:
     signals: dict[str, float] = field(default_factory=dict)
     instances: set[str] = field(default_factory=set)  # where the GPU was scraped, for a node without a label
     targets: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target that saw it
+    links: dict[str, float] = field(default_factory=dict)  # queries.link_queries' answers, by ``what``
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,10 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, v in results["activity"]:
         g, signal = gpu(labels), labels.get("signal", "")
         g.signals[signal] = max(v, g.signals.get(signal, v))
+    bound_rows = [({**labels, "what": "bound_seconds"}, v) for labels, v in results.get("pcie_bound", [])]
+    for labels, v in [*results.get("links", []), *results.get("pcie_load", []), *bound_rows]:
+        g, what = gpu(labels), labels.get("what", "")
+        g.links[what] = max(v, g.links.get(what, v))  # each target's copy: the highest
     for labels, v in results.get("holders_now", []):
         if v > 0 and (h := holder_of(labels)).kind and _gpu_key(labels) in gpus:
             gpus[_gpu_key(labels)].holders_now.add(h)
@@ -188,6 +193,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
                   allow_slower=opts.allow_slower, allow_consumer=opts.allow_consumer)  # fmt: skip
 
     rows: list[dict[str, Any]] = []
+    row_of: dict[int, dict[str, Any]] = {}  # each GPU's row, by its Usage (a job's members are those)
     recommendations: list[dict[str, Any]] = []
     jobs: dict[Holder, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
     for key, g in sorted(gpus.items(), key=lambda kg: (kg[1].node, gpu_order(kg[1].gpu), kg[1].uuid)):
@@ -204,10 +210,13 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         # Each pipe's activity where the GPU has GPM (a pipe it does not report stays unknown).
         pipes = ({p: g.signals[f"{p}_active"] for p in PIPES if f"{p}_active" in g.signals}
                  if "sm_active" in g.signals else None)  # fmt: skip
+        # A GPU with no NVLink links moves nothing over NVLink: known, where absent counters are unknown.
+        nvlink = g.signals.get("nvlink_tx", 0.0 if g.links.get("nvlink_links") == 0 else None)
         usage = Usage(g.node, g.gpu, g.uuid, g.model, top.name, _most(now, g.idle_holders).name, g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
-                      g.mig_mode, pipes, g.signals.get("nvlink_tx"))  # fmt: skip
+                      g.mig_mode, pipes, nvlink, link=Link.of(g.links))  # fmt: skip
+        bound = usage.link.bound_hours if usage.link else 0.0
         rows.append({
             "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
             "cost": _m(sum(g.cost.values())) if g.priced else None,
@@ -217,22 +226,35 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "activity_p95": None if activity is None else round(activity, 4), "activity_signal": signal,
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
             "holder": top.name, "targets": [dict(t) for t in sorted(g.targets)],
+            "link_bound_hours": _h(bound), "link_bound_cost": _m(bound * price) if price is not None else None,
             "notes": [*_over_the_range(total[key], w), *sizer.notes(usage)],
         })  # fmt: skip
+        row_of[id(usage)] = rows[-1]
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
         # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to
         # read and may say anything (a pod "job-7", a job shown as "Slurm job 7").
-        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.kind in JOB_KINDS:
+        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.kind in JOB_KINDS and not sizer.starved(usage):
             jobs.setdefault(top, []).append(usage)
             continue
-        advice = sizer.advise(usage)
-        if advice is not None:
-            recommendations.append(_recommendation(advice, usage, g.model))
+        decided = sizer.decide(usage)
+        if isinstance(decided, Advice):
+            recommendations.append(_recommendation(decided, usage, g.model))
+        elif decided:  # why a GPU busy enough to size gets no advice
+            rows[-1]["notes"].append(decided)
     for members in jobs.values():
         job = Sizer.together(members)  # of one GPU: that GPU
-        advice = None if job is None else sizer.advise(job)
-        if job is not None and advice is not None:
-            recommendations.append(_recommendation(advice, job, job.model))
+        decided = (
+            sizer.decide(job)
+            if job is not None
+            else (
+                "not sized: its holder's GPUs are of different models or holders, and are sized together or not at all"
+            )
+        )
+        if isinstance(decided, Advice) and job is not None:
+            recommendations.append(_recommendation(decided, job, job.model))
+        elif decided:
+            for m in members:
+                row_of[id(m)]["notes"].append(decided)
     # The largest saving first; advice without a monthly figure after, slower cards last.
     recommendations.sort(key=lambda r: (r["kind"] == "slower", r["saving_per_month"] is None,
                                         -float(r["saving_per_month"] or 0), r["node"],
@@ -265,6 +287,10 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         "unpriced_hours": _h(sum(sum(g.hours.values()) for g in gpus.values() if not g.priced)),
         "merged_gpus": sum(len(g.targets) > 1 for g in gpus.values()),
         "advised_saving_per_month": _m(sum(r["saving_per_month"] or 0.0 for r in recommendations)),
+        # Bus-starved time beside wasted time: the hours the GPUs were held with their PCIe link at
+        # queries.LINK_BOUND or more, and what those hours cost.
+        "link_bound_hours": _h(sum(float(r["link_bound_hours"]) for r in rows)),
+        "link_bound_cost": _m(sum(float(r["link_bound_cost"] or 0.0) for r in rows)) if priced else None,
     }  # fmt: skip
     status, why = _status(gpus, priced, currency, results, opts)
     return {
@@ -329,6 +355,8 @@ def _no_figure(advice: Advice, u: Usage) -> str | None:
         return None
     if advice.kind == SLOWER:
         return "a slower card"
+    if advice.kind == LINK:
+        return "a link to fix"
     return "no price" if u.price_per_hour is None else "too little history"
 
 

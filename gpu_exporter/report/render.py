@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 
 from ..accounting.states import STATES
+from .queries import LINK_BOUND
 from .rightsizing import HOURS_PER_MONTH, gpu_order, money
 
 GIB = 1024**3
@@ -86,6 +87,12 @@ def headline(doc: dict[str, Any]) -> list[str]:
         lines.append(f"Cost {_cash(t['cost'], cur)}, of which wasted {_cash(t['wasted_cost'], cur)}{unpriced}")
     else:
         lines.append(f"Hours only: {doc.get('status_reason') or 'no prices'}")
+    if t.get("link_bound_hours"):  # bus-starved time, beside the wasted (idle) time
+        cost = f", which cost {_cash(t['link_bound_cost'], cur)}" if t.get("link_bound_cost") is not None else ""
+        lines.append(
+            f"Link-bound {_num(t['link_bound_hours'])} GPU-hours (held with the PCIe link "
+            f"{LINK_BOUND * 100:.0f}% full or more){cost}"
+        )
     if doc["recommendations"]:
         saving = t.get("advised_saving_per_month") or 0
         monthly = f"; together they save about {_cash(saving, cur)}/month" if saving else ""
@@ -161,7 +168,9 @@ def saving_text(r: dict[str, Any], currency: str | None) -> str:
     if r["kind"] == "slower":
         return f"slower ({r['slowdown']:.1f}x as long), cheaper for the same work"
     if r["saving_per_month"] is None:
-        return {"no price": "no price, so no figure"}.get(r["no_saving_figure"], "no monthly figure yet")
+        return {"no price": "no price, so no figure", "a link to fix": "fix its link first"}.get(
+            r["no_saving_figure"], "no monthly figure yet"
+        )
     return f"saves about {_cash(r['saving_per_month'], currency)}/month"
 
 
