@@ -121,7 +121,7 @@ def test_a_gpu_starved_by_its_link_is_told_to_fix_the_link_not_to_move() -> None
     assert (doc["totals"]["link_bound_hours"], doc["totals"]["link_bound_cost"]) == (80.0, 200.0)
     for text in (as_table(doc), as_markdown(doc), as_html(doc)):
         assert "Link-bound 80.0 GPU-hours (held with the PCIe link 90% full or more), which cost $200" in text
-        assert "fix its link first" in text
+        assert "fix the PCIe link" in text and "then size it again" in text
 
 
 def test_a_link_at_its_maximum_but_full_while_activity_is_low_is_named_too() -> None:
@@ -142,3 +142,12 @@ def test_a_healthy_link_leaves_the_sizing_alone() -> None:
     doc = build(W, r, CATALOGUE, OPTS)
     (rec,) = doc["recommendations"]
     assert rec["kind"] == "card" and doc["totals"]["link_bound_hours"] == 0.0
+
+
+def test_link_bound_time_is_never_more_than_the_time_held() -> None:
+    """The bound time counts whole steps, the held time the counters' seconds: a step more bound than
+    held (the range's last, partly held) is the held time."""
+    r = empty()
+    starved(r, bound_s=(W.hours + 0.25) * 3600)
+    (g,) = build(W, r, CATALOGUE, OPTS)["gpus"]
+    assert (g["link_bound_hours"], g["link_bound_cost"]) == (W.hours, W.hours * 2.5)

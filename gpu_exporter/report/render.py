@@ -168,7 +168,7 @@ def saving_text(r: dict[str, Any], currency: str | None) -> str:
     if r["kind"] == "slower":
         return f"slower ({r['slowdown']:.1f}x as long), cheaper for the same work"
     if r["saving_per_month"] is None:
-        return {"no price": "no price, so no figure", "a link to fix": "fix its link first"}.get(
+        return {"no price": "no price, so no figure", "a link to fix": "then size it again"}.get(
             r["no_saving_figure"], "no monthly figure yet"
         )
     return f"saves about {_cash(r['saving_per_month'], currency)}/month"

@@ -124,14 +124,15 @@ class Link:
         return f"{gen} {lanes}" + ("" if rate is None else f" ({rate / 1e9:.1f} GB/s each way)")
 
     @classmethod
-    def of(cls, facts: Mapping[str, float]) -> Link | None:
-        """From the report's ``links`` and ``pcie_load`` answers (queries.LINK_FACTS, ``rx``, ``tx``,
-        ``bound_seconds``); None where the store has no PCIe link series of the GPU."""
+    def of(cls, facts: Mapping[str, float], held_hours: float) -> Link | None:
+        """From the report's ``links``, ``pcie_load`` and ``pcie_bound`` answers (queries.LINK_FACTS,
+        ``rx``, ``tx``, ``bound_seconds``); None where the store has no PCIe link series of the GPU.  The
+        bound time is whole steps, the held time the counters' own: never more bound than held."""
         if "pcie_gen" not in facts and "rx" not in facts and "tx" not in facts:
             return None
         return cls(facts.get("pcie_gen"), facts.get("pcie_max_gen"), facts.get("pcie_width"),
                    facts.get("pcie_max_width"), facts.get("rx"), facts.get("tx"),
-                   facts.get("bound_seconds", 0.0) / 3600)  # fmt: skip
+                   min(facts.get("bound_seconds", 0.0) / 3600, held_hours))  # fmt: skip
 
 
 @dataclass(frozen=True)
