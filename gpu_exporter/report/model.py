@@ -215,7 +215,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         usage = Usage(g.node, g.gpu, g.uuid, g.model, top.name, _most(now, g.idle_holders).name, g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
-                      g.mig_mode, pipes, nvlink, link=Link.of(g.links, g.hours[BUSY] + g.hours[ALLOCATED_IDLE]))  # fmt: skip
+                      g.mig_mode, pipes, nvlink,
+                      link=Link.of(g.links, g.hours[BUSY] + g.hours[ALLOCATED_IDLE]))  # fmt: skip
         bound = usage.link.bound_hours if usage.link else 0.0
         rows.append({
             "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
