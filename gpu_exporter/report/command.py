@@ -27,6 +27,7 @@ from .focus import VERSION as FOCUS_VERSION
 from .focus import as_focus
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .paths import NotRecorded, Read, reads, together
+from .prices import key_problems
 from .queries import (
     HOUR,
     PROBES,
@@ -464,6 +465,11 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         matchers = selector_matchers(args.selector)
         opts, timeout = _options(args)
         catalogue = load_catalogue(args.catalogue)
+        refused, doubtful = key_problems(opts.pricing.models, catalogue) if opts.pricing else ([], [])
+        if refused:
+            raise UsageError(f"{args.config}: {'; '.join(refused)}")
+        for said in doubtful:
+            print(f"gpu-exporter report: warning: {args.config}: {said}", file=sys.stderr)
         client = PromClient(ClientOptions(
             args.url, args.bearer_token_file, args.username, args.password_file, args.ca_file, args.insecure, timeout,
             tuple(_pairs(args.headers, "--prometheus.header")),
