@@ -386,7 +386,7 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
                                           "merged_gpus", "advised_saving_per_month", "link_bound_hours",
                                           "link_bound_cost"}  # fmt: skip
     for g in doc["gpus"]:
-        assert set(g) == {"node", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
+        assert set(g) == {"node", "shown_as", "gpu", "uuid", "model", *hours, "cost", "wasted_cost", "price_per_hour",
                           "price_now_per_hour", "memory_total_bytes", "memory_peak_bytes", "activity_p95",
                           "activity_signal", "dram_active_p95", "holder", "targets", "link_bound_hours",
                           "link_bound_cost", "notes"}  # fmt: skip
@@ -395,9 +395,9 @@ def test_each_part_of_the_report_has_the_fields_docs_cost_md_lists() -> None:
         assert set(h) == {"kind", "holder", "namespace", "pod", "hpc_job", "container", "user", "gpus", "gpu_hours",
                           "busy_hours", "allocated_idle_hours", "cost", "wasted_cost", "unpriced_hours"}  # fmt: skip
     (rec,) = build(W, light_h100s((3.0,)), CATALOGUE)["recommendations"]
-    assert set(rec) == {"node", "gpu", "uuid", "holder", "current_model", "gpus", "kind", "suggested", "reason",
-                        "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source", "seen_hours",
-                        "no_saving_figure"}  # fmt: skip
+    assert set(rec) == {"node", "shown_as", "gpu", "uuid", "holder", "current_model", "gpus", "kind", "suggested",
+                        "reason", "saving_per_month", "suggested_price_per_hour", "slowdown", "price_source",
+                        "seen_hours", "no_saving_figure"}  # fmt: skip
 
 
 def test_a_currency_picked_among_several_counts_every_gpu_priced_in_it() -> None:

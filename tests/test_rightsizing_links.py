@@ -151,3 +151,31 @@ def test_link_bound_time_is_never_more_than_the_time_held() -> None:
     starved(r, bound_s=(W.hours + 0.25) * 3600)
     (g,) = build(W, r, CATALOGUE, OPTS)["gpus"]
     assert (g["link_bound_hours"], g["link_bound_cost"]) == (W.hours, W.hours * 2.5)
+
+
+def test_two_exporters_on_one_node_label_are_told_apart_by_their_instance() -> None:
+    """Two simulated exporters on one host, relabelled to one node: "GPU 1 on 127.0.0.1" twice was two
+    GPUs no reader could tell apart.  Each is shown with its instance (or, where the instances do not
+    tell them apart, its UUID), in the advice, the notes and the table."""
+    r = empty()
+    for port, uuid in ((9400, "GPU-a"), (9401, "GPU-b")):
+        key = {"node": "127.0.0.1", "instance": f"127.0.0.1:{port}", "gpu": "1", "uuid": uuid}
+        add_gpu(r, key, H100_PCIE, {"busy": W.hours}, price=2.5, holder={**JOB, "hpc_job": str(port)},
+                peak=30 * GIB, activity=0.9)  # fmt: skip
+    doc = build(W, r, CATALOGUE, OPTS)
+    assert [g["shown_as"] for g in doc["gpus"]] == ["127.0.0.1 (127.0.0.1:9400)", "127.0.0.1 (127.0.0.1:9401)"]
+    assert [g["node"] for g in doc["gpus"]] == ["127.0.0.1", "127.0.0.1"]  # the label itself, as it is
+    table = as_table(doc)
+    assert "GPU 1 on 127.0.0.1 (127.0.0.1:9400): no cheaper card fits" in table
+    assert "GPU 1 on 127.0.0.1 (127.0.0.1:9401): no cheaper card fits" in table
+    # Where the instance does not tell them apart (one target, two UUIDs at one index): the UUID.
+    r = empty()
+    for uuid in ("GPU-a", "GPU-b"):
+        add_gpu(r, {"node": "n1", "instance": "n1:9445", "gpu": "1", "uuid": uuid}, H100_PCIE, {"busy": W.hours},
+                price=2.5, holder={**JOB, "hpc_job": uuid}, peak=30 * GIB, activity=0.9)  # fmt: skip
+    assert [g["shown_as"] for g in build(W, r, CATALOGUE, OPTS)["gpus"]] == ["n1 (GPU-a)", "n1 (GPU-b)"]
+    # One GPU of its index on its node: the node.
+    r = empty()
+    plain_h100(r, links=0)
+    (g,) = build(W, r, CATALOGUE, OPTS)["gpus"]
+    assert g["shown_as"] == "n1"

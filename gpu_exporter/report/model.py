@@ -181,6 +181,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for g in gpus.values():
         # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
         g.node = g.node or min(g.instances, default="")
+    shown_as = _shown_as(list(gpus.values()))
 
     # What the fleet pays now for each card of the catalogue: the highest where several prices.
     fleet: dict[str, float] = {}
@@ -215,11 +216,12 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         usage = Usage(g.node, g.gpu, g.uuid, g.model, top.name, _most(now, g.idle_holders).name, g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
-                      g.mig_mode, pipes, nvlink,
-                      link=Link.of(g.links, g.hours[BUSY] + g.hours[ALLOCATED_IDLE]))  # fmt: skip
+                      g.mig_mode, pipes, nvlink, link=Link.of(g.links, g.hours[BUSY] + g.hours[ALLOCATED_IDLE]),
+                      shown_as=shown_as[id(g)])  # fmt: skip
         bound = usage.link.bound_hours if usage.link else 0.0
         rows.append({
-            "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
+            "node": g.node, "shown_as": usage.place, "gpu": g.gpu, "uuid": g.uuid, "model": g.model,
+            **_hours_fields(g.hours),
             "cost": _m(sum(g.cost.values())) if g.priced else None,
             "wasted_cost": _m(sum(g.cost[s] for s in WASTE_STATES)) if g.priced else None,
             "price_per_hour": _m(price), "price_now_per_hour": _m(usage.price_per_hour),
@@ -322,6 +324,22 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     }
 
 
+def _shown_as(gpus: list[_Gpu]) -> dict[int, str]:
+    """Where each GPU is, as the report shows it: its node; where GPUs of one index share a node label
+    (two exporters on one host, relabelled to one node), its instance where that tells them apart, else
+    its UUID, so that no two lines read "GPU 1 on 127.0.0.1"."""
+    same: dict[tuple[str, str], list[_Gpu]] = defaultdict(list)
+    for g in gpus:
+        same[(g.node, g.gpu)].append(g)
+    shown = {}
+    for group in same.values():
+        places = [", ".join(sorted(g.instances)) for g in group]
+        apart = len(group) > 1 and all(places) and len(set(places)) == len(group)
+        for g, place in zip(group, places, strict=True):
+            shown[id(g)] = g.node if len(group) == 1 else f"{g.node} ({place if apart else g.uuid or place})"
+    return shown
+
+
 def _higher(a: float | None, b: float) -> float:
     return b if a is None else max(a, b)
 
@@ -340,7 +358,8 @@ def _over_the_range(hours: float, w: Window) -> list[str]:
 def _recommendation(advice: Advice, u: Usage, model: str | None) -> dict[str, Any]:
     """One recommendation as the report shows it; ``gpus`` is how many GPUs it is for (a job's)."""
     return {
-        "node": u.node, "gpu": u.gpu, "uuid": u.uuid, "holder": u.holder, "current_model": model,
+        "node": u.node, "shown_as": u.place, "gpu": u.gpu, "uuid": u.uuid, "holder": u.holder,
+        "current_model": model,
         "gpus": u.count, "kind": advice.kind, "suggested": advice.suggested, "reason": advice.reason,
         "saving_per_month": _m(advice.saving_per_month),
         "suggested_price_per_hour": _m(advice.suggested_price_per_hour), "slowdown": round(advice.slowdown, 2),

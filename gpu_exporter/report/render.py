@@ -129,7 +129,7 @@ def counted_once(doc: dict[str, Any]) -> list[str]:
 def _gpu_rows(doc: dict[str, Any]) -> list[list[str]]:
     cur = doc["currency"]
     rows = sorted(doc["gpus"], key=lambda g: (-_wasted_h(g), g["node"], gpu_order(g["gpu"])))
-    return [[g["node"], g["gpu"], g["model"] or "?", _num(g["busy_hours"]), _num(g["allocated_idle_hours"]),
+    return [[_place(g), g["gpu"], g["model"] or "?", _num(g["busy_hours"]), _num(g["allocated_idle_hours"]),
              _num(g["idle_hours"]), _num(g["down_hours"]), _cash(g["cost"], cur), _cash(g["wasted_cost"], cur),
              _gib(g["memory_peak_bytes"]), _pct(g["activity_p95"]), g["holder"] or "-"] for g in rows]  # fmt: skip
 
@@ -160,7 +160,7 @@ def _grid(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _notes(doc: dict[str, Any]) -> list[str]:
-    return [f"GPU {g['gpu']} on {g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
+    return [f"GPU {g['gpu']} on {g.get('shown_as') or g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
 
 
 def saving_text(r: dict[str, Any], currency: str | None) -> str:
@@ -177,8 +177,13 @@ def saving_text(r: dict[str, Any], currency: str | None) -> str:
 def _title(r: dict[str, Any]) -> str:
     n = r.get("gpus", 1)
     if n > 1:  # a job's GPUs, advised together
-        return f"{n} GPUs ({r['gpu']}) on {r['node']}: {r['current_model'] or '?'} -> {n} x {r['suggested']}"
-    return f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} -> {r['suggested']}"
+        return f"{n} GPUs ({r['gpu']}) on {_place(r)}: {r['current_model'] or '?'} -> {n} x {r['suggested']}"
+    return f"GPU {r['gpu']} on {_place(r)}: {r['current_model'] or '?'} -> {r['suggested']}"
+
+
+def _place(r: dict[str, Any]) -> str:
+    """Its node, or what tells it apart from another GPU of its index under that node label."""
+    return str(r.get("shown_as") or r["node"])
 
 
 def as_table(doc: dict[str, Any]) -> str:
@@ -202,8 +207,9 @@ def as_table(doc: dict[str, Any]) -> str:
 _MD_MARKUP = re.compile(r"([\\`*_\[\]<>&~#!])")
 # The report's fields that carry names (from labels, the pricing, the catalogue) or sentences made of
 # them; the others are numbers, or words the renderer compares (a status, a kind).
-_MD_TEXT = frozenset({"node", "gpu", "uuid", "model", "holder", "namespace", "pod", "hpc_job", "container", "user",
-                      "current_model", "suggested", "reason", "notes", "status_reason", "currency"})  # fmt: skip
+_MD_TEXT = frozenset({"node", "shown_as", "gpu", "uuid", "model", "holder", "namespace", "pod", "hpc_job",
+                      "container", "user", "current_model", "suggested", "reason", "notes", "status_reason",
+                      "currency"})  # fmt: skip
 
 
 def markdown_text(v: Any, key: str = "") -> Any:
@@ -349,7 +355,7 @@ def as_html(doc: dict[str, Any]) -> str:
     h = headline(doc)
     legend = "".join(f'<span><i style="background:{COLOURS[s]}"></i>{LABELS[s]}</span>' for s in STATES)
     wasters = sorted(doc["gpus"], key=lambda g: -_wasted_h(g))[:TOP]
-    gpu_bars = [(f"{g['node']} GPU {g['gpu']} ({g['model'] or '?'})",
+    gpu_bars = [(f"{_place(g)} GPU {g['gpu']} ({g['model'] or '?'})",
                  [(COLOURS["allocated_idle"], g["allocated_idle_hours"]), (COLOURS["idle"], g["idle_hours"])])
                 for g in wasters if _wasted_h(g) > 0]  # fmt: skip
     holder_bars = [(x["holder"], [(COLOURS["allocated_idle"], x["allocated_idle_hours"])])

@@ -166,6 +166,13 @@ class Usage:
     # advice is for all of them; ``gpu`` then names them all.
     count: int = 1
     link: Link | None = None  # its PCIe link (None: the store has no PCIe link series of it)
+    # Where it is, as the report shows it: its node, and where two GPUs of one index share a node label
+    # (two exporters on one host), what tells them apart (the instance, else the UUID); "": the node.
+    shown_as: str = ""
+
+    @property
+    def place(self) -> str:
+        return self.shown_as or self.node
 
     @property
     def held_hours(self) -> float:
@@ -387,6 +394,7 @@ class Sizer:
         prices = [m.price_per_hour for m in members]
         job = replace(
             first, gpu=", ".join(m.gpu for m in gpus), node=", ".join(dict.fromkeys(m.node for m in gpus)),
+            shown_as=", ".join(dict.fromkeys(m.place for m in gpus)),
             uuid=", ".join(m.uuid for m in gpus), count=len(members),
             # The cheapest of them: the saving is never more than the dearest would make it.
             price_per_hour=None if any(p is None for p in prices) else min(p for p in prices if p is not None),
@@ -427,7 +435,7 @@ class Sizer:
         return saving, price, f", which cost {money(price * hours, self.currency)}"
 
     def _where(self, u: Usage) -> str:
-        return f"GPU {u.gpu} on {u.node} ({u.model or 'model unknown'})"
+        return f"GPU {u.gpu} on {u.place} ({u.model or 'model unknown'})"
 
     # -- a cheaper card or slice ------------------------------------------------------------------------
     def _size(self, u: Usage) -> Advice | str | None:
@@ -487,7 +495,7 @@ class Sizer:
                              slowdown))  # fmt: skip
         who = u.holder or "an unattributed process"
         n = u.count
-        where = f"GPU {u.gpu} on {u.node}" if n == 1 else f"{n} GPUs: {u.gpu} on {u.node}"
+        where = f"GPU {u.gpu} on {u.place}" if n == 1 else f"{n} GPUs: {u.gpu} on {u.place}"
         used = (f"{who} used at most {u.memory_peak_bytes / GIB:.1f} GiB{' per GPU' if n > 1 else ''} on {u.model} "
                 f"({where}) over {hours_text(u.seen_hours)}, its bursts reaching {u.activity_p95 * 100:.0f}% "
                 f"{u.activity_signal}{self._dram(u)}{_pipes_text(u)}{_nvlink_text(u)} (p95 of each step's highest "
