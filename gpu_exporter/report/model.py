@@ -31,6 +31,7 @@ from .rightsizing import LINK, MIN_HISTORY_HOURS, SLOWER, Advice, Link, Sizer, U
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
 # one workload.
 JOB_KINDS = ("job", "pod", "container")
+TOGETHER_NOTE = "not sized: its holder's GPUs are of different models or holders, and are sized together or not at all"
 
 SCHEMA = "gpu-exporter.report/v1"
 HOURS_DIGITS = 6
@@ -246,13 +247,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             rows[-1]["notes"].append(decided)
     for members in jobs.values():
         job = Sizer.together(members)  # of one GPU: that GPU
-        decided = (
-            sizer.decide(job)
-            if job is not None
-            else (
-                "not sized: its holder's GPUs are of different models or holders, and are sized together or not at all"
-            )
-        )
+        decided = sizer.decide(job) if job is not None else TOGETHER_NOTE
         if isinstance(decided, Advice) and job is not None:
             recommendations.append(_recommendation(decided, job, job.model))
         elif decided:
