@@ -245,9 +245,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(
         settings.log_format, "warning" if args.once and settings.log_level == "info" else settings.log_level
     )
+    try:
+        settings = checked(settings)  # after the logging is set up: a doubtful key is logged as the rest
+    except ConfigError as e:
+        if args.once:
+            return once_unknown(str(e), args.format)
+        print(f"gpu-exporter: {e}", file=sys.stderr)
+        return 2
     if args.once:
         return run_once(settings, args.format)
-    return run_daemon(settings, lambda: load_settings(cli, config, FLAG_OF))
+    return run_daemon(settings, lambda: checked(load_settings(cli, config, FLAG_OF)))
+
+
+def checked(settings: Settings) -> Settings:
+    """Settings whose pricing keys mean the same card to the daemon and the report (report.prices): a
+    key that names a catalogue card but no GPU as NVML names it is refused, with the names it could
+    mean; one of a known model that matches none of its names is logged."""
+    if settings.pricing is None or not settings.pricing.models:
+        return settings
+    from .report.catalogue import load_catalogue  # only where there are model keys to check
+    from .report.prices import key_problems
+
+    refused, doubtful = key_problems(settings.pricing.models, load_catalogue())
+    if refused:
+        raise ConfigError("; ".join(refused))
+    for said in doubtful:
+        log.warning("pricing_key_matches_no_known_name", problem=said)
+    return settings
 
 
 SECOND_LOOK_S = 0.2

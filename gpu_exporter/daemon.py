@@ -1,6 +1,6 @@
 """Wires the poller, the snapshot readers and the HTTP server together, and applies a re-read
-configuration (SIGHUP): rules, receivers and the web config change in place; every other setting
-needs a restart, and the log names each one that changed."""
+configuration (SIGHUP): rules, receivers, prices and the web config change in place; every other
+setting needs a restart, and the log names each one that changed."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-RELOADABLE = frozenset({"rules", "alerting", "web_config_file"})
+RELOADABLE = frozenset({"rules", "alerting", "web_config_file", "pricing"})
 
 
 class Daemon:
@@ -182,9 +182,17 @@ class Daemon:
             # One idea of "idle" for the alert and the books, before and after the reload.
             idle = self.engine.rules.GpuUnderutilized
             self.accountant.retune(idle.threshold, idle.signal)
+            # A new price holds from the reload on: gpu_price_per_hour is the price now, and the report
+            # prices each step by the price the store saw then, so the hours before keep the old one.
+            self.accountant.reprice(PriceBook(new.pricing) if new.pricing else None)
         self.web.install(new.web_config_file, web)
         self.settings = running.model_copy(
-            update={"rules": self.engine.rules, "alerting": new.alerting, "web_config_file": new.web_config_file}
+            update={
+                "rules": self.engine.rules,
+                "alerting": new.alerting,
+                "web_config_file": new.web_config_file,
+                "pricing": new.pricing,
+            }
         )
         keys = {name: key for key, name in SETTING_KEYS.items()}  # named as the user writes it
         for name in type(running).model_fields:

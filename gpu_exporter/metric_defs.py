@@ -452,6 +452,13 @@ _DEFS: tuple[MetricDef, ...] = (
                   "points at the C2C link."),
     MetricDef("gpu_nvlink_up", _G, "", "1 when the NVLink link is active, per link.",
               labels=("link",), value=_links("up"), collector=_NVL, doc=_NVLINK_DOC, slow=True),
+    MetricDef("gpu_nvlink_links", _G, "", "NVLink links the GPU has, as the driver says (0: none).",
+              value=_static("nvlink_links"), collector=_NVL,
+              doc="Field NVML_FI_DEV_NVLINK_LINK_COUNT: 12 on an A100 SXM, 18 on an H100 SXM; 0 where the card "
+                  "has none (the driver answers NOT_SUPPORTED: an L40S, a T4, a PCIe H100 without a bridge), so "
+                  "that a GPU known to move nothing over NVLink tells itself apart from one whose NVLink is "
+                  "unknown (no series: the NVLink collector off, or an exporter too old to say).  The report "
+                  "reads it to size such a GPU without an NVLink card."),
     MetricDef("gpu_ecc_errors_total", _C, "", "ECC memory errors over the device lifetime, by type (corrected, uncorrected).",
               labels=("type",), value=lambda g: g.ecc_errors_total.items(), collector=_ECC,
               doc="The aggregate count (NVML_AGGREGATE_ECC: \"persist across reboots\", the device's lifetime), not the volatile one (reset each time the driver loads) that dcgm-exporter's default DCGM_FI_DEV_ECC_DBE_VOL_TOTAL reads; its DCGM_FI_DEV_ECC_DBE_AGG_TOTAL is this.  Cards with ECC enabled (data-center cards such as A100, H100, L40S, T4); GeForce cards have none and no series.", slow=True),

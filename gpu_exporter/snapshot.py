@@ -252,6 +252,8 @@ class GpuStatic:
     temperature_thresholds_celsius: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     fan_count: int = 0  # from nvmlDeviceGetNumFans; -1: that call is missing, read one fan the old way
     nvlink_count: int = 0
+    # The same count where it was asked (the NVLink collector on), 0 included; None: not asked, so unknown.
+    nvlink_links: int | None = None
     gpm_supported: bool = False  # nvmlGpmQueryDeviceSupport said yes
     # nvmlDeviceGetArchitecture: nvml.h NVML_DEVICE_ARCH_* (9 Hopper, 10 Blackwell); None where unknown.
     architecture: int | None = None

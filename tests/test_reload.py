@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.alerting_helpers import EVERY_ALERT_ALONE, Alertmanager, Received, free_port, webhook_receiver
-from tests.exporter_helpers import RunningDaemon, http_get, run_daemon, value, wait_for
+from tests.exporter_helpers import RunningDaemon, http_get, parse_exposition, run_daemon, value, wait_for
 from tests.fakenvml import Scenario
 from tests.fakenvml.presets import gpu_uuid, h100_sxm, preset
 from tests.web_helpers import basic, hashed
@@ -270,3 +270,27 @@ def test_a_new_idle_threshold_changes_the_books_and_the_alert_from_the_next_poll
         assert seconds(d, "busy") == busy, "busy time grew under a threshold above the GPU's utilization"
         assert seconds(d, "allocated_idle") > idle + 0.5
         wait_for(lambda: underutilized(d) == 1, what="GpuUnderutilized at the new threshold")
+
+
+def test_a_new_price_holds_from_the_reload_without_a_restart(scenario: Scenario, tmp_path: Path) -> None:
+    """Issue 48: a price change took a restart (the log said setting_needs_restart), so the books went
+    on pricing the GPU at the old price.  Now gpu_price_per_hour says the new price from the reload on."""
+    preset("pcie-degraded", scenario.path).write()
+    cfg = tmp_path / "c.yaml"
+    write(cfg, {"poll_interval": "200ms", "pricing": {"currency": "USD", "models": {"A100": 2.5}}})
+
+    def price(d: RunningDaemon) -> float | None:
+        return value(parse_exposition(http_get(d.url + "/metrics")[2].decode()), "gpu_price_per_hour", gpu="0")
+
+    with run_daemon(scenario.path, "--config", str(cfg)) as d:
+        wait_for(lambda: price(d) == 2.5, what="the first price")
+        write(cfg, {"poll_interval": "200ms", "pricing": {"currency": "USD", "models": {"A100": 3.25}}})
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: bool(events(d, "config_reloaded")), what="the reload")
+        wait_for(lambda: price(d) == 3.25, what="the new price")
+        assert not events(d, "setting_needs_restart")
+        # And a pricing section taken away leaves the GPU unpriced: no made-up price stays.
+        write(cfg, {"poll_interval": "200ms"})
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: len(events(d, "config_reloaded")) == 2, what="the second reload")
+        wait_for(lambda: price(d) is None, what="no price")

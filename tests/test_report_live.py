@@ -106,7 +106,7 @@ def test_a_minute_gives_price_times_time_for_each_gpu(minute_of_three_gpus: Prom
         assert r["saving_per_month"] is None and r["no_saving_figure"] == "too little history"
         assert_mentions(r["reason"], "only 1 min", "24 h of history")
     # Progress went to stderr, never into the JSON.
-    assert "[11/11]" in out.stderr
+    assert "[14/14]" in out.stderr  # other jobs' copies (issue 48.4); the links, PCIe load and bound time (48.5)
     # With --min-history below the minute: the held-but-idle H100 saves its price a month, the L4 its own.
     out = report(
         prom, "--since", "1m", *end, "--format", "json", "--selector", '{node="node-a"}', "--min-history", "30s"

@@ -106,7 +106,10 @@ def test_the_report_reads_only_metrics_gpu_exporter_exports() -> None:
     assert names == {"gpu_state_seconds_total", "gpu_price_per_hour", "gpu_info", "gpu_memory_total_bytes",
                      "gpu_memory_used_max_bytes", "gpu_sm_active_ratio", "gpu_utilization_ratio",
                      "gpu_dram_active_ratio", "gpu_tensor_active_ratio", "gpu_fp64_active_ratio",
-                     "gpu_fp32_active_ratio", "gpu_fp16_active_ratio", "gpu_nvlink_tx_bytes_total"}  # fmt: skip
+                     "gpu_fp32_active_ratio", "gpu_fp16_active_ratio", "gpu_nvlink_tx_bytes_total",
+                     "gpu_nvlink_links", "gpu_pcie_link_generation", "gpu_pcie_link_max_generation",
+                     "gpu_pcie_link_width", "gpu_pcie_link_max_width", "gpu_pcie_link_max_bytes_per_second",
+                     "gpu_pcie_rx_bytes_per_second", "gpu_pcie_tx_bytes_per_second"}  # fmt: skip
     assert names <= set(METRICS)
 
 
@@ -379,6 +382,11 @@ def test_the_queries_word_for_word() -> None:
     tile = "[839999ms] offset 257s)"
     sub = "[604799999ms:840s]"
 
+    capacity = f"avg_over_time(gpu_pcie_link_max_bytes_per_second{{{n2}}}{tile}"
+    shares = " or ".join(f'label_replace(avg_over_time(gpu_pcie_{way}_bytes_per_second{{{n2}}}{tile} / {capacity}, '
+                         f'"what", "{way}", "", "")' for way in ("rx", "tx"))  # fmt: skip
+    held = f'stddev_over_time(gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0'
+
     def price(offset: str) -> str:
         selector = f"gpu_price_per_hour{{{n2}}}[839999ms]{offset}"
         return f"max by (node, instance, gpu, uuid, currency) (last_over_time({selector})) >= 0"
@@ -414,6 +422,22 @@ def test_the_queries_word_for_word() -> None:
                         "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, "
                         "container_name, user, gpu_instance_id) (stddev_over_time("
                         f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > bool 0)'),
+        # Issue 48: the links, each fact the highest it reached; the PCIe traffic while held as a share of
+        # the link, each step's mean; and the held steps with either way 90% full or more, in seconds.
+        "links": ("links (NVLink, PCIe)", "instant", "max by (node, instance, gpu, uuid, what) (max_over_time(("
+                  + " or ".join(f'label_replace(max_over_time(gpu_{m}{{{n2}}}{tile}, "what", "{w_}", "", "")'
+                                for w_, m in (("nvlink_links", "nvlink_links"), ("pcie_gen", "pcie_link_generation"),
+                                              ("pcie_max_gen", "pcie_link_max_generation"),
+                                              ("pcie_width", "pcie_link_width"),
+                                              ("pcie_max_width", "pcie_link_max_width"),
+                                              ("pcie_capacity", "pcie_link_max_bytes_per_second")))
+                  + f"){sub}))"),
+        "pcie_load": ("PCIe load while held", "instant",
+                      f"max by (node, instance, gpu, uuid, what) (quantile_over_time(0.95, (({shares}) and on (job, "
+                      f"instance, gpu, uuid) ({held})){sub}))"),
+        "pcie_bound": ("PCIe-bound time", "instant",
+                       f"max by (node, instance, gpu, uuid) (count_over_time(((max without (what) ({shares}) >= 0.9) "
+                       f"and on (job, instance, gpu, uuid) ({held})){sub})) * 840"),
     }  # fmt: skip
     got = {q.key: (q.what, q.kind, q.expr) for q in queries(w, n2)}
     assert got == expected

@@ -108,7 +108,8 @@ def test_every_recorded_query_reads_the_rules_series_narrowed_by_the_selector() 
         for v in found:
             assert {("node", "Equal", "n2"), ("team", "NotEqual", "ci")} <= matchers_of(v), q.expr
             read.add(str(v.name))
-    assert read == recorded | {"gpu_state_seconds_total"}
+    # And, issue 48, the links of the range's last hour from the raw series (a few gauges).
+    assert read == recorded | {"gpu_state_seconds_total", *queries.LINK_FACTS.values()}
     # Every cluster's rules: the marker, the hours and the GPUs seen (issue 48: the hours rule may fail alone).
     found = list(selectors(pp.parse(queries.coverage(queries.Window(0, 48 * HOUR, HOUR)))))
     assert {str(v.name) for v in found} == {queries.REC_MARKER, queries.REC_STATE, queries.REC_DOWN}
@@ -141,7 +142,8 @@ def test_the_recorded_queries_word_for_word() -> None:
         "prices": "prices (recorded)", "priced_steps": "steps priced (recorded)",
         "seen": "GPUs seen, by target (recorded)", "info": "GPU models (recorded)",
         "memory_total": "memory sizes (recorded)", "memory_peak": "memory peaks (recorded)",
-        "activity": "activity while held (recorded)", "holders_now": "holders now"}  # fmt: skip
+        "activity": "activity while held (recorded)", "holders_now": "holders now",
+        "links": "links (NVLink, PCIe; the last hour)"}  # fmt: skip
     assert got == {
         "prices": ("range", None, 7200, f"({price(1)}) unless ((({price(1)}) == ({price(3600001)})) and on () "
                                         f"(vector(time()) > {w.start + HOUR + 7200}))"),
@@ -159,6 +161,9 @@ def test_the_recorded_queries_word_for_word() -> None:
                                        f"gpu:report_activity_held:hour{{{n2}}}{span}))"),
         "holders_now": ("instant", None, 0, f"max by ({by}) (stddev_over_time(gpu_state_seconds_total{{{n2}, "
                                             'state=~"busy|allocated_idle"}[3599999ms]) > bool 0)'),
+        "links": ("instant", w.end, 0, f"max by ({gpu}, what) ("
+                  + " or ".join(f'label_replace(max_over_time({m}{{{n2}}}[1h]), "what", "{k}", "", "")'
+                                for k, m in queries.LINK_FACTS.items()) + ")"),
     }  # fmt: skip
     # An hour counts where the rules ran, the hours rule wrote something, and every GPU seen has its hours.
     written = 'last_over_time(gpu:report_state_seconds:hour{state="down"}[1h] offset 1ms)'

@@ -119,6 +119,14 @@ class Accountant:
         with self._lock:
             self.threshold, self.signal = threshold, signal
 
+    def reprice(self, prices: PriceBook | None) -> None:
+        """Re-read prices, in force from now: the view is rendered again at once, so /metrics shows
+        them before the next poll (the time booked is seconds, never money: nothing booked changes)."""
+        with self._lock:
+            self.prices = prices
+            if self._last_t is not None:
+                self._view = self._render(self._last_t)
+
     def observe(self, snapshot: NodeSnapshot) -> None:
         """Add the time since the previous snapshot to each GPU's state now.
 

@@ -11,7 +11,7 @@ price the user gives)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,6 +40,9 @@ class _Card(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
     match: list[str] = Field(min_length=1, description="regular expressions, searched in NVML's GPU name")
+    names: list[str] = Field(default_factory=list,
+                             description="the card's names as NVML reports them: what a pricing key is matched "
+                                         "against, as the daemon matches it")  # fmt: skip
     memory_gib: Positive
     fp16_tflops: Positive = Field(description="dense FP16/BF16 tensor TFLOPS with FP32 accumulate, no sparsity")
     fp64_tflops: Positive | None = Field(None, description="FP64 (non-tensor) TFLOPS; absent: unknown")
@@ -121,6 +124,8 @@ class Catalogue:
     currency: str | None
     offers: tuple[Offer, ...]
     _patterns: tuple[tuple[str, tuple[re.Pattern[str], ...]], ...]
+    # Card -> its names as NVML reports them (``names``; a card without any is absent).
+    names: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def card_of(self, gpu_name: str) -> Offer | None:
         """The whole card whose patterns match NVML's name for a GPU; the first listed wins."""
@@ -199,4 +204,14 @@ def load_catalogue(path: Path | None = None) -> Catalogue:
                 _part(c.fp16_vector_tflops, share), of_slices=c.compute_slices,
             ))  # fmt: skip
     patterns = tuple((c.name, tuple(re.compile(p, re.IGNORECASE) for p in c.match)) for c in doc.cards)
-    return Catalogue(doc.currency.upper() if doc.currency else None, tuple(offers), patterns)
+    catalogue = Catalogue(doc.currency.upper() if doc.currency else None, tuple(offers), patterns,
+                          {c.name: tuple(c.names) for c in doc.cards if c.names})  # fmt: skip
+    # A name is what the driver calls the card: it must be recognised as that card, or a price would
+    # follow one card in the daemon and another in the report.
+    for c in doc.cards:
+        for name in c.names:
+            if (found := catalogue.card_of(name)) is None or found.name != c.name:
+                got = "no card" if found is None else found.name
+                raise CatalogueError(f"catalogue {where}: {c.name}: its name {name!r} is recognised as {got} by the "
+                                     "cards' match patterns (the first listed that matches wins)")  # fmt: skip
+    return catalogue

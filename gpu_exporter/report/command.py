@@ -29,6 +29,7 @@ from .gaps import scan
 from .model import EXIT_STATUS, NO_DATA, NO_MATCH, OK, Options, build, iso
 from .output import OutputError, write
 from .paths import NotRecorded, Read, filled_json, reads, together
+from .prices import key_problems
 from .queries import (
     HOUR,
     PROBES,
@@ -453,6 +454,11 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         matchers = selector_matchers(args.selector)
         opts, timeout = _options(args)
         catalogue = load_catalogue(args.catalogue)
+        refused, doubtful = key_problems(opts.pricing.models, catalogue) if opts.pricing else ([], [])
+        if refused:
+            raise UsageError(f"{args.config}: {'; '.join(refused)}")
+        for said in doubtful:
+            print(f"gpu-exporter report: warning: {args.config}: {said}", file=sys.stderr)
         client = PromClient(ClientOptions(
             args.url, args.bearer_token_file, args.username, args.password_file, args.ca_file, args.insecure, timeout,
             tuple(_pairs(args.headers, "--prometheus.header")),

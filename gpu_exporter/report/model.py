@@ -27,11 +27,12 @@ from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
 from .queries import OWN_JOB, SLICE, Window
-from .rightsizing import MIN_HISTORY_HOURS, RELEASE, SLOWER, Advice, Sizer, Usage, gpu_order
+from .rightsizing import LINK, MIN_HISTORY_HOURS, RELEASE, SLOWER, Advice, Link, Sizer, Usage, gpu_order
 
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
 # one workload.
 JOB_KINDS = ("job", "pod", "container")
+TOGETHER_NOTE = "not sized: its holder's GPUs are of different models or holders, and are sized together or not at all"
 
 SCHEMA = "gpu-exporter.report/v1"
 HOURS_DIGITS = 6
@@ -97,6 +98,7 @@ class _Gpu:
     sources: set[tuple[tuple[str, str], ...]] = field(default_factory=set)  # every target of its series
     left_out: dict[tuple[tuple[str, str], ...], float] = field(default_factory=lambda: defaultdict(float))
     slices: dict[str, _Slice] = field(default_factory=dict)  # GPU instance id -> its books (MIG mode)
+    links: dict[str, float] = field(default_factory=dict)  # queries.link_queries' answers, by ``what``
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,10 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
     for labels, v in results["activity"]:
         g, signal = gpu(labels), labels.get("signal", "")
         g.signals[signal] = max(v, g.signals.get(signal, v))
+    bound_rows = [({**labels, "what": "bound_seconds"}, v) for labels, v in results.get("pcie_bound", [])]
+    for labels, v in [*results.get("links", []), *results.get("pcie_load", []), *bound_rows]:
+        g, what = gpu(labels), labels.get("what", "")
+        g.links[what] = max(v, g.links.get(what, v))  # each target's copy: the highest
     for labels, v in results.get("holders_now", []):
         if v > 0 and (h := holder_of(labels)).kind and _gpu_key(labels) in gpus:
             gpus[_gpu_key(labels)].holders_now.add(h)
@@ -213,6 +219,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         g.targets -= set(_disagreeing(g, w))
         # Without a node label, a GPU's node is named by where it was scraped (the first, of several).
         g.node = g.node or min(g.instances, default="")
+    shown_as = _shown_as(list(gpus.values()))
 
     # What the fleet pays now for each card of the catalogue: the highest where several prices.
     fleet: dict[str, float] = {}
@@ -225,6 +232,7 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
                   allow_slower=opts.allow_slower, allow_consumer=opts.allow_consumer)  # fmt: skip
 
     rows: list[dict[str, Any]] = []
+    row_of: dict[int, dict[str, Any]] = {}  # each GPU's row, by its Usage (a job's members are those)
     recommendations: list[dict[str, Any]] = []
     names = Counter(h.name for h in holders)  # to tell apart holders of one name (a container's engines)
     jobs: dict[Holder, list[Usage]] = {}  # the GPUs each job, pod or container held, to size together
@@ -242,14 +250,18 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         # Each pipe's activity where the GPU has GPM (a pipe it does not report stays unknown).
         pipes = ({p: g.signals[f"{p}_active"] for p in PIPES if f"{p}_active" in g.signals}
                  if "sm_active" in g.signals else None)  # fmt: skip
+        # A GPU with no NVLink links moves nothing over NVLink: known, where absent counters are unknown.
+        nvlink = g.signals.get("nvlink_tx", 0.0 if g.links.get("nvlink_links") == 0 else None)
         usage = Usage(g.node, g.gpu, g.uuid, g.model, _told_apart(top, names),
                       _told_apart(_most(now, g.idle_holders), names), g.hours[BUSY],
                       g.hours[ALLOCATED_IDLE], g.hours[IDLE], g.hours[DOWN], g.price_now if g.priced else None,
                       g.memory_total, g.memory_peak, activity, signal, g.signals.get("dram_active"),
-                      g.mig_mode, pipes, g.signals.get("nvlink_tx"),
-                      unknown_hours=g.hours[ALLOCATED_UNKNOWN])  # fmt: skip
+                      g.mig_mode, pipes, nvlink, link=Link.of(g.links, g.hours[BUSY] + g.hours[ALLOCATED_IDLE]),
+                      shown_as=shown_as[id(g)], unknown_hours=g.hours[ALLOCATED_UNKNOWN])  # fmt: skip
+        bound = usage.link.bound_hours if usage.link else 0.0
         rows.append({
-            "node": g.node, "gpu": g.gpu, "uuid": g.uuid, "model": g.model, **_hours_fields(g.hours),
+            "node": g.node, "shown_as": usage.place, "gpu": g.gpu, "uuid": g.uuid, "model": g.model,
+            **_hours_fields(g.hours),
             "cost": _m(sum(g.cost.values())) if g.priced else None,
             "wasted_cost": _m(sum(g.cost[s] for s in WASTE_STATES)) if g.priced else None,
             "price_per_hour": _m(price), "price_now_per_hour": _m(usage.price_per_hour),
@@ -258,10 +270,12 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "dram_active_p95": None if usage.dram_p95 is None else round(usage.dram_p95, 4),
             "holder": _told_apart(top, names), "targets": [dict(t) for t in sorted(g.targets)],
             "left_out_targets": [{**dict(t), "hours": _h(h)} for t, h in sorted(_disagreeing(g, w).items())],
+            "link_bound_hours": _h(bound), "link_bound_cost": _m(bound * price) if price is not None else None,
             "notes": [*_disagree(g, w), *_over_the_range(total[key], w, g), *sizer.notes(usage),
                       *_priced_elsewhere(elsewhere.get(key) if not g.priced else None, currency)],
             "slices": [_slice_row(gi, part, usage) for gi, part in sorted(g.slices.items(), key=_instance_order)],
         })  # fmt: skip
+        row_of[id(usage)] = rows[-1]
         if g.slices:  # a card in MIG mode: each slice is reclaimed on its own; the card only released whole
             recommendations.extend(_recommendation(a, u, g.model) for u in slice_usages(g.slices, usage)
                                    if (a := sizer.advise_slice(u)) is not None)  # fmt: skip
@@ -273,17 +287,22 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
         # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to
         # read and may say anything (a pod "job-7", a job shown as "Slurm job 7").
-        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.kind in JOB_KINDS:
+        if usage.up_hours > 0 and Sizer.waste(usage) is None and top.kind in JOB_KINDS and not sizer.starved(usage):
             jobs.setdefault(top, []).append(usage)
             continue
-        advice = sizer.advise(usage)
-        if advice is not None:
-            recommendations.append(_recommendation(advice, usage, g.model))
+        decided = sizer.decide(usage)
+        if isinstance(decided, Advice):
+            recommendations.append(_recommendation(decided, usage, g.model))
+        elif decided:  # why a GPU busy enough to size gets no advice
+            rows[-1]["notes"].append(decided)
     for members in jobs.values():
         job = Sizer.together(members)  # of one GPU: that GPU
-        advice = None if job is None else sizer.advise(job)
-        if job is not None and advice is not None:
-            recommendations.append(_recommendation(advice, job, job.model))
+        decided = sizer.decide(job) if job is not None else TOGETHER_NOTE
+        if isinstance(decided, Advice) and job is not None:
+            recommendations.append(_recommendation(decided, job, job.model))
+        elif decided:
+            for m in members:
+                row_of[id(m)]["notes"].append(decided)
     # The largest saving first; advice without a monthly figure after, slower cards last.
     recommendations.sort(key=lambda r: (r["kind"] == "slower", r["saving_per_month"] is None,
                                         -float(r["saving_per_month"] or 0), r["node"],
@@ -317,6 +336,10 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
         "unpriced_hours": _h(sum(sum(g.hours.values()) for g in gpus.values() if not g.priced)),
         "merged_gpus": sum(len(g.targets) > 1 for g in gpus.values()),
         "advised_saving_per_month": _m(sum(r["saving_per_month"] or 0.0 for r in recommendations)),
+        # Bus-starved time beside wasted time: the hours the GPUs were held with their PCIe link at
+        # queries.LINK_BOUND or more, and what those hours cost.
+        "link_bound_hours": _h(sum(float(r["link_bound_hours"]) for r in rows)),
+        "link_bound_cost": _m(sum(float(r["link_bound_cost"] or 0.0) for r in rows)) if priced else None,
     }  # fmt: skip
     status, why = _status(gpus, priced, currency, results, opts)
     return {
@@ -361,6 +384,22 @@ def _told_apart(h: Holder, names: Counter[str]) -> str:
     if h.kind == "container" and names[h.name] > 1:
         return f"{h.name} ({h.engine or 'no engine'})"
     return h.name
+
+
+def _shown_as(gpus: list[_Gpu]) -> dict[int, str]:
+    """Where each GPU is, as the report shows it: its node; where GPUs of one index share a node label
+    (two exporters on one host, relabelled to one node), its instance where that tells them apart, else
+    its UUID, so that no two lines read "GPU 1 on 127.0.0.1"."""
+    same: dict[tuple[str, str], list[_Gpu]] = defaultdict(list)
+    for g in gpus:
+        same[(g.node, g.gpu)].append(g)
+    shown = {}
+    for group in same.values():
+        places = [", ".join(sorted(g.instances)) for g in group]
+        apart = len(group) > 1 and all(places) and len(set(places)) == len(group)
+        for g, place in zip(group, places, strict=True):
+            shown[id(g)] = g.node if len(group) == 1 else f"{g.node} ({place if apart else g.uuid or place})"
+    return shown
 
 
 def _higher(a: float | None, b: float) -> float:
@@ -426,7 +465,8 @@ def _over_the_range(hours: float, w: Window, g: _Gpu | None = None) -> list[str]
 def _recommendation(advice: Advice, u: Usage, model: str | None) -> dict[str, Any]:
     """One recommendation as the report shows it; ``gpus`` is how many GPUs it is for (a job's)."""
     return {
-        "node": u.node, "gpu": u.gpu, "uuid": u.uuid, "holder": u.holder, "current_model": model,
+        "node": u.node, "shown_as": u.place, "gpu": u.gpu, "uuid": u.uuid, "holder": u.holder,
+        "current_model": model,
         "gpus": u.count, "kind": advice.kind, "suggested": advice.suggested, "reason": advice.reason,
         "saving_per_month": _m(advice.saving_per_month),
         "suggested_price_per_hour": _m(advice.suggested_price_per_hour), "slowdown": round(advice.slowdown, 2),
@@ -486,6 +526,8 @@ def _no_figure(advice: Advice, u: Usage) -> str | None:
         return None
     if advice.kind == SLOWER:
         return "a slower card"
+    if advice.kind == LINK:
+        return "a link to fix"
     return "no price" if u.price_per_hour is None else "too little history"
 
 

@@ -203,13 +203,30 @@ def reads(client: Store, mode: str, start: float, end: float, now: float,
 
 # The answers whose rows are put together as they come: the model takes each GPU's highest figure of
 # them (memory, activity), its model, and every target that saw it.
-_ROWS = ("prices", "seen", "info", "memory_total", "memory_peak", "activity", "other_jobs", "disagree")
+_ROWS = (
+    "prices",
+    "seen",
+    "info",
+    "memory_total",
+    "memory_peak",
+    "activity",
+    "other_jobs",
+    "disagree",
+    "links",
+    "pcie_load",
+)
 
 
 def together(parts: list[Part]) -> dict[str, Any]:
     """The non-money answers of the parts, as the model reads one range's: rows put together, who holds
     each GPU now from the last part, the timeline by whole hour.  Their money is ``cost.money``'s."""
     out: dict[str, Any] = {key: [row for part in parts for row in part.results.get(key, [])] for key in _ROWS}
+    # A GPU's link-bound seconds are each part's: added up, where the model takes the highest of each row.
+    bound: dict[tuple[tuple[str, str], ...], float] = defaultdict(float)
+    for part in parts:
+        for labels, v in part.results.get("pcie_bound", []):
+            bound[tuple(sorted(labels.items()))] += v
+    out["pcie_bound"] = [(dict(k), v) for k, v in bound.items()]
     out["holders_now"] = parts[-1].results["holders_now"]
     points: dict[tuple[tuple[str, str], ...], dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for part in parts:

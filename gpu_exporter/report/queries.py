@@ -383,6 +383,42 @@ def queries(w: Window, matchers: str) -> list[Query]:
         # hours can tie, where pods come and go, and rank differently on two engines).
         Query("holders_now", "holders now",
               f"max by ({GPU}, {HOLDER}, {SLICE}) (stddev_over_time({t.range(state, HELD)}) > bool 0)"),
+        *link_queries(t),
+    ]  # fmt: skip
+
+
+# The links' facts the report reads, by their ``what`` label: how many NVLink links (0: none, so no
+# NVLink traffic to keep), and the PCIe link's generation and width, the highest each reached (an idle
+# card trains down; under load it trains up to what the slot allows) beside their maximum.
+LINK_FACTS = {
+    "nvlink_links": "gpu_nvlink_links",
+    "pcie_gen": "gpu_pcie_link_generation",
+    "pcie_max_gen": "gpu_pcie_link_max_generation",
+    "pcie_width": "gpu_pcie_link_width",
+    "pcie_max_width": "gpu_pcie_link_max_width",
+    "pcie_capacity": "gpu_pcie_link_max_bytes_per_second",
+}
+# A step whose PCIe traffic (either way, the step's mean) is at this share of the link's capacity or
+# more is link-bound: the GPU waits on the bus.
+LINK_BOUND = 0.9
+
+
+def link_queries(t: _Tiles) -> list[Query]:
+    """What the links were: ``links`` (LINK_FACTS, each the highest over the range) and ``pcie_load``:
+    while held, the p95 of each step's mean PCIe traffic as a share of the link's capacity (``rx``,
+    ``tx``); and ``pcie_bound``: the seconds of the held steps where either way was at LINK_BOUND or more."""
+    facts = _union([("what", what, f"max_over_time({t.range(metric)})") for what, metric in LINK_FACTS.items()])
+    held = f"stddev_over_time({t.range('gpu_state_seconds_total', HELD)}) > 0"
+    capacity = f"avg_over_time({t.range('gpu_pcie_link_max_bytes_per_second')})"
+    shares = _union([("what", way, f"avg_over_time({t.range(f'gpu_pcie_{way}_bytes_per_second')}) / {capacity}")
+                     for way in ("rx", "tx")])  # fmt: skip
+    bound = f"(max without (what) ({shares}) >= {LINK_BOUND}) and on ({JOIN}) ({held})"
+    return [
+        Query("links", "links (NVLink, PCIe)", f"max by ({GPU}, what) (max_over_time({t.over(facts)}))"),
+        Query("pcie_load", "PCIe load while held",
+              f"max by ({GPU}, what) (quantile_over_time(0.95, {t.over(f'({shares}) and on ({JOIN}) ({held})')}))"),
+        Query("pcie_bound", "PCIe-bound time",
+              f"max by ({GPU}) (count_over_time({t.over(bound)})) * {t.w.step}"),
     ]  # fmt: skip
 
 
@@ -679,4 +715,9 @@ def recorded_queries(w: Window, matchers: str) -> list[Query]:
               f"max by ({GPU}, signal) (quantile_over_time(0.95, {recorded_range(REC_ACTIVITY, matchers, w.points)}))",
               at=at),
         raw["holders_now"],
+        # How many NVLink links and what PCIe link each GPU has, from the raw series of the range's last
+        # hour (a few gauges): the recorded series hold no links, and a link's load is not asked here.
+        Query("links", "links (NVLink, PCIe; the last hour)", "max by ({GPU}, what) ({facts})".format(
+            GPU=GPU, facts=_union([("what", what, f"max_over_time({_sel(metric, matchers)}[1h])")
+                                   for what, metric in LINK_FACTS.items()])), at=w.end),
     ]  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 from ..accounting.states import STATES
 from .gaps import lines as gap_lines
 from .paths import recorded_lines
+from .queries import LINK_BOUND
 from .rightsizing import HOURS_PER_MONTH, gpu_order, money
 
 GIB = 1024**3
@@ -93,6 +94,12 @@ def headline(doc: dict[str, Any]) -> list[str]:
         lines.append(f"Cost {_cash(t['cost'], cur)}, of which wasted {_cash(t['wasted_cost'], cur)}{unpriced}")
     else:
         lines.append(f"Hours only: {doc.get('status_reason') or 'no prices'}")
+    if t.get("link_bound_hours"):  # bus-starved time, beside the wasted (idle) time
+        cost = f", which cost {_cash(t['link_bound_cost'], cur)}" if t.get("link_bound_cost") is not None else ""
+        lines.append(
+            f"Link-bound {_num(t['link_bound_hours'])} GPU-hours (held with the PCIe link "
+            f"{LINK_BOUND * 100:.0f}% full or more){cost}"
+        )
     if doc["recommendations"]:
         saving = t.get("advised_saving_per_month") or 0
         monthly = f"; together they save about {_cash(saving, cur)}/month" if saving else ""
@@ -129,7 +136,7 @@ def counted_once(doc: dict[str, Any]) -> list[str]:
 def _gpu_rows(doc: dict[str, Any]) -> list[list[str]]:
     cur = doc["currency"]
     rows = sorted(doc["gpus"], key=lambda g: (-_wasted_h(g), g["node"], gpu_order(g["gpu"])))
-    return [[g["node"], g["gpu"], g["model"] or "?", _num(g["busy_hours"]), _num(g["allocated_idle_hours"]),
+    return [[_place(g), g["gpu"], g["model"] or "?", _num(g["busy_hours"]), _num(g["allocated_idle_hours"]),
              _num(g["idle_hours"]), _num(g["down_hours"]), _cash(g["cost"], cur), _cash(g["wasted_cost"], cur),
              _gib(g["memory_peak_bytes"]), _pct(g["activity_p95"]), g["holder"] or "-"] for g in rows]  # fmt: skip
 
@@ -160,7 +167,7 @@ def _grid(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _notes(doc: dict[str, Any]) -> list[str]:
-    return [f"GPU {g['gpu']} on {g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
+    return [f"GPU {g['gpu']} on {g.get('shown_as') or g['node']}: {n}" for g in doc["gpus"] for n in g["notes"]]
 
 
 def store_sections(doc: dict[str, Any]) -> list[tuple[str, list[str]]]:
@@ -179,18 +186,25 @@ def saving_text(r: dict[str, Any], currency: str | None) -> str:
     if r["kind"] == "slower":
         return f"slower ({r['slowdown']:.1f}x as long), cheaper for the same work"
     if r["saving_per_month"] is None:
-        return {"no price": "no price, so no figure"}.get(r["no_saving_figure"], "no monthly figure yet")
+        return {"no price": "no price, so no figure", "a link to fix": "then size it again"}.get(
+            r["no_saving_figure"], "no monthly figure yet"
+        )
     return f"saves about {_cash(r['saving_per_month'], currency)}/month"
 
 
 def _title(r: dict[str, Any]) -> str:
     n = r.get("gpus", 1)
     if n > 1:  # a job's GPUs, advised together
-        return f"{n} GPUs ({r['gpu']}) on {r['node']}: {r['current_model'] or '?'} -> {n} x {r['suggested']}"
+        return f"{n} GPUs ({r['gpu']}) on {_place(r)}: {r['current_model'] or '?'} -> {n} x {r['suggested']}"
     if r.get("gpu_instance_id"):
-        return (f"MIG slice {r['gpu_instance_id']} of GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} "
+        return (f"MIG slice {r['gpu_instance_id']} of GPU {r['gpu']} on {_place(r)}: {r['current_model'] or '?'} "
                 f"-> {r['suggested']}")  # fmt: skip
-    return f"GPU {r['gpu']} on {r['node']}: {r['current_model'] or '?'} -> {r['suggested']}"
+    return f"GPU {r['gpu']} on {_place(r)}: {r['current_model'] or '?'} -> {r['suggested']}"
+
+
+def _place(r: dict[str, Any]) -> str:
+    """Its node, or what tells it apart from another GPU of its index under that node label."""
+    return str(r.get("shown_as") or r["node"])
 
 
 SLICE_HEAD = ["node", "gpu", "slice", "share", "busy h", "alloc-idle h", "unknown h", "idle h", "cost", "wasted",
@@ -231,8 +245,9 @@ def as_table(doc: dict[str, Any]) -> str:
 _MD_MARKUP = re.compile(r"([\\`*_\[\]<>&~#!])")
 # The report's fields that carry names (from labels, the pricing, the catalogue) or sentences made of
 # them; the others are numbers, or words the renderer compares (a status, a kind).
-_MD_TEXT = frozenset({"node", "gpu", "uuid", "model", "holder", "namespace", "pod", "hpc_job", "container", "user",
-                      "current_model", "suggested", "reason", "notes", "status_reason", "currency"})  # fmt: skip
+_MD_TEXT = frozenset({"node", "shown_as", "gpu", "uuid", "model", "holder", "namespace", "pod", "hpc_job",
+                      "container", "user", "current_model", "suggested", "reason", "notes", "status_reason",
+                      "currency"})  # fmt: skip
 
 
 def markdown_text(v: Any, key: str = "") -> Any:
@@ -391,7 +406,7 @@ def as_html(doc: dict[str, Any]) -> str:
     h = headline(doc)
     legend = "".join(f'<span><i style="background:{COLOURS[s]}"></i>{LABELS[s]}</span>' for s in STATES)
     wasters = sorted(doc["gpus"], key=lambda g: -_wasted_h(g))[:TOP]
-    gpu_bars = [(f"{g['node']} GPU {g['gpu']} ({g['model'] or '?'})",
+    gpu_bars = [(f"{_place(g)} GPU {g['gpu']} ({g['model'] or '?'})",
                  [(COLOURS["allocated_idle"], g["allocated_idle_hours"]), (COLOURS["idle"], g["idle_hours"])])
                 for g in wasters if _wasted_h(g) > 0]  # fmt: skip
     holder_bars = [(x["holder"], [(COLOURS["allocated_idle"], x["allocated_idle_hours"])])

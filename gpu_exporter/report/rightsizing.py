@@ -19,7 +19,8 @@ never on the requested range:
      job uses is unknown is not suggested;
    - where the job moved data between GPUs over NVLink (1 GB/s or more each way), the candidate has
      NVLink at least that fast (so never a MIG slice, which has no peer-to-peer traffic); where the
-     GPU's NVLink traffic is unknown, at least the NVLink of its card;
+     GPU's NVLink traffic is unknown, at least the NVLink of its card (a GPU that has no NVLink links,
+     ``gpu_nvlink_links`` 0, moved nothing over NVLink: known, not unknown);
    - it has a price the user gave (``prices``), lower than what this GPU costs now: never the
      same card, its full-card MIG profile, or a card at the same or a higher price;
    - GeForce cards only with ``allow_consumer``.
@@ -28,6 +29,11 @@ never on the requested range:
 4. With ``allow_slower``, where no cheaper card is as fast, the cheapest slower one by the cost of
    the work (price x time) is shown as its own answer: cost and time side by side, and no monthly
    saving, never the headline.
+
+Before 3, a GPU held on a PCIe link that trained below what its card and slot allow, or whose link
+was 90% full or more for a tenth of its held time at bursts below 80% activity, is told to fix the
+link (reseat, BIOS, riser, slot) and is not sized: its activity is what the link let through.  A GPU
+busy enough to size that gets no advice carries a note saying what stopped it (``decide``).
 
 A monthly figure needs ``min_history_hours`` (24 h) of what the exporter saw: below that, the
 advice says how much it saw and gives none. Savings must reach ``min_saving`` a month and
@@ -45,18 +51,28 @@ from fractions import Fraction
 
 from .catalogue import GIB, PIPES, Catalogue, Offer
 from .prices import Price, PriceList
+from .queries import LINK_BOUND
 
 HEADROOM = 1.2
 HOURS_PER_MONTH = 730.0
 FULL_CARD = 0.95  # the highest memory use at this share of the card is "the whole card"
 RELEASE_SHARE = 0.9  # of the time up, idle and held by nobody
 RECLAIM_SHARE = 0.5  # of the time held, idle
+LINK_BOUND_PCT = round(LINK_BOUND * 100)
 MIN_HISTORY_HOURS = 24.0
 USED = 0.01  # a pipe busy less than this (1%) at its bursts is not used: GPM's noise floor
 NVLINK_USED = 1e9  # bytes/s each way: below this a job moved no data over NVLink worth keeping
 PIPE_NAMES = {"tensor": "tensor", "fp64": "FP64", "fp32": "FP32", "fp16": "FP16"}
 COMPUTE, BANDWIDTH = "compute", "bandwidth"  # the needs besides the pipes
-CARD, MIG, RELEASE, RECLAIM, SLOWER = "card", "mig", "release", "reclaim", "slower"
+CARD, MIG, RELEASE, RECLAIM, SLOWER, LINK = "card", "mig", "release", "reclaim", "slower", "link"
+# A GPU whose link was at LINK_BOUND (queries.py) for this share of its held time or more, at activity
+# below STARVED_ACTIVITY, waits on the bus: the activity the card would be sized on is what the link let
+# through.
+BOUND_SHARE = 0.1
+STARVED_ACTIVITY = 0.8
+# PCIe's transfer rate per lane (GT/s) by generation, and its line code's efficiency: 8b/10b for Gen1-2,
+# 128b/130b for Gen3-5, 242/256 (FLIT) for Gen6 (PCI-SIG; as snapshot.pcie_link_bytes_per_second).
+PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 OWN_PRICE = "this GPU's price"
 RESERVED_NOTE = (
     "peak memory is the whole card ({peak:.1f} of {total:.1f} GiB): frameworks that reserve memory up front "
@@ -69,6 +85,55 @@ UNRATED_NOTE = (
     "for {which} on {card}, so what it needs of another card cannot be told (a catalogue of your own, "
     "--catalogue FILE, can give the rate)"
 )
+
+
+def pcie_bytes_per_second(generation: float | None, width: float | None) -> float | None:
+    """One direction's usable bandwidth of a PCIe link of this generation and width."""
+    if generation is None or width is None or int(generation) not in PCIE_GTS:
+        return None
+    gen = int(generation)
+    code = 0.8 if gen <= 2 else (128 / 130 if gen <= 5 else 242 / 256)
+    return PCIE_GTS[gen] * 1e9 * code / 8 * width
+
+
+@dataclass(frozen=True)
+class Link:
+    """A GPU's PCIe link over the range: the generation and width it reached (the highest: an idle card
+    trains down) and the most the card and slot allow, the p95 of its traffic each way while held as a
+    share of the link, and the hours it was held at LINK_BOUND of the link or more."""
+
+    generation: float | None = None
+    max_generation: float | None = None
+    width: float | None = None
+    max_width: float | None = None
+    rx_share: float | None = None
+    tx_share: float | None = None
+    bound_hours: float = 0.0
+
+    @property
+    def degraded(self) -> bool:
+        """Trained below what the card and slot allow: a card reseated, a BIOS, a riser or a slot away."""
+        below = (self.generation is not None and self.max_generation is not None
+                 and self.generation < self.max_generation)  # fmt: skip
+        return below or (self.width is not None and self.max_width is not None and self.width < self.max_width)
+
+    @staticmethod
+    def text(generation: float | None, width: float | None) -> str:
+        gen = "Gen?" if generation is None else f"Gen{generation:.0f}"
+        lanes = "x?" if width is None else f"x{width:.0f}"
+        rate = pcie_bytes_per_second(generation, width)
+        return f"{gen} {lanes}" + ("" if rate is None else f" ({rate / 1e9:.1f} GB/s each way)")
+
+    @classmethod
+    def of(cls, facts: Mapping[str, float], held_hours: float) -> Link | None:
+        """From the report's ``links``, ``pcie_load`` and ``pcie_bound`` answers (queries.LINK_FACTS,
+        ``rx``, ``tx``, ``bound_seconds``); None where the store has no PCIe link series of the GPU.  The
+        bound time is whole steps, the held time the counters' own: never more bound than held."""
+        if "pcie_gen" not in facts and "rx" not in facts and "tx" not in facts:
+            return None
+        return cls(facts.get("pcie_gen"), facts.get("pcie_max_gen"), facts.get("pcie_width"),
+                   facts.get("pcie_max_width"), facts.get("rx"), facts.get("tx"),
+                   min(facts.get("bound_seconds", 0.0) / 3600, held_hours))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,6 +171,14 @@ class Usage:
     # hours are its own, its price the card's x its share.
     instance: str = ""
     share: float = 1.0
+    link: Link | None = None  # its PCIe link (None: the store has no PCIe link series of it)
+    # Where it is, as the report shows it: its node, and where two GPUs of one index share a node label
+    # (two exporters on one host), what tells them apart (the instance, else the UUID); "": the node.
+    shown_as: str = ""
+
+    @property
+    def place(self) -> str:
+        return self.shown_as or self.node
 
     @property
     def held_hours(self) -> float:
@@ -240,6 +313,13 @@ class Sizer:
         ]
 
     def advise(self, u: Usage) -> Advice | None:
+        decided = self.decide(u)
+        return decided if isinstance(decided, Advice) else None
+
+    def decide(self, u: Usage) -> Advice | str | None:
+        """The advice for ``u``; else, for a GPU busy enough to size, why it gets none (a note: an unknown
+        signal, no cheaper card that fits, a saving too small), so that no advice is never silence; else
+        None (not up, or idle and not worth releasing or reclaiming, or a note already says why)."""
         if u.up_hours <= 0:
             return None
         kind = self.waste(u)
@@ -247,12 +327,53 @@ class Sizer:
             return self._release(u)
         if kind == RECLAIM:
             return self._reclaim(u)
+        if (fix := self.starved(u)) is not None:
+            return fix
         return self._size(u)
 
     def advise_slice(self, u: Usage) -> Advice | None:
         """A MIG slice's advice: reclaimed from its holder where held but idle (as a GPU), never released
         or resized on its own (the card is released whole, where all of it sits idle: ``advise``)."""
         return self._reclaim(u) if u.up_hours > 0 and self.waste(u) == RECLAIM else None
+
+    # -- a link that starves the GPU ----------------------------------------------------------------------
+    def starved(self, u: Usage) -> Advice | None:
+        """A GPU held on a PCIe link trained below what its card and slot allow, or one whose traffic sat
+        at the link's capacity while its activity stayed low: the link is fixed before any card is
+        sized, since the activity the card would be sized on is what the link let through."""
+        link = u.link
+        if link is None or u.held_hours <= 0 or u.mig_mode:
+            return None
+        low = u.activity_p95 is None or u.activity_p95 < STARVED_ACTIVITY
+        bound = link.bound_hours >= BOUND_SHARE * u.held_hours and link.bound_hours > 0
+        if not ((link.degraded and u.busy_hours > 0) or (bound and low)):
+            return None
+        said = [f"{self._where(u)} is held on a PCIe link at {Link.text(link.generation, link.width)}"]
+        if link.degraded:
+            said[0] += (f" where its card and slot allow {Link.text(link.max_generation, link.max_width)}: the link "
+                        "trained below its maximum")  # fmt: skip
+        ways = [f"{name} {share * 100:.0f}%" for name, share in (("RX", link.rx_share), ("TX", link.tx_share))
+                if share is not None and share >= 0.01]  # fmt: skip
+        if ways:
+            said.append(f"its traffic while held reached {' and '.join(ways)} of the link (p95 of each step's mean)")
+        if link.bound_hours > 0:
+            cost = (f", which cost {money(link.bound_hours * u.price_per_hour, self.currency)}"
+                    if u.price_per_hour else "")  # fmt: skip
+            said.append(
+                f"it was link-bound (the link {LINK_BOUND_PCT}% full or more) for "
+                f"{hours_text(link.bound_hours)} of the {hours_text(u.held_hours)} it was held{cost}"
+            )
+        if u.activity_p95 is not None:
+            said.append(f"its bursts reached only {u.activity_p95 * 100:.0f}% {u.activity_signal}")
+        fix = ("fix the link before moving the work: reseat the card, check the slot's PCIe setting in the BIOS "
+               "(a slot forced to a lower generation), replace a riser or retimer that cannot carry the card's "
+               "generation, or move the card to a slot wired for all its lanes; then size it again, since the "
+               "activity seen is what the link let through" if link.degraded else
+               "the GPU waits on the bus: check that the link trained at the card's maximum (reseat, BIOS, riser, "
+               "slot), then cut what the job moves over PCIe (pinned memory, data kept on the GPU, a local copy "
+               "of its input) before moving it to another card, which would be sized on what the link let "
+               "through")  # fmt: skip
+        return Advice(LINK, "fix the PCIe link", f"{'; '.join(said)}; {fix}", None)
 
     @staticmethod
     def waste(u: Usage) -> str | None:
@@ -284,6 +405,7 @@ class Sizer:
         prices = [m.price_per_hour for m in members]
         job = replace(
             first, gpu=", ".join(m.gpu for m in gpus), node=", ".join(dict.fromkeys(m.node for m in gpus)),
+            shown_as=", ".join(dict.fromkeys(m.place for m in gpus)),
             uuid=", ".join(m.uuid for m in gpus), count=len(members),
             # The cheapest of them: the saving is never more than the dearest would make it.
             price_per_hour=None if any(p is None for p in prices) else min(p for p in prices if p is not None),
@@ -327,15 +449,25 @@ class Sizer:
         if u.instance:
             part = Fraction(u.share).limit_denominator(8)
             return (f"MIG slice {u.instance} ({part.numerator}/{part.denominator} of the card) of GPU {u.gpu} on "
-                    f"{u.node} ({u.model or 'model unknown'})")  # fmt: skip
-        return f"GPU {u.gpu} on {u.node} ({u.model or 'model unknown'})"
+                    f"{u.place} ({u.model or 'model unknown'})")  # fmt: skip
+        return f"GPU {u.gpu} on {u.place} ({u.model or 'model unknown'})"
 
     # -- a cheaper card or slice ------------------------------------------------------------------------
-    def _size(self, u: Usage) -> Advice | None:
+    def _size(self, u: Usage) -> Advice | str | None:
+        """The cheaper card or slice, else why none (None: a note of ``notes`` already says why)."""
         current = self.catalogue.card_of(u.model) if u.model else None
         price = u.price_per_hour
-        if current is None or u.mig_mode or not price or u.memory_peak_bytes is None or u.activity_p95 is None:
-            return None
+        if current is None:
+            return (f"not sized: its model ({u.model or 'unknown'}) is not in the catalogue, so what it does per "
+                    "second is unknown (a catalogue of your own, --catalogue FILE, can add it)")  # fmt: skip
+        if u.mig_mode:
+            return "not sized: it is in MIG mode, and its slices are not sized as a card"
+        if not price:
+            return "not sized: it has no price, so no card can be told cheaper (set the exporter's pricing section)"
+        if u.memory_peak_bytes is None:
+            return "not sized: its memory use is unknown (no gpu_memory_used_max_bytes in the store)"
+        if u.activity_p95 is None:
+            return "not sized: its activity while held is unknown (neither SM activity nor GPU utilization)"
         if self.notes(u):
             return None
         need_memory = u.memory_peak_bytes * HEADROOM
@@ -344,13 +476,13 @@ class Sizer:
             return None
         fast: list[tuple[tuple[float, float, str], Offer, Price]] = []
         slow: list[tuple[tuple[float, float, float, str], Offer, Price, float]] = []
+        # Why the cards priced below this one do not fit, counted by the first reason each fails on.
+        cheaper, small, links, unrated = 0, 0, 0, 0
         for offer in self.catalogue.offers:
-            if offer.memory_bytes < need_memory or (offer.consumer and not self.allow_consumer):
+            if offer.consumer and not self.allow_consumer:
                 continue
             if offer.mig and offer.whole_card:
                 continue  # all of a card as one slice: the card itself is the offer
-            if not self._links_hold(u, current, offer):
-                continue
             if offer.card == current.name:
                 if offer.whole_card:
                     continue  # the same card, or all of it as one MIG slice: nothing saved
@@ -360,8 +492,16 @@ class Sizer:
             # Rounded, so that float noise never makes a card at the same price look cheaper.
             if p is None or round(p.per_hour, 9) >= round(price, 9):
                 continue
+            cheaper += 1
+            if offer.memory_bytes < need_memory:
+                small += 1
+                continue
+            if not self._links_hold(u, current, offer):
+                links += 1
+                continue
             slowdown = _slowdown(needs, offer)
             if slowdown is None:
+                unrated += 1
                 continue  # a rate the job needs is unknown for this card: neither as fast nor a known slowdown
             if round(slowdown, 9) <= 1:
                 fast.append(((round(p.per_hour, 9), offer.memory_bytes, offer.name), offer, p))
@@ -370,7 +510,7 @@ class Sizer:
                              slowdown))  # fmt: skip
         who = u.holder or "an unattributed process"
         n = u.count
-        where = f"GPU {u.gpu} on {u.node}" if n == 1 else f"{n} GPUs: {u.gpu} on {u.node}"
+        where = f"GPU {u.gpu} on {u.place}" if n == 1 else f"{n} GPUs: {u.gpu} on {u.place}"
         used = (f"{who} used at most {u.memory_peak_bytes / GIB:.1f} GiB{' per GPU' if n > 1 else ''} on {u.model} "
                 f"({where}) over {hours_text(u.seen_hours)}, its bursts reaching {u.activity_p95 * 100:.0f}% "
                 f"{u.activity_signal}{self._dram(u)}{_pipes_text(u)}{_nvlink_text(u)} (p95 of each step's highest "
@@ -380,7 +520,11 @@ class Sizer:
             _, offer, p = min(fast, key=lambda x: x[0])
             saving = (price - p.per_hour) * n * HOURS_PER_MONTH if self._monthly(u) else None
             if not self._worth(saving, (price - p.per_hour) / price):
-                return None
+                figure = "" if saving is None else f" (about {money(saving, self.currency)}/month)"
+                return (f"not advised: {article(offer.name)} {offer.name} holds it and is as fast at "
+                        f"{money(p.per_hour, self.currency)}/h instead of {money(price, self.currency)}/h, but the "
+                        f"saving{figure} is below --min-saving {money(self.min_saving, self.currency)} or "
+                        f"--min-saving-ratio {self.min_saving_ratio:.0%}")  # fmt: skip
             room = (f" with {(offer.memory_bytes / u.memory_peak_bytes - 1) * 100:.0f}% headroom"
                     if u.memory_peak_bytes else "")  # fmt: skip
             cards = f"{article(offer.name)} {offer.name}" if n == 1 else f"{n} x {offer.name}"
@@ -389,11 +533,12 @@ class Sizer:
                       f"({p.source}) instead of {money(price, self.currency)}/h{each}; moving it "
                       f"{self._saves(u, saving, price)}")  # fmt: skip
             return Advice(MIG if offer.mig else CARD, offer.name, reason, saving, p.per_hour, 1.0, p.source)
+        none_fits = self._none_fits(u, current, price, need_memory, cheaper, small, links, unrated, len(slow))
         if not (self.allow_slower and slow):
-            return None
+            return none_fits
         (cost_of_work, *_), offer, p, slowdown = min(slow, key=lambda x: x[0])
         if cost_of_work >= round(price, 9):
-            return None
+            return f"{none_fits}; the cheapest slower one would cost more for the same work"
         work = u.busy_hours or u.held_hours
         cards = f"{article(offer.name).capitalize()} {offer.name} would" if n == 1 else f"{n} x {offer.name} would"
         reason = (f"{used}; no cheaper card is as fast. {cards} hold it but {'is' if n == 1 else 'are'} slower: the "
@@ -403,6 +548,29 @@ class Sizer:
                   f"{money(price, self.currency)}/h{each}: {money(p.per_hour * work * slowdown * n, self.currency)} "
                   f"instead of {money(price * work * n, self.currency)} for the same work (price x time)")  # fmt: skip
         return Advice(SLOWER, offer.name, reason, None, p.per_hour, slowdown, p.source)
+
+    def _none_fits(self, u: Usage, current: Offer, price: float, need_memory: float, cheaper: int, small: int,
+                   links: int, unrated: int, slower: int) -> str:  # fmt: skip
+        """Why no cheaper card fits, counted by the first reason each card or slice failed on."""
+        if not cheaper:
+            return (f"not sized: no card that could hold it has a price below its {money(price, self.currency)}/h "
+                    "(the pricing section, a catalogue of your own or the store's prices give them)")  # fmt: skip
+        why = []
+        if small:
+            why.append(f"{small} too small for {need_memory / GIB:.1f} GiB (its peak x {HEADROOM})")
+        if links:
+            if u.nvlink_bytes_per_second is None:
+                why.append(f"{links} without NVLink as fast as {article(current.name)} {current.name}'s, which its "
+                           "unknown NVLink traffic may need (no gpu_nvlink_* series, and no gpu_nvlink_links to say "
+                           "it has none)")  # fmt: skip
+            else:
+                why.append(f"{links} without the NVLink its {u.nvlink_bytes_per_second / 1e9:.0f} GB/s each way needs")
+        if unrated:
+            why.append(f"{unrated} whose rate for a pipe it uses is unknown")
+        if slower:
+            why.append(f"{slower} slower at its bursts (--allow-slower shows the cheapest for the work)")
+        return (f"no cheaper card fits: of the {cheaper} cards and slices priced below its "
+                f"{money(price, self.currency)}/h, {', '.join(why)}")  # fmt: skip
 
     def _needs(self, u: Usage, current: Offer) -> list[tuple[float, str]] | None:
         """What the work needs of a card, each as (amount, the card's capacity for it): the compute its

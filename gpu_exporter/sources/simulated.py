@@ -326,6 +326,7 @@ class _SimulatedGpu:
             temperature_thresholds_celsius=_THRESHOLDS,
             fan_count=model.fan_count,
             nvlink_count=model.nvlink_count,
+            nvlink_links=model.nvlink_count,
             gpm_supported=model.gpm,
             architecture=model.architecture,
         )

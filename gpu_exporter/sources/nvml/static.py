@@ -64,7 +64,8 @@ def read_static(dev: Device, uuid: str, *, clocks: bool, nvlink: bool, gpm: GpmR
             }
         ),
         fan_count=fans or 0,
-        nvlink_count=count_nvlinks(dev) if nvlink else 0,
+        nvlink_count=(links := count_nvlinks(dev) if nvlink else 0),
+        nvlink_links=links if nvlink else None,
         gpm_supported=gpm.supported(dev) if gpm is not None else False,
         # nvml.h: "Supported only for Linux"; elsewhere NOT_SUPPORTED, remembered like any other.
         minor_number=c("nvmlDeviceGetMinorNumber", N.nvmlDeviceGetMinorNumber),
