@@ -206,3 +206,27 @@ def test_a_mig_card_with_a_slice_that_worked_is_never_released_and_its_idle_slic
     assert [(x["gpu_instance_id"], x["share"], x["holder"]) for x in g0["slices"]] == [("1", round(1 / 7, 4),
                                                                                           "user alice")]  # fmt: skip
     assert g1["wasted_cost"] == pytest.approx(400.0) and g1["slices"][0]["wasted_cost"] == pytest.approx(400 / 7)
+
+
+def test_two_slices_held_by_one_container_id_of_two_engines_are_reclaimed_from_each_by_name() -> None:
+    """A rootless docker@1000 container and the system engine's of the same ID hold two idle slices: the
+    holders table tells them apart by engine, and so must each slice's row and its reclaim (the MIG and
+    the container-engine parts met in one merge, and the slices named both "container train")."""
+    from gpu_exporter.report.model import build
+    from tests.test_report_model import CATALOGUE, H100, W, add_gpu, empty
+
+    r = empty()
+    key = {"node": "n1", "instance": "n1:9445", "gpu": "0", "uuid": "GPU-m0"}
+    add_gpu(r, key, H100, {}, price=7.0, mig_mode="enabled")
+    held = {"container_id": "abc", "container_name": "train"}
+    r["hours"] = [({**key, **held, "container_engine": "docker", "gpu_instance_id": "1",
+                    "state": "allocated_idle"}, 100 / 7),
+                  ({**key, **held, "container_engine": "docker@1000", "gpu_instance_id": "2",
+                    "state": "allocated_idle"}, 100 / 7),
+                  ({**key, "gpu_instance_id": "", "state": "idle"}, 500 / 7)]  # fmt: skip
+    doc = build(W, r, CATALOGUE)
+    (g,) = doc["gpus"]
+    rows = {x["gpu_instance_id"]: x["holder"] for x in g["slices"]}
+    assert rows["1"] != rows["2"] and "docker@1000" in rows["2"], rows
+    reclaims = {rec["gpu_instance_id"]: rec["suggested"] for rec in doc["recommendations"]}
+    assert reclaims["1"] != reclaims["2"] and "docker@1000" in reclaims["2"], reclaims

@@ -271,3 +271,16 @@ def test_names_a_tenant_chooses_never_drive_a_terminal_or_a_page() -> None:
         assert "\x1b" not in text and "\u202e" not in text and "\nforged row" not in text
         assert "evil\ufffd[31m\ufffdforged row\ufffd" in as_read(text)
     assert any(h["pod"] == hostile for h in doc["holders"])
+
+
+def test_a_mig_slice_id_and_a_gap_instance_are_plain_text_in_markdown() -> None:
+    """Label values from the store that the merged MIG and scrape-gap parts print: a GPU instance id in a
+    recommendation's title and a target's instance in a gap line were Markdown and HTML as sent."""
+    from gpu_exporter.report.render import _title, markdown_text
+
+    hostile = "<img src=x onerror=alert(1)>"
+    rec = {"gpus": 1, "gpu": "0", "node": "n1", "shown_as": "n1", "current_model": "H100", "suggested": "reclaim",
+           "gpu_instance_id": hostile}  # fmt: skip
+    raw = re.compile(r"(?<!\\)<img")  # a tag Markdown would pass to HTML: "<" without its escape
+    assert not raw.search(_title(markdown_text(rec))), _title(markdown_text(rec))
+    assert not raw.search(markdown_text({"store_gaps": [{"instance": hostile}]})["store_gaps"][0]["instance"])

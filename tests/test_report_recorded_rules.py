@@ -109,7 +109,7 @@ def test_every_recorded_query_reads_the_rules_series_narrowed_by_the_selector() 
             assert {("node", "Equal", "n2"), ("team", "NotEqual", "ci")} <= matchers_of(v), q.expr
             read.add(str(v.name))
     # And, issue 48, the links of the range's last hour from the raw series (a few gauges).
-    assert read == recorded | {"gpu_state_seconds_total", *queries.LINK_FACTS.values()}
+    assert read == recorded | {"gpu_state_seconds_total", *queries.RECORDED_LINK_FACTS.values()}
     # Every cluster's rules: the marker, the hours and the GPUs seen (issue 48: the hours rule may fail alone).
     found = list(selectors(pp.parse(queries.coverage(queries.Window(0, 48 * HOUR, HOUR)))))
     assert {str(v.name) for v in found} == {queries.REC_MARKER, queries.REC_STATE, queries.REC_DOWN}
@@ -163,7 +163,7 @@ def test_the_recorded_queries_word_for_word() -> None:
                                             'state=~"busy|allocated_idle"}[3599999ms]) > bool 0)'),
         "links": ("instant", w.end, 0, f"max by ({gpu}, what) ("
                   + " or ".join(f'label_replace(max_over_time({m}{{{n2}}}[1h]), "what", "{k}", "", "")'
-                                for k, m in queries.LINK_FACTS.items()) + ")"),
+                                for k, m in queries.RECORDED_LINK_FACTS.items()) + ")"),
     }  # fmt: skip
     # An hour counts where the rules ran, the hours rule wrote something, and every GPU seen has its hours.
     written = 'last_over_time(gpu:report_state_seconds:hour{state="down"}[1h] offset 1ms)'

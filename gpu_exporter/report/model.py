@@ -273,11 +273,12 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             "link_bound_hours": _h(bound), "link_bound_cost": _m(bound * price) if price is not None else None,
             "notes": [*_disagree(g, w), *_over_the_range(total[key], w, g), *sizer.notes(usage),
                       *_priced_elsewhere(elsewhere.get(key) if not g.priced else None, currency)],
-            "slices": [_slice_row(gi, part, usage) for gi, part in sorted(g.slices.items(), key=_instance_order)],
+            "slices": [_slice_row(gi, part, usage, names)
+                       for gi, part in sorted(g.slices.items(), key=_instance_order)],
         })  # fmt: skip
         row_of[id(usage)] = rows[-1]
         if g.slices:  # a card in MIG mode: each slice is reclaimed on its own; the card only released whole
-            recommendations.extend(_recommendation(a, u, g.model) for u in slice_usages(g.slices, usage)
+            recommendations.extend(_recommendation(a, u, g.model) for u in slice_usages(g.slices, usage, names)
                                    if (a := sizer.advise_slice(u)) is not None)  # fmt: skip
             busy = any(part.hours[BUSY] > 0 for part in g.slices.values())  # a card a slice works on stays
             advice = sizer.advise(usage) if Sizer.waste(usage) == RELEASE and not busy else None
@@ -378,10 +379,10 @@ def _priced_elsewhere(others: list[str] | None, currency: str | None) -> list[st
             f"(--currency {others[0]} reports it)"]  # fmt: skip
 
 
-def _told_apart(h: Holder, names: Counter[str]) -> str:
+def _told_apart(h: Holder, names: Counter[str] | None) -> str:
     """A holder's name, with its engine where another holder has the same name: a rootless
     ``docker@1000`` container and the system engine's container of the same ID are two holders."""
-    if h.kind == "container" and names[h.name] > 1:
+    if h.kind == "container" and names is not None and names[h.name] > 1:
         return f"{h.name} ({h.engine or 'no engine'})"
     return h.name
 
@@ -487,7 +488,7 @@ def _share(part: _Slice, card: Usage) -> float:
     return min(1.0, sum(v for s, v in part.hours.items() if s != DOWN) / up) if up > 0 else 0.0
 
 
-def slice_usages(slices: dict[str, _Slice], card: Usage) -> list[Usage]:
+def slice_usages(slices: dict[str, _Slice], card: Usage, names: Counter[str] | None = None) -> list[Usage]:
     """Each slice of a card in MIG mode as a GPU of its own: its hours in its own time (the books' hours
     over its share), its price the card's x its share, its holder its own."""
     out = []
@@ -498,8 +499,9 @@ def slice_usages(slices: dict[str, _Slice], card: Usage) -> list[Usage]:
         top = _most({h: part.holders.get(h, 0.0) for h in part.holders_now}, part.holders)
         idle = _most({h: part.idle_holders.get(h, 0.0) for h in part.holders_now}, part.idle_holders)
         out.append(replace(
-            card, holder=top.name, idle_holder=idle.name, busy_hours=part.hours[BUSY] / share,
-            allocated_idle_hours=part.hours[ALLOCATED_IDLE] / share, idle_hours=part.hours[IDLE] / share,
+            card, holder=_told_apart(top, names), idle_holder=_told_apart(idle, names),
+            busy_hours=part.hours[BUSY] / share, allocated_idle_hours=part.hours[ALLOCATED_IDLE] / share,
+            idle_hours=part.hours[IDLE] / share,
             unknown_hours=part.hours[ALLOCATED_UNKNOWN] / share, down_hours=card.down_hours,
             price_per_hour=None if card.price_per_hour is None else card.price_per_hour * share,
             instance=gi, share=share,
@@ -507,7 +509,7 @@ def slice_usages(slices: dict[str, _Slice], card: Usage) -> list[Usage]:
     return out
 
 
-def _slice_row(gi: str, part: _Slice, card: Usage) -> dict[str, Any]:
+def _slice_row(gi: str, part: _Slice, card: Usage, names: Counter[str] | None = None) -> dict[str, Any]:
     """A slice's figures as the report shows them: its hours at its share of the card (they add up to
     the card's), its cost and waste, who holds it."""
     top = _most({h: part.holders.get(h, 0.0) for h in part.holders_now}, part.holders)
@@ -515,7 +517,7 @@ def _slice_row(gi: str, part: _Slice, card: Usage) -> dict[str, Any]:
         "gpu_instance_id": gi, "share": round(_share(part, card), 4), **_hours_fields(part.hours),
         "cost": _m(sum(part.cost.values())) if part.cost else None,
         "wasted_cost": _m(sum(part.cost[s] for s in WASTE_STATES)) if part.cost else None,
-        "holder": top.name,
+        "holder": _told_apart(top, names),
     }  # fmt: skip
 
 

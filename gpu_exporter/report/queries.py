@@ -398,6 +398,10 @@ LINK_FACTS = {
     "pcie_max_width": "gpu_pcie_link_max_width",
     "pcie_capacity": "gpu_pcie_link_max_bytes_per_second",
 }
+# What the recorded path asks of the links: not the generation and width the link trained at, since an
+# idle card trains down, and a GPU idle in the range's last hour would read as a link to fix; a starved
+# link is found where the range is read raw, over the whole range.
+RECORDED_LINK_FACTS = {k: v for k, v in LINK_FACTS.items() if k not in ("pcie_gen", "pcie_width")}
 # A step whose PCIe traffic (either way, the step's mean) is at this share of the link's capacity or
 # more is link-bound: the GPU waits on the bus.
 LINK_BOUND = 0.9
@@ -715,9 +719,9 @@ def recorded_queries(w: Window, matchers: str) -> list[Query]:
               f"max by ({GPU}, signal) (quantile_over_time(0.95, {recorded_range(REC_ACTIVITY, matchers, w.points)}))",
               at=at),
         raw["holders_now"],
-        # How many NVLink links and what PCIe link each GPU has, from the raw series of the range's last
-        # hour (a few gauges): the recorded series hold no links, and a link's load is not asked here.
+        # How many NVLink links and what PCIe link each GPU may have, from the raw series of the range's
+        # last hour (a few gauges): the recorded series hold no links, and a link's load is not asked here.
         Query("links", "links (NVLink, PCIe; the last hour)", "max by ({GPU}, what) ({facts})".format(
             GPU=GPU, facts=_union([("what", what, f"max_over_time({_sel(metric, matchers)}[1h])")
-                                   for what, metric in LINK_FACTS.items()])), at=w.end),
+                                   for what, metric in RECORDED_LINK_FACTS.items()])), at=w.end),
     ]  # fmt: skip

@@ -122,7 +122,7 @@ def counted_once(doc: dict[str, Any]) -> list[str]:
             continue
         shown = {"job", "instance"} | {k for t in targets for k in t if len({u.get(k) for u in targets}) > 1}
         named = ", ".join(_target(t, shown) for t in targets)
-        groups.setdefault((g["node"], named, len(targets)), []).append(g["gpu"])
+        groups.setdefault((_place(g), named, len(targets)), []).append(g["gpu"])
     lines = []
     for (node, named, n), gpus in list(groups.items())[:MERGED_LINES]:
         which = f"GPU {gpus[0]} on {node}, seen" if len(gpus) == 1 else f"GPUs {', '.join(gpus)} on {node}, each seen"
@@ -214,7 +214,7 @@ SLICE_HEAD = ["node", "gpu", "slice", "share", "busy h", "alloc-idle h", "unknow
 def _slice_rows(doc: dict[str, Any]) -> list[list[str]]:
     """The MIG slices of each card in MIG mode, each with its own books (hours at its share of the card)."""
     cur = doc["currency"]
-    return [[g["node"], g["gpu"], x["gpu_instance_id"], f"{x['share'] * 100:.0f}%", _num(x["busy_hours"]),
+    return [[_place(g), g["gpu"], x["gpu_instance_id"], f"{x['share'] * 100:.0f}%", _num(x["busy_hours"]),
              _num(x["allocated_idle_hours"]), _num(x["allocated_unknown_hours"]), _num(x["idle_hours"]),
              _cash(x["cost"], cur), _cash(x["wasted_cost"], cur), x["holder"] or "-"]
             for g in doc["gpus"] for x in g.get("slices") or []]  # fmt: skip
@@ -247,7 +247,7 @@ _MD_MARKUP = re.compile(r"([\\`*_\[\]<>&~#!])")
 # them; the others are numbers, or words the renderer compares (a status, a kind).
 _MD_TEXT = frozenset({"node", "shown_as", "gpu", "uuid", "model", "holder", "namespace", "pod", "hpc_job",
                       "container", "user", "current_model", "suggested", "reason", "notes", "status_reason",
-                      "currency"})  # fmt: skip
+                      "currency", "gpu_instance_id", "instance"})  # fmt: skip
 
 
 def markdown_text(v: Any, key: str = "") -> Any:
