@@ -271,3 +271,26 @@ def test_who_holds_a_gpu_now_is_the_last_parts() -> None:
     parts[-1].results["holders_now"] = []
     parts[-1].results["holders_now"] = [({**B, "user": "carol"}, 1.0)]
     assert together(parts)["holders_now"] == [({**B, "user": "carol"}, 1.0)]
+
+
+def test_every_part_of_a_range_is_planned_in_the_currency_of_the_whole_range() -> None:
+    """Parts read apart each picked a currency of their own among several: a recorded middle whose GPUs
+    are mostly USD, and a raw end where all three are EUR, planned the middle in USD while the report
+    summed EUR (a KeyError, or the middle's cost left out).  Now one currency is picked over every part's
+    prices, and every part is planned in it."""
+    from gpu_exporter.report.command import one_currency
+    from gpu_exporter.report.queries import Query, Window
+
+    middle, tail = Window(0, 7200, 3600), Window(7200, 7800, 60)
+    prices = Query("prices", "prices", "gpu_price_per_hour", "range")
+    priced = {middle: [("a", "USD"), ("b", "USD"), ("c", "EUR")], tail: [("a", "EUR"), ("b", "EUR"), ("c", "EUR")]}
+
+    class Store:
+        def range(self, expr: str, start: float, end: float, step: float, what: str = "") -> list[Any]:
+            w = middle if start < 7200 else tail
+            return [({"node": "n", "uuid": u, "currency": c}, [(end, 1.0)]) for u, c in priced[w]]
+
+    parts = [(middle, [prices]), (tail, [prices])]
+    assert one_currency(Store(), parts, None) == "EUR"  # type: ignore[arg-type]  # 4 GPU-currency rows of 6
+    assert one_currency(Store(), parts, "USD") == "USD"  # type: ignore[arg-type]  # asked: no question
+    assert one_currency(Store(), parts[:1], None) is None  # type: ignore[arg-type]  # one part picks its own

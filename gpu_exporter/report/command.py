@@ -300,17 +300,32 @@ class Progress:
 PLANNED_FROM = frozenset({"prices", "priced_steps", "seen", "other_jobs"})
 
 
+def ask(client: PromClient, w: Window, q: Query) -> Any:
+    """One query's answer over window ``w``, an error naming the query."""
+    try:
+        if q.kind == "range":
+            got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step, q.what)
+            return [(labels, points.shifted(-q.shift)) for labels, points in got] if q.shift else got
+        return client.instant(q.expr, w.at if q.at is None else q.at, q.what)
+    except QueryError as e:
+        raise QueryError(f"{q.what}: {e}") from e
+
+
+def one_currency(client: PromClient, parts: list[tuple[Window, list[Query]]], asked: str | None) -> str | None:
+    """The currency every part of a range is planned in: the one asked for, else the one most GPUs are
+    priced in over the whole range.  Each part picking its own among several planned its money in one
+    currency and the report summed it in another (a KeyError, or a part's cost dropped)."""
+    if asked is not None or len(parts) < 2:
+        return asked
+    prices = [row for w, qs in parts for q in qs if q.key == "prices" for row in ask(client, w, q)]
+    return pick_currency({"prices": prices}, None)
+
+
 def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress,
                 currency: str | None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
     def one(q: Query) -> Any:
         progress.started(q.what)
-        try:
-            if q.kind == "range":
-                got = client.range(q.expr, w.start + w.step + q.shift, w.end + q.shift, w.step, q.what)
-                return [(labels, points.shifted(-q.shift)) for labels, points in got] if q.shift else got
-            return client.instant(q.expr, w.at if q.at is None else q.at, q.what)
-        except QueryError as e:
-            raise QueryError(f"{q.what}: {e}") from e
+        return ask(client, w, q)
 
     results: dict[str, Any] = {}
     # A few at a time: the server works on each in parallel, and no fleet's server is hit by a burst.
@@ -497,8 +512,9 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         else:
             w = Window(planned[0].w.start, planned[-1].w.end, HOUR)
             progress.say(f"{total} queries to {client.shown} over {w.hours:g} h, in {len(planned)} parts")
+        currency = one_currency(client, [(r.w, qs) for r, qs in zip(planned, asks, strict=True)], opts.currency)
         with progress:
-            parts = [Part(r.w, run_queries(client, r.w, matchers, qs, progress, opts.currency, r.recorded))
+            parts = [Part(r.w, run_queries(client, r.w, matchers, qs, progress, currency, r.recorded))
                      for r, qs in zip(planned, asks, strict=True)]  # fmt: skip
             gaps = scan(client, [r.w for r in planned if not r.recorded], matchers)
         results = parts[0].results if len(parts) == 1 else together(parts)
