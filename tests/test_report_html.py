@@ -225,7 +225,7 @@ def crowded() -> dict[str, Any]:
             labels["pod"] = labels["pod"] + "-with-a-name-as-long-as-kubernetes-deployments-make-them-7f9c8d6b5"
     doc = build(window_for(START, END), r, load_catalogue())
     for g in doc["gpus"]:
-        g["node"] = ADDRESSES.get(g["node"], g["node"])
+        g["node"] = g["shown_as"] = ADDRESSES.get(g["node"], g["node"])
     with_bars = next(x for x in doc["recommendations"] if x["kind"] in ("card", "mig") and x["saving_per_month"])
     doc["recommendations"].append({**with_bars, "reason": "A short sentence."})
     return doc
