@@ -67,7 +67,7 @@ from benchlib import (
 )
 
 sys.path.insert(0, str(ROOT))
-from gpu_exporter.accounting.states import NOBODY, classify, holders
+from gpu_exporter.accounting.states import HELD_STATES, NOBODY, STATES, classify, holders
 from gpu_exporter.snapshot import GpuReading
 from gpu_exporter.sources.backend import GpuLost
 from gpu_exporter.sources.simulated import SimulatedBackend
@@ -80,7 +80,7 @@ THRESHOLD = 0.10
 USERS = 40  # the pool of holders' names
 RESTARTS, FAILED_SCRAPES = 6, 3  # per node over the history
 RETENTION_S = 3600  # a holder's series ends this long after its last hold
-HELD = ("busy", "allocated_idle")
+HELD = HELD_STATES  # a held slice or GPU without an activity signal is allocated_unknown
 
 
 @dataclass
@@ -162,8 +162,7 @@ def node_life(node: int, total: int, step: int) -> Node:
 class Truth:
     """The hours and cost the history holds, counted as it is written."""
 
-    hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("busy", "allocated_idle", "idle", "down"),
-                                                                         0.0))  # fmt: skip
+    hours: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
     cost: float = 0.0
     wasted_cost: float = 0.0
 
@@ -582,7 +581,7 @@ def markdown(res: dict[str, Any]) -> Iterator[str]:
     p, v = s["prometheus"], s["victoriametrics"]
     yield f"| GPUs, holders, timeline points | {p['gpus']}, {p['holders']}, {p['timeline_points']} | " \
           f"{v['gpus']}, {v['holders']}, {v['timeline_points']} |"  # fmt: skip
-    for state in ("busy", "allocated_idle", "idle", "down"):
+    for state in STATES:
         want = truth["hours"][state]
         yield (f"| {state} hours (counted: {want:,.1f}) | {p['totals'][f'{state}_hours']:,.1f} "
                f"({_off(p['totals'][f'{state}_hours'], want)}) | {v['totals'][f'{state}_hours']:,.1f} "
