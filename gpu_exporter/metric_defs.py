@@ -36,7 +36,7 @@ class Collector(StrEnum):
 
 
 COLLECTOR_HELP: Mapping[Collector, str] = {
-    Collector.NVLINK: "per-link NVLink state, traffic and errors (108 series on an H100: 18 links)",
+    Collector.NVLINK: "per-link NVLink state, traffic and errors (109 series on an H100: 18 links and their count)",
     Collector.PROCESSES: "per-process memory and utilization, and process counts",
     Collector.CLOCKS: "clocks, their maxima, clock event reasons, time held back by each policy and the P-state",
     Collector.ECC: "ECC error counters and remapped rows",
