@@ -107,7 +107,7 @@ def render_text(registry: CollectorRegistry) -> bytes:
             else:
                 line = f"{s.name} {_value(s.value)}"
             if s.timestamp is not None:
-                line += f" {int(float(s.timestamp) * 1000)}"
+                line += f" {round(float(s.timestamp) * 1000)}"  # nearest ms: 0.336 s * 1000 is 335.99999...
             append(line + "\n")
     page = "".join(out)
     try:
