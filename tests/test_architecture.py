@@ -171,6 +171,11 @@ def part_cycles(root: Path) -> list[list[str]]:
         src, dst = part_of(imp.importer, package), part_of(imp.imported, package)
         if src and dst and src != dst and dst != "__init__":
             edges.setdefault(src, set()).add(dst)
+    return cycles_of(edges)
+
+
+def cycles_of(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle of a graph, found by a depth-first walk from every node in name order."""
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
 
@@ -197,22 +202,7 @@ def module_cycles(root: Path, within: str) -> list[list[str]]:
     for imp in graph(root):
         if imp.importer.startswith(prefix) and imp.imported.startswith(prefix) and imp.importer != imp.imported:
             edges.setdefault(imp.importer, set()).add(imp.imported)
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                cycles.append([m.removeprefix(prefix) for m in [*stack[stack.index(nxt) :], nxt]])
-            elif nxt not in state:
-                visit(nxt, [*stack, nxt])
-        state[node] = 2
-
-    for node in sorted(edges):
-        if node not in state:
-            visit(node, [node])
-    return cycles
+    return [[m.removeprefix(prefix) for m in cycle] for cycle in cycles_of(edges)]
 
 
 # Packages whose modules import one way (issue 51, item 5); the others join the list as their cycles go.
