@@ -10,8 +10,13 @@ Each GPU is an H100 at 3.00 USD an hour on a node of its own, held by a pod all 
 - n-restart: ten minutes of failed scrapes 2 h 31 min in, in which the exporter stopped 3 minutes in
   and started again 4 minutes later: its counters start again from 0, and the 4 minutes it was down
   nobody counted.
+- n-copied: ten minutes of failed scrapes, busy and then held idle as n-ten, while another job (a
+  federation's, ``COPIES``) copied the GPU's series all along: the copy counts the gap, and the
+  exporter's own job, whose counters carry the gap too, must not count it again.
+- n-both: ten minutes in which both jobs' scrapes failed (the store was down).
 
-The scrapes fall 7 s past each 15 s, as a real scraper's phase does, never on a step's edge.
+The scrapes fall 7 s past each 15 s, as a real scraper's phase does, never on a step's edge; the
+copy's 2 s past, before the own job's, so that its readings before a gap are older than the own job's.
 """
 
 from __future__ import annotations
@@ -56,7 +61,12 @@ GAPS: dict[str, Gap | None] = {
     "n-minute": Gap(HOUR + 20 * 60, 60),
     "n-ten": Gap(2 * HOUR + 60, 600, idle_from=300),
     "n-restart": Gap(2 * HOUR + 31 * 60, 600, down=(180, 420)),
+    "n-copied": Gap(3 * HOUR + 7 * 60, 600, idle_from=300),
+    "n-both": Gap(3 * HOUR + 23 * 60, 600),
 }
+# The nodes whose series another job copied (a federation), with the copy's own scrape gap.
+COPIES: dict[str, Gap | None] = {"n-copied": None, "n-both": GAPS["n-both"]}
+COPY_PHASE = 2
 
 
 def state_at(node: str, t: float) -> str:
@@ -82,42 +92,56 @@ def _labels(d: dict[str, str]) -> str:
 
 
 def history() -> str:
-    """OpenMetrics text of the scrapes that succeeded, each with the counters as the exporter had them."""
+    """OpenMetrics text of the scrapes that succeeded, each with the counters as the exporter had them
+    when it was scraped: the own job's and, for ``COPIES``, the copy's."""
     out: list[str] = []
     for node, gap in GAPS.items():
-        base = {"job": "gpu-exporter", "instance": f"{node}:9445", "node": node, "gpu": "0", "uuid": f"GPU-{node}-0"}
-        pod = {"namespace": "ml", "pod": f"train-{node}", "container": "main"}
-        series: dict[str, list[str]] = {}
-        counters: dict[str, float] = {"busy": 0.0, "allocated_idle": 0.0, "idle": 0.0, "down": 0.0}
-        t_prev = T0 - SCRAPE + PHASE
-        for k in range(int((T1 - T0) / SCRAPE)):
-            t = T0 + PHASE + k * SCRAPE
-            # The exporter counts every second it runs, scraped or not.
-            for sec in range(int(t_prev), int(t)):
-                if gap is not None and gap.down is not None and gap.at + gap.down[0] <= sec < gap.at + gap.down[1]:
-                    continue
-                if gap is not None and gap.down is not None and sec == gap.at + gap.down[1]:
-                    counters = dict.fromkeys(counters, 0.0)  # a new process: its counters from 0
-                counters[state_at(node, sec)] += 1
-            t_prev = t
-            if gap is not None and gap.at <= t < gap.at + gap.seconds:
-                continue  # the scrape failed
-            for state, v in counters.items():
-                labels = {**base, **(pod if state in ("busy", "allocated_idle") else {}), "state": state, "user": ""}
-                series.setdefault(f"gpu_state_seconds_total{{{_labels(labels)}}}", []).append(f"{v} {t}")
-            held = {**base, **pod}
-            series.setdefault(f"gpu_price_per_hour{{{_labels({**held, 'currency': 'USD'})}}}", []).append(
-                f"{PRICE} {t}"
-            )
-            series.setdefault(f"gpu_info{{{_labels({**held, 'name': H100, 'mig_mode': 'disabled'})}}}", []).append(
-                f"1 {t}"
-            )
-            series.setdefault(f"gpu_memory_total_bytes{{{_labels(held)}}}", []).append(f"{80 * GIB} {t}")
-            series.setdefault(f"gpu_memory_used_max_bytes{{{_labels(held)}}}", []).append(f"{40 * GIB} {t}")
-            series.setdefault(f"gpu_sm_active_ratio{{{_labels(held)}}}", []).append(f"0.6 {t}")
-        for name, samples in series.items():
-            out += [f"{name} {s}\n" for s in samples]
+        base = {"node": node, "gpu": "0", "uuid": f"GPU-{node}-0"}
+        own = {"job": "gpu-exporter", "instance": f"{node}:9445"}
+        scrapers = [(own, PHASE, gap)]
+        if node in COPIES:  # a federation's copy: its own job and instance, the exporter's kept aside
+            copy = {"job": "federate", "instance": "central:9090", "exported_job": "gpu-exporter",
+                    "exported_instance": f"{node}:9445"}  # fmt: skip
+            scrapers.append((copy, COPY_PHASE, COPIES[node]))
+        for target, phase, failed in scrapers:
+            series: dict[str, list[str]] = {}
+            for t, counters in readings(node, gap, phase):
+                if failed is not None and failed.at <= t < failed.at + failed.seconds:
+                    continue  # the scrape failed
+                _scrape(series, {**base, **target}, t, counters)
+            for name, samples in series.items():
+                out += [f"{name} {s}\n" for s in samples]
     return "".join(out) + "# EOF\n"
+
+
+def readings(node: str, gap: Gap | None, phase: int) -> Iterator[tuple[int, dict[str, float]]]:
+    """The exporter's counters at each scrape time of a scraper of this phase, every second counted while
+    it ran (scraped or not)."""
+    counters: dict[str, float] = {"busy": 0.0, "allocated_idle": 0.0, "idle": 0.0, "down": 0.0}
+    t_prev = T0 - SCRAPE + PHASE  # one counter, whoever reads it: from the exporter's start
+    for k in range(int((T1 - T0) / SCRAPE)):
+        t = T0 + phase + k * SCRAPE
+        for sec in range(int(t_prev), int(t)):
+            if gap is not None and gap.down is not None and gap.at + gap.down[0] <= sec < gap.at + gap.down[1]:
+                continue
+            if gap is not None and gap.down is not None and sec == gap.at + gap.down[1]:
+                counters = dict.fromkeys(counters, 0.0)  # a new process: its counters from 0
+            counters[state_at(node, sec)] += 1
+        t_prev = t
+        yield t, dict(counters)
+
+
+def _scrape(series: dict[str, list[str]], base: dict[str, str], t: int, counters: dict[str, float]) -> None:
+    pod = {"namespace": "ml", "pod": f"train-{base['node']}", "container": "main"}
+    for state, v in counters.items():
+        labels = {**base, **(pod if state in ("busy", "allocated_idle") else {}), "state": state, "user": ""}
+        series.setdefault(f"gpu_state_seconds_total{{{_labels(labels)}}}", []).append(f"{v} {t}")
+    held = {**base, **pod}
+    series.setdefault(f"gpu_price_per_hour{{{_labels({**held, 'currency': 'USD'})}}}", []).append(f"{PRICE} {t}")
+    series.setdefault(f"gpu_info{{{_labels({**held, 'name': H100, 'mig_mode': 'disabled'})}}}", []).append(f"1 {t}")
+    series.setdefault(f"gpu_memory_total_bytes{{{_labels(held)}}}", []).append(f"{80 * GIB} {t}")
+    series.setdefault(f"gpu_memory_used_max_bytes{{{_labels(held)}}}", []).append(f"{40 * GIB} {t}")
+    series.setdefault(f"gpu_sm_active_ratio{{{_labels(held)}}}", []).append(f"0.6 {t}")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from gpu_exporter.report.model import build
 from gpu_exporter.report.queries import exact_cost, hours, queries, window_for
 from gpu_exporter.report.render import as_html, as_markdown, as_table
 from tests import assert_mentions
+from tests.test_report_queries import walk_own
 
 END = 1_796_000_400.0
 W = window_for(END - 100 * 3600, END)  # 100 h in 720 steps of 500 s
@@ -238,19 +239,12 @@ def test_the_price_and_the_steps_seen_of_a_gpu_are_the_highest_of_its_targets() 
 
 
 # -- the queries: each step's increase once, however many copies ---------------------------------------------
-def walk(e: Any) -> Any:
-    yield e
-    for attr in ("lhs", "rhs", "expr", "vector_selector"):
-        if (child := getattr(e, attr, None)) is not None:
-            yield from walk(child)
-    for child in getattr(e, "args", None) or ():
-        yield from walk(child)
-
-
 def aggregations(expr: str) -> list[tuple[str, bool, set[str]]]:
-    """Every aggregation of a query: (operator, ``without``, its labels)."""
+    """Every aggregation of a query: (operator, ``without``, its labels); but those of the reading each
+    step counts from, matched to each series by ``group_left`` (``queries.counted_until``), whose
+    labels the step's figure does not take."""
     out = []
-    for node in walk(pp.parse(expr)):
+    for node in walk_own(pp.parse(expr)):
         if isinstance(node, pp.AggregateExpr):
             modifier = node.modifier
             without = modifier is not None and str(modifier.type).endswith("Without")

@@ -1,7 +1,8 @@
 """Issue 48, item 2: hours survive a scrape gap on every engine, and the report says where the store
-has gaps. Four hours of four GPUs scraped every 15 s (tests/report_gaps.py), with a minute and ten
-minutes of failed scrapes while the exporter kept counting, and ten minutes in which it restarted,
-in a real Prometheus and a real VictoriaMetrics."""
+has gaps. Four hours of six GPUs scraped every 15 s (tests/report_gaps.py), with a minute and ten
+minutes of failed scrapes while the exporter kept counting, ten minutes in which it restarted, and
+ten minutes of the exporter's own job's failed scrapes while a federation's copy of its series kept
+coming (items 2 and 4 together), in a real Prometheus and a real VictoriaMetrics."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def docs(gaps: Stores) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("node", ["n-whole", "n-minute", "n-ten"])
+@pytest.mark.parametrize("node", ["n-whole", "n-minute", "n-ten", "n-copied", "n-both"])
 def test_hours_and_money_are_exact_across_a_gap_the_counters_covered(docs: dict[str, dict[str, Any]], engine: str,
                                                                      node: str) -> None:  # fmt: skip
     (g,) = [g for g in docs[engine]["gpus"] if g["node"] == node]
@@ -50,6 +51,23 @@ def test_hours_and_money_are_exact_across_a_gap_the_counters_covered(docs: dict[
     assert g["cost"] == pytest.approx(4.0 * PRICE, rel=1e-3), (engine, node, g)
     for state, seconds in truth(node).items():
         assert abs(g[f"{state}_hours"] * 3600 - seconds) <= SCRAPE, (engine, node, state, g)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_gap_a_copy_counted_is_not_counted_again_by_the_own_job(docs: dict[str, dict[str, Any]],
+                                                                 engine: str) -> None:  # fmt: skip
+    # The own job's counters carry the gap's ten minutes into its first step after it, and the
+    # federation's copy counted them as they passed: the GPU's hours are the range's, and no GPU's series
+    # add up to more than the range (which the report would scale down, and say so).
+    (g,) = [g for g in docs[engine]["gpus"] if g["node"] == "n-copied"]
+    assert g["gpu_hours"] * 3600 == pytest.approx(END - START, abs=2), g
+    for node in docs[engine]["gpus"]:
+        assert not [n for n in node.get("notes", []) if "add up to" in n], node
+    # The timeline counts each step once too: its hours are the fleet's.
+    tl = docs[engine]["timeline"]
+    assert sum(v for p in tl for k, v in p.items() if k.endswith("_hours")) == pytest.approx(
+        docs[engine]["totals"]["gpu_hours"], abs=2 / 3600
+    )
 
 
 def test_the_engines_agree_on_the_fleet(docs: dict[str, dict[str, Any]]) -> None:
@@ -88,6 +106,9 @@ def test_the_table_says_where_the_store_has_gaps(gaps: Stores) -> None:
     for node in ("n-minute", "n-ten", "n-restart"):
         assert node in text.split("Scrape gaps", 1)[1]
     assert "counter reset" in text
+    # n-both's two targets (the own job's and the federation's) lost the same ten minutes: each named.
+    gaps = text.split("Scrape gaps", 1)[1]
+    assert "n-both (n-both:9445)" in gaps and "n-both (central:9090)" in gaps, gaps
 
 
 def _iso(t: float) -> str:

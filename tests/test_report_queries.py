@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import promql_parser as pp
@@ -245,12 +245,27 @@ def test_the_queries_avoid_what_the_engines_read_differently() -> None:
 
 def _one_series(node: Any) -> bool:
     """An ``or`` whose every selector is the one counter's (the same name and matchers): each side's
-    labels are that series' own."""
-    found = {(v.name, tuple(sorted(map(str, matchers_of(v))))) for v in selectors(node)}
+    labels are that series' own.  A figure matched to each series by ``group_left`` (the reading a
+    step counts from, ``queries.counted_until``) gives none of its labels, and is not read here."""
+    own = list(walk_own(node))
+    found = {(v.name, tuple(sorted(map(str, matchers_of(v))))) for v in own if isinstance(v, pp.VectorSelector)}
     # No aggregation but the larger of two figures of each series, told apart by a label of their own.
     return len(found) == 1 and all(
-        str(x.modifier) == "without (counted_as)" for x in walk(node) if isinstance(x, pp.AggregateExpr)
+        str(x.modifier) == "without (counted_as)" for x in own if isinstance(x, pp.AggregateExpr)
     )
+
+
+def walk_own(e: Any) -> Iterator[Any]:
+    """``walk``, without the right-hand side of a ``group_left``: the side whose labels are not kept."""
+    yield e
+    if isinstance(e, pp.BinaryExpr) and getattr(e.modifier, "card", None) == pp.VectorMatchCardinality.ManyToOne:
+        yield from walk_own(e.lhs)
+        return
+    for attr in ("lhs", "rhs", "expr", "vector_selector"):
+        if (child := getattr(e, attr, None)) is not None:
+            yield from walk_own(child)
+    for child in getattr(e, "args", None) or ():
+        yield from walk_own(child)
 
 
 def _split_by_uuid(node: Any) -> bool:
@@ -266,14 +281,19 @@ def _split_by_uuid(node: Any) -> bool:
 def _split_by_job(node: Any) -> bool:
     """An ``or`` of the exporter's own job's series (left) and other jobs' (right, ``queries.foreign``):
     every selector on the left reads ``job=~OWN_JOB``, every one on the right that is not the presence
-    test of ``unless`` reads ``job!~OWN_JOB``: their label sets never match."""
+    test of ``unless`` reads ``job!~OWN_JOB``: their label sets never match.  (Each side's figure
+    matched by ``group_left``, which reads both jobs, gives none of its labels.)"""
     right = node.rhs
     while isinstance(right, pp.ParenExpr):
         right = right.expr
+
+    def read(e: Any) -> list[pp.VectorSelector]:
+        return [v for v in walk_own(e) if isinstance(v, pp.VectorSelector)]
+
     return (
-        all(("job", "Re", OWN_JOB) in matchers_of(v) for v in selectors(node.lhs))
+        all(("job", "Re", OWN_JOB) in matchers_of(v) for v in read(node.lhs))
         and isinstance(right, pp.BinaryExpr) and str(right.op).endswith("unless")
-        and all(("job", "NotRe", OWN_JOB) in matchers_of(v) for v in selectors(right.lhs))
+        and all(("job", "NotRe", OWN_JOB) in matchers_of(v) for v in read(right.lhs))
     )  # fmt: skip
 
 
@@ -443,14 +463,18 @@ def test_the_queries_word_for_word() -> None:
     assert got == expected
     assert all(q.at is None for q in queries(w, n2))
 
-    def counted(sel: str, off: str = " offset 257s", before: str = "1097s") -> str:
+    def counted(sel: str, off: str = " offset 257s", before: str = "1097s", floor: str = "") -> str:
         """A step's increase across a scrape gap (queries.counted): the last sample less the last one
         before the step (up to 900 s back) where the counter never went down in it; else the larger of
-        increase() and, on a restart, the new process's last sample."""
+        increase() and, on a restart, the new process's last sample.  Where copies are counted once, from
+        the last reading counted before the step (``floor``), if there is one in 900 s."""
         window = f"{sel}[840s]{off}"
         last, prior = f"last_over_time({sel}[839999ms]{off})", f"last_over_time({sel}[900s] offset {before})"
+        since = f"{last} - {prior}"
+        if floor:
+            since = f"(({last} - on (node, gpu, uuid, {EXPORTED}) group_left {floor}) or ({since}))"
         return (
-            f"(({last} - {prior} >= 0 unless resets({window}) > 0) or max without (counted_as) (label_replace("
+            f"(({since} >= 0 unless resets({window}) > 0) or max without (counted_as) (label_replace("
             f'increase({window}), "counted_as", "increase", "", "") or label_replace({last} + 0 < {prior}, '
             '"counted_as", "restart", "", "")))'
         )
@@ -472,8 +496,9 @@ def test_the_queries_word_for_word() -> None:
         f'{{{n2}, uuid=~"GPU-1|GPU-2", currency="USD"}}{tile})){sub})) / 3600'
     )
     line = timeline(w, n2)
-    assert (line.key, line.what, line.kind, line.at, line.shift) == ("timeline", "hours over time", "range", None, 0)
-    assert line.expr == f"sum by (state) ({counted(f'gpu_state_seconds_total{{{n2}}}', '', '840s')}) / 3600"
+    # Asked 257 s late, at multiples of the step as the hours' subquery is, and moved back.
+    assert (line.key, line.what, line.kind, line.at, line.shift) == ("timeline", "hours over time", "range", None, 257)
+    assert line.expr == f"sum by (state) ({counted(f'gpu_state_seconds_total{{{n2}}}')}) / 3600"
     # Where some GPU was seen through two scrapers (cost.seen_twice), each step's increase is counted once
     # (queries.once): the instances one scraper saw a GPU at added up, the copies of other scrapers (job,
     # a replica label) the largest; a GPU without a uuid once per target.  Other jobs' copies of a GPU count
@@ -483,28 +508,47 @@ def test_the_queries_word_for_word() -> None:
 
     own, other = f'uuid!="", job=~"{OWN_JOB}"', f'uuid!="", job!~"{OWN_JOB}"'
 
-    def once(each: str, keep: str = "", off: str = " offset 257s") -> str:
-        mine, theirs, without = each.format(u=own), each.format(u=other), each.format(u='uuid=""')
+    def until(sel: str, off: str = " offset 257s", before: str = "1097s") -> str:
+        """The last reading counted before a step (queries.counted_until): the own job's last in 900 s,
+        or another job's at the steps in those (two of 840 s) where the own job did not see the GPU."""
+        mine = f"last_over_time({sel.format(u=own)}[900s] offset {before})"
+        down = own + ', state="down"'
+        saw = f"last_over_time({sel.format(u=down)}[840s]{off})"
+        theirs = f"last_over_time({sel.format(u=other)}[839999ms]{off}) unless on (node, gpu, uuid) {saw}"
+        by = f"node, gpu, uuid, {EXPORTED}"
+        return (f'max by ({by}) (label_replace(max by ({by}) ({mine}), "counted_as", "own", "", "") or '
+                f'label_replace(max by ({by}) (last_over_time(({theirs})[1679999ms:840s] offset 840s)), '
+                '"counted_as", "copy", "", ""))')  # fmt: skip
+
+    def once(each: Callable[[str, str], str], keep: str = "", off: str = " offset 257s") -> str:
+        mine, theirs, without = each(own, "f"), each(other, "f"), each('uuid=""', "")
         saw = f'last_over_time(gpu_state_seconds_total{{{n2}, {own}, state="down"}}[840s]{off})'
         return (f"max by (node, gpu, uuid, {EXPORTED}{keep}) (sum without (instance) ({mine}) or (sum without "
                 f"(instance) ({theirs}) unless on (node, gpu, uuid) {saw})) or max by "
                 f"(node, instance, gpu, {EXPORTED}{keep}) ({without})")  # fmt: skip
 
-    assert timeline(w, n2, copies=True).expr == (
-        f"sum by (state) ({once(counted(f'gpu_state_seconds_total{{{{{n2}, {{u}}}}}}', '', '840s'), off='')}) / 3600"
-    )
+    state_of = f"gpu_state_seconds_total{{{{{n2}, {{u}}}}}}"
+
+    def step_of(u: str, f: str) -> str:
+        return counted(state_of.format(u=u), floor=f and until(state_of))
+
+    assert timeline(w, n2, copies=True).expr == f"sum by (state) ({once(step_of)}) / 3600"
+
     assert hours(w, n2, copies=True).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
         "user, gpu_instance_id, state) "
-        f"(sum_over_time(({once(counted(f'gpu_state_seconds_total{{{{{n2}, {{u}}}}}}'))}){sub})) "
+        f"(sum_over_time(({once(step_of)}){sub})) "
         "/ 3600"
     )
     only_each = f'gpu_state_seconds_total{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}}}}}'
-    priced = (
-        f"{counted(only_each)} * on "
-        "(job, instance, gpu, uuid) group_left (currency) max by (job, instance, gpu, uuid, currency) "
-        f'(last_over_time(gpu_price_per_hour{{{{{n2}, uuid=~"GPU-1|GPU-2", {{u}}, currency="USD"}}}}{tile})'
-    )
+
+    def priced(u: str, f: str) -> str:
+        return (
+            f"{counted(only_each.format(u=u), floor=f and until(only_each))} * on "
+            "(job, instance, gpu, uuid) group_left (currency) max by (job, instance, gpu, uuid, currency) "
+            f'(last_over_time(gpu_price_per_hour{{{n2}, uuid=~"GPU-1|GPU-2", {u}, currency="USD"}}{tile})'
+        )
+
     assert exact_cost(w, n2, ["GPU-1", "GPU-2"], "USD", copies=True).expr == (
         "sum by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, container_name, "
         f"user, gpu_instance_id, state, currency) (sum_over_time(({once(priced, ', currency')}){sub})) / 3600"

@@ -119,9 +119,18 @@ def as_json(gaps: list[Gap]) -> list[dict[str, Any]]:
 def lines(doc: dict[str, Any]) -> list[str]:
     """The gaps as sentences, for every format."""
     out = []
-    for g in doc.get("store_gaps") or []:
+    gaps = doc.get("store_gaps") or []
+    # A node with two targets that lost scrapes (the exporter's own job and a federation's copy, when the
+    # store itself was down) names each: two lines under one name would read as one gap twice.
+    targets: dict[str, set[str]] = {}
+    for g in gaps:
+        targets.setdefault(g["node"], set()).add(g["instance"])
+    for g in gaps:
         verdict = {True: "covered", False: "NOT covered", None: "coverage unknown"}[g["covered"]]
-        out.append(f"{g['node'] or g['instance']}: about {_duration(g['missing_seconds'])} of failed scrapes between "
+        where = g["node"] or g["instance"]
+        if g["node"] and len(targets[g["node"]]) > 1:
+            where = f"{g['node']} ({g['instance']})"
+        out.append(f"{where}: about {_duration(g['missing_seconds'])} of failed scrapes between "
                    f"{g['from']} and {g['to']}; {verdict}: {g['why']}")  # fmt: skip
     return out
 

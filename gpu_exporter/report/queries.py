@@ -33,6 +33,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from .holders import LABELS as HOLDER_LABELS
 
@@ -234,9 +235,9 @@ class _Tiles:
         the range; VictoriaMetrics reads the last sample before the range): where a target saw a GPU."""
         return f"{_sel(metric, self.matchers, *extra)}[{self.s}]{self.off}"
 
-    def counted(self, metric: str, *extra: str) -> str:
+    def counted(self, metric: str, *extra: str, floor: str = "") -> str:
         """A counter's increase over each step, across a scrape gap (``counted``)."""
-        return counted(_sel(metric, self.matchers, *extra), self.w, self.w.offset)
+        return counted(_sel(metric, self.matchers, *extra), self.w, self.w.offset, floor)
 
     def over(self, inner: str) -> str:
         """A subquery of ``inner`` at the end of every step."""
@@ -253,7 +254,7 @@ class _Tiles:
 BRIDGE = 15 * 60
 
 
-def counted(selector: str, w: Window, offset: int = 0) -> str:
+def counted(selector: str, w: Window, offset: int = 0, floor: str = "") -> str:
     """A counter's increase over the step ending ``offset`` s before each evaluation: its last sample
     less the last one before the step, however far back (up to ``BRIDGE``, or a step where a step is
     longer), so that the seconds of a scrape gap are in the first step after it, each state's on its
@@ -268,14 +269,22 @@ def counted(selector: str, w: Window, offset: int = 0) -> str:
     samples to count from, where VictoriaMetrics' counts it all); where the counter has no sample
     before the step (a new holder), ``increase()``.  The recorded hours are this at a step of an hour
     (``rules``).  ("+ 0" drops the metric name, which Prometheus 2's last_over_time() keeps: each
-    step's branches agree on labels.)"""
+    step's branches agree on labels.)
+
+    ``floor`` (``counted_until``), per GPU, holder and state, where copies of the counter from several
+    jobs are counted once (``once``): the last reading of it counted before the step, by whichever
+    job's series, to count from instead of the series' own last sample, so that a scrape gap one job
+    bridged and another's copy counted is counted once."""
     off = f" offset {offset}s" if offset else ""
     window = f"{selector}[{w.step}s]{off}"  # with the sample before the step (as increase() reads it)
     last = f"last_over_time({selector}[{w.step * 1000 - 1}ms]{off})"
     before = f"last_over_time({selector}[{max(BRIDGE, w.step)}s] offset {offset + w.step}s)"
+    since = f"{last} - {before}"
+    if floor:  # from the last reading counted, of any job's; else (none in BRIDGE) from its own
+        since = f"(({last} - on (node, gpu, uuid, {EXPORTED}) group_left {floor}) or ({since}))"
     # The difference only where the counter never went down in the step: a restart whose new counter
     # rose past the old one's last sample would hide the seconds counted before it.
-    carried = f"{last} - {before} >= 0 unless resets({window}) > 0"
+    carried = f"{since} >= 0 unless resets({window}) > 0"
     # Else the larger of increase() and, where the counter went down, its last sample.
     restarted = f'label_replace({last} + 0 < {before}, "{SIDE}", "restart", "", "")'
     larger = f'max without ({SIDE}) (label_replace(increase({window}), "{SIDE}", "increase", "", "") or {restarted})'
@@ -286,7 +295,14 @@ def counted(selector: str, w: Window, offset: int = 0) -> str:
 SIDE = "counted_as"
 
 
-def once(per_series: Callable[[str], str], keep: str, own_saw: Callable[[str], str] | None = None) -> str:
+class PerSeries(Protocol):
+    """An expression per series, given a matcher to add to its selectors, and the ``floor`` of
+    ``counted`` for the exporter's own job's series where ``once`` has one."""
+
+    def __call__(self, m: str, floor: str = "") -> str: ...
+
+
+def once(per_series: PerSeries, keep: str, own_saw: Callable[[str], str] | None = None, floor: str = "") -> str:
     """``per_series`` (an expression per series, given a matcher to add to its selectors) with each
     GPU's counter counted once at this step, under the exporter's labels and ``node`` (and ``keep``):
 
@@ -298,18 +314,20 @@ def once(per_series: Callable[[str], str], keep: str, own_saw: Callable[[str], s
     - a GPU without a uuid is its index on its target: its ``instance`` is kept;
     - where ``own_saw`` (a GPU's presence at this step, given a matcher) is given, copies are one GPU
       only where they agree on its holders: at a step where the exporter's own job (``OWN_JOB``) saw
-      a GPU, the other jobs' series of it are not counted (``foreign``), only its own.
+      a GPU, the other jobs' series of it are not counted (``foreign``), only its own;
+    - where ``floor`` is given (``counted_until``), each step counts from the last reading counted
+      before it, whichever job's it was, so that a scrape gap is counted once.
 
     The two halves read disjoint series (with a uuid, without), whose label sets never match, so
     ``or`` is a plain union on every engine."""
     by = f"{EXPORTED}{keep}"
     return (
-        f"max by (node, gpu, uuid, {by}) ({foreign(per_series, own_saw)}) or "
+        f"max by (node, gpu, uuid, {by}) ({foreign(per_series, own_saw, floor)}) or "
         f"max by (node, instance, gpu, {by}) ({per_series(WITHOUT_UUID)})"
     )
 
 
-def foreign(per_series: Callable[[str], str], own_saw: Callable[[str], str] | None) -> str:
+def foreign(per_series: PerSeries, own_saw: Callable[[str], str] | None, floor: str = "") -> str:
     """Each series of a GPU with a uuid, an exporter's instances added up, each step's; with ``own_saw``,
     another job's only where the exporter's own job did not see the GPU at that step.  A copy from
     another job that carries a GPU's ``node``, ``gpu`` and ``uuid`` with other holders (a scraped pod
@@ -321,7 +339,8 @@ def foreign(per_series: Callable[[str], str], own_saw: Callable[[str], str] | No
         return f"sum without (instance) ({per_series(WITH_UUID)})"
     own, other = f"{WITH_UUID}, {OWN}", f"{WITH_UUID}, {FOREIGN}"
     saw = own_saw(f"{own}, {DOWN}")
-    mine, theirs = f"sum without (instance) ({per_series(own)})", f"sum without (instance) ({per_series(other)})"
+    mine = f"sum without (instance) ({per_series(own, floor)})"
+    theirs = f"sum without (instance) ({per_series(other, floor)})"
     return f"{mine} or ({theirs} unless on (node, gpu, uuid) {saw})"
 
 
@@ -444,12 +463,41 @@ def held_activity(t: _Tiles) -> str:
     return f"({signals}) and on ({JOIN}) ({held})"
 
 
-def _each(per_series: Callable[[str], str], copies: bool, keep: str = "",
-          own_saw: Callable[[str], str] | None = None) -> str:  # fmt: skip
+def _each(per_series: PerSeries, copies: bool, keep: str = "", own_saw: Callable[[str], str] | None = None,
+          floor: str = "") -> str:  # fmt: skip
     """Each step's increases: counted once (``once``) where some GPU was seen through two scrapers,
     else as they are.  Counting once aggregates at every step of the subquery, which takes Prometheus
     about as long again as reading the samples: a store with one scraper per GPU does not pay it."""
-    return once(per_series, keep, own_saw) if copies else per_series("")
+    return once(per_series, keep, own_saw, floor) if copies else per_series("")
+
+
+def counted_until(state: Callable[[str], str], w: Window, offset: int = 0) -> str:
+    """The ``floor`` of ``counted`` where copies are counted once (``once``): per GPU, holder and state,
+    the counter's last reading that was counted before the step, by whichever job's series it was
+    counted: the exporter's own job's last reading (within ``BRIDGE``), or a copy's from another job at
+    a step where the own job did not see the GPU, which is where ``foreign`` counted the copy instead.
+    Each copy reads one counter, so the latest reading is the largest.
+
+    Every series, the own job's and the copies', counts from there: without it, the own job's first
+    step after a scrape gap would count again the gap's seconds that the copies counted in it, and a
+    copy's first step in the gap would start from its own last reading, before or after the own job's
+    (seconds counted twice, or never).  A copy's readings at steps the own job saw are not counted, and
+    are left out: a subquery over the steps.  ``state`` is the state counter's selector, given a
+    matcher."""
+    off = f" offset {offset}s" if offset else ""
+    bridge = max(BRIDGE, w.step)
+    own = f"last_over_time({state(f'{WITH_UUID}, {OWN}')}[{bridge}s] offset {offset + w.step}s)"
+    theirs = (
+        f"last_over_time({state(f'{WITH_UUID}, {FOREIGN}')}[{w.step * 1000 - 1}ms]{off}) unless on "
+        f"(node, gpu, uuid) last_over_time({state(f'{WITH_UUID}, {OWN}, {DOWN}')}[{w.step}s]{off})"
+    )
+    back = math.ceil(bridge / w.step) * w.step
+    copies = f"last_over_time(({theirs})[{back * 1000 - 1}ms:{w.step}s] offset {w.step}s)"
+    by = f"node, gpu, uuid, {EXPORTED}"
+    return (
+        f'max by ({by}) (label_replace(max by ({by}) ({own}), "{SIDE}", "own", "", "") or '
+        f'label_replace(max by ({by}) ({copies}), "{SIDE}", "copy", "", ""))'
+    )
 
 
 def _saw(t: _Tiles, recorded: bool) -> Callable[[str], str]:
@@ -460,16 +508,25 @@ def _saw(t: _Tiles, recorded: bool) -> Callable[[str], str]:
     return lambda m: f"last_over_time({t.counter('gpu_state_seconds_total', m)})"
 
 
+def _recorded_state(matchers: str) -> PerSeries:
+    """The recorded hours of each series, with no floor: a recorded hour bridges a gap only from the hour
+    before, and only where the own job saw the GPU in it, where ``foreign`` counted no copy."""
+    return lambda m, floor="": hourly(REC_STATE, matchers, m)
+
+
 def timeline(w: Window, matchers: str, copies: bool = False, recorded: bool = False) -> Query:
-    """The hours of each state at each step, for the whole selection (a range query)."""
-    state = "gpu_state_seconds_total"
+    """The hours of each state at each step, for the whole selection (a range query).  Asked at the
+    multiples of the step the window's end is moved to (``Window.offset``), each selector looking back
+    by as much, and moved back: as the hours' subquery is, whose points sit there (so does the
+    subquery of ``counted_until``)."""
     if recorded:
-        each = _each(lambda m: hourly(REC_STATE, matchers, m), copies, own_saw=_saw(_Tiles(w, matchers), True))
-    else:
-        each = _each(lambda m: counted(_sel(state, matchers, m), w), copies,
-                     own_saw=lambda m: f"last_over_time({_sel(state, matchers, m)}[{w.step}s])")  # fmt: skip
-    return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range",
-                 shift=LAG if recorded else 0)  # fmt: skip
+        each = _each(_recorded_state(matchers), copies, own_saw=_saw(_Tiles(w, matchers), True))
+        return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range", shift=LAG)
+    t = _Tiles(w, matchers)
+    floor = counted_until(lambda m: _sel("gpu_state_seconds_total", matchers, m), w, w.offset)
+    each = _each(lambda m, floor="": t.counted("gpu_state_seconds_total", m, floor=floor), copies,
+                 own_saw=_saw(t, False), floor=floor)  # fmt: skip
+    return Query("timeline", "hours over time", f"sum by (state) ({each}) / 3600", "range", shift=w.offset)
 
 
 def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, copies: bool = False,
@@ -487,10 +544,12 @@ def hours(w: Window, matchers: str, first: int = 1, last: int | None = None, cop
     if recorded and not copies:  # the hours' samples as they are: no step to evaluate (``recorded_range``)
         summed = f"sum_over_time({recorded_range(REC_STATE, matchers, last - first + 1)})"
     elif recorded:
-        summed = (f"sum_over_time(({_each(lambda m: hourly(REC_STATE, matchers, m), copies, own_saw=_saw(t, True))})"
-                  f"[{span}:{t.s}])")  # fmt: skip
+        each = _each(_recorded_state(matchers), copies, own_saw=_saw(t, True))
+        summed = f"sum_over_time(({each})[{span}:{t.s}])"
     else:
-        inner = _each(lambda m: t.counted("gpu_state_seconds_total", m), copies, own_saw=_saw(t, False))
+        floor = counted_until(lambda m: _sel("gpu_state_seconds_total", matchers, m), w, w.offset)
+        inner = _each(lambda m, floor="": t.counted("gpu_state_seconds_total", m, floor=floor), copies,
+                      own_saw=_saw(t, False), floor=floor)  # fmt: skip
         summed = f"sum_over_time(({inner})[{span}:{t.s}])"
     whole = (first, last) == (1, w.points)
     what = "GPU-hours by state and holder" + ("" if whole else f" (steps {first} to {last})")
@@ -515,17 +574,19 @@ def exact_cost(w: Window, matchers: str, uuids: list[str], currency: str, copies
     t = _Tiles(w, matchers)
     only = f'uuid=~"{"|".join(uuids)}"' if len(uuids) <= 200 and all(_UUID.match(u) for u in uuids) else ""
 
-    def priced_series(m: str) -> str:
+    def priced_series(m: str, floor: str = "") -> str:
         if recorded:
             hours = hourly(REC_STATE, matchers, only, m)
             price = f"max by ({JOIN}, currency) ({hourly(REC_PRICE, matchers, only, m, _currency_matcher(currency))})"
         else:
             prices = t.range("gpu_price_per_hour", only, m, _currency_matcher(currency))
             price = f"max by ({JOIN}, currency) (last_over_time({prices}))"
-            hours = t.counted("gpu_state_seconds_total", only, m)
+            hours = t.counted("gpu_state_seconds_total", only, m, floor=floor)
         return f"{hours} * on ({JOIN}) group_left (currency) {price}"
 
-    priced = _each(priced_series, copies, ", currency", _saw(t, recorded))
+    floor = "" if recorded else counted_until(lambda m: _sel("gpu_state_seconds_total", matchers, only, m), w,
+                                                   w.offset)  # fmt: skip
+    priced = _each(priced_series, copies, ", currency", _saw(t, recorded), floor)
     return Query(
         "cost",
         "cost of GPUs whose price changed",
