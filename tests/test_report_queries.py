@@ -405,7 +405,8 @@ def test_the_queries_word_for_word() -> None:
     capacity = f"avg_over_time(gpu_pcie_link_max_bytes_per_second{{{n2}}}{tile}"
     shares = " or ".join(f'label_replace(avg_over_time(gpu_pcie_{way}_bytes_per_second{{{n2}}}{tile} / {capacity}, '
                          f'"what", "{way}", "", "")' for way in ("rx", "tx"))  # fmt: skip
-    held = f'stddev_over_time(gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0'
+    held_states = 'state=~"busy|allocated_idle|allocated_unknown"'  # every held state, as the report reads it
+    held = f"stddev_over_time(gpu_state_seconds_total{{{n2}, {held_states}}}{tile} > 0"
 
     def price(offset: str) -> str:
         selector = f"gpu_price_per_hour{{{n2}}}[839999ms]{offset}"
@@ -437,11 +438,11 @@ def test_the_queries_word_for_word() -> None:
                                              "fp32_active", "fp16_active"))
                      + f' or label_replace(sum without (link) (rate(gpu_nvlink_tx_bytes_total{{{n2}}}{tile}), '
                      '"signal", "nvlink_tx", "", "")) and on (job, instance, gpu, uuid) (stddev_over_time('
-                     f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > 0)){sub}))'),
+                     f"gpu_state_seconds_total{{{n2}, {held_states}}}{tile} > 0)){sub}))"),
         "holders_now": ("holders now", "instant",
                         "max by (node, instance, gpu, uuid, namespace, pod, hpc_job, container_engine, container_id, "
                         "container_name, user, gpu_instance_id) (stddev_over_time("
-                        f'gpu_state_seconds_total{{{n2}, state=~"busy|allocated_idle"}}{tile} > bool 0)'),
+                        f"gpu_state_seconds_total{{{n2}, {held_states}}}{tile} > bool 0)"),
         # Issue 48: the links, each fact the highest it reached; the PCIe traffic while held as a share of
         # the link, each step's mean; and the held steps with either way 90% full or more, in seconds.
         "links": ("links (NVLink, PCIe)", "instant", "max by (node, instance, gpu, uuid, what) (max_over_time(("

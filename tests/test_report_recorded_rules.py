@@ -160,7 +160,7 @@ def test_the_recorded_queries_word_for_word() -> None:
         "activity": ("instant", at, 0, f"max by ({gpu}, signal) (quantile_over_time(0.95, "
                                        f"gpu:report_activity_held:hour{{{n2}}}{span}))"),
         "holders_now": ("instant", None, 0, f"max by ({by}) (stddev_over_time(gpu_state_seconds_total{{{n2}, "
-                                            'state=~"busy|allocated_idle"}[3599999ms]) > bool 0)'),
+                                            'state=~"busy|allocated_idle|allocated_unknown"}[3599999ms]) > bool 0)'),
         "links": ("instant", w.end, 0, f"max by ({gpu}, what) ("
                   + " or ".join(f'label_replace(max_over_time({m}{{{n2}}}[1h]), "what", "{k}", "", "")'
                                 for k, m in queries.RECORDED_LINK_FACTS.items()) + ")"),

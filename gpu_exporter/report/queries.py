@@ -48,7 +48,7 @@ MAX_POINTS = 720
 MIN_STEP = 5  # seconds
 GPU = "node, instance, gpu, uuid"
 JOIN = "job, instance, gpu, uuid"  # what a GPU's series from one exporter share
-HELD = 'state=~"busy|allocated_idle"'
+HELD = 'state=~"busy|allocated_idle|allocated_unknown"'  # every held state, a MIG slice held with activity unknown too
 DOWN = 'state="down"'
 # Who holds a GPU, as gpu_state_seconds_total names one holder per series: a pod, a Slurm job (with its
 # user), a container (by ID and name) or a Unix user (holders.py).  Grouping by fewer would give a
