@@ -167,6 +167,8 @@ def test_the_report_shows_each_slice_its_waste_and_reclaims_each_idle_one(mig_mi
         assert f"MIG slice {r['gpu_instance_id']} (1/7 of the card) of GPU 0" in r["reason"]
     assert sum(r["saving_per_month"] for r in recs) == pytest.approx(2085.71, rel=0.01)
     assert not any(r["kind"] == "release" for r in doc["recommendations"])
+    # The card, busy on two slices, is not sized as a card, and says so (issue 48, item 6).
+    assert [n for n in h100["notes"] if n.startswith("not sized") and "MIG mode" in n], h100["notes"]
 
 
 def test_the_report_says_an_a100_slice_is_held_with_its_activity_unknown(mig_minute: tuple[Any, Any]) -> None:

@@ -27,7 +27,7 @@ from .cost import gpu_key as _gpu_key
 from .holders import NOBODY, Holder, holder_of
 from .prices import PriceList
 from .queries import OWN_JOB, SLICE, Window
-from .rightsizing import LINK, MIN_HISTORY_HOURS, RELEASE, SLOWER, Advice, Link, Sizer, Usage, gpu_order
+from .rightsizing import LINK, MIG_NOT_SIZED, MIN_HISTORY_HOURS, RELEASE, SLOWER, Advice, Link, Sizer, Usage, gpu_order
 
 # The kinds of holder (Holder.kind) sized as a whole where they hold several GPUs: a user's processes are no
 # one workload.
@@ -284,6 +284,8 @@ def build(w: Window, results: Results, catalogue: Catalogue, opts: Options = Opt
             advice = sizer.advise(usage) if Sizer.waste(usage) == RELEASE and not busy else None
             if advice is not None:
                 recommendations.append(_recommendation(advice, usage, g.model))
+            elif busy:  # a card busy enough to size gets no advice: say why, as for any other
+                rows[-1]["notes"].append(MIG_NOT_SIZED)
             continue
         # A job, pod or container on several GPUs is sized as a whole, below; each GPU's own release or
         # reclaim stands.  Which it is is its holder's kind, from its labels: its name is for people to

@@ -65,6 +65,9 @@ NVLINK_USED = 1e9  # bytes/s each way: below this a job moved no data over NVLin
 PIPE_NAMES = {"tensor": "tensor", "fp64": "FP64", "fp32": "FP32", "fp16": "FP16"}
 COMPUTE, BANDWIDTH = "compute", "bandwidth"  # the needs besides the pipes
 CARD, MIG, RELEASE, RECLAIM, SLOWER, LINK = "card", "mig", "release", "reclaim", "slower", "link"
+# Why a card in MIG mode with work on it gets no card: each slice is its own (reclaimed where idle).
+MIG_NOT_SIZED = ("not sized: it is in MIG mode, and its slices are not sized as a card (each idle slice is "
+                 "reclaimed on its own; the card is released only where all of it sits idle)")  # fmt: skip
 # A GPU whose link was at LINK_BOUND (queries.py) for this share of its held time or more, at activity
 # below STARVED_ACTIVITY, waits on the bus: the activity the card would be sized on is what the link let
 # through.
@@ -461,7 +464,7 @@ class Sizer:
             return (f"not sized: its model ({u.model or 'unknown'}) is not in the catalogue, so what it does per "
                     "second is unknown (a catalogue of your own, --catalogue FILE, can add it)")  # fmt: skip
         if u.mig_mode:
-            return "not sized: it is in MIG mode, and its slices are not sized as a card"
+            return MIG_NOT_SIZED
         if not price:
             return "not sized: it has no price, so no card can be told cheaper (set the exporter's pricing section)"
         if u.memory_peak_bytes is None:
