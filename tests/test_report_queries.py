@@ -418,8 +418,9 @@ def test_the_queries_word_for_word() -> None:
         # after one with another price or none; and on how many steps it had one.
         "prices": ("prices", "range", f"({price('')}) unless ((({price('')}) == ({price(' offset 840s')})) and on () "
                                       f"(vector(time()) > {w.start + w.step}))"),
-        "priced_steps": ("steps priced", "instant", "max by (node, instance, gpu, uuid, currency) (count_over_time(("
-                                                    f"last_over_time(gpu_price_per_hour{{{n2}}}{tile} >= 0){sub}))"),
+        # (on how many steps any of its series had one: the exporter writes the GPU's holders on its price)
+        "priced_steps": ("steps priced", "instant", "count_over_time((max by (node, instance, gpu, uuid, currency) ("
+                                                    f"last_over_time(gpu_price_per_hour{{{n2}}}{tile} >= 0)){sub})"),
         # One row per GPU and target (every label but the exporter's): the targets the report names.
         "seen": ("GPUs seen, by target", "instant", f"max without ({EXPORTED}) (count_over_time(max_over_time("
                                                     f'gpu_state_seconds_total{{{n2}, state="down"}}{tile}{sub}))'),

@@ -12,6 +12,9 @@ the same expressions at the same times.  It holds the edges the recorded path mu
 - n2 GPU 0: its exporter restarts 10 h 40 min in, gone 40 minutes, its counters from 0 again;
 - n2 GPU 1: an L4 first seen 5 h 20 min in (a partial first hour), idle, restarted with n2's exporter;
 - n3 GPU 0: an H100 without a price.
+- n4 GPU 0: an H100 whose pod changes every 8 hours, its price (2.00, then 2.40 from 30 h) written
+  under its pod's labels as the exporter writes it: one price series per pod, none of which lasts
+  the range (issue 53).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def _state(node: str, gpu: str, rel: float) -> tuple[str, dict[str, str]]:
         return "busy", {"user": "alice"}
     if (node, gpu) == ("n2", "0"):
         return "busy", {"user": "bob"}
+    if (node, gpu) == ("n4", "0"):
+        return "busy", {"namespace": "batch", "pod": f"daily-{int(rel // CHURN)}", "container": "main"}
     return "idle", {}
 
 
@@ -64,7 +69,9 @@ GPUS = [("n1", "0", H100, [(-math.inf, 3.0), (20 * HOUR + 30 * 60, 3.5)], ("gpu-
         ("n1", "1", H100, [(-math.inf, 3.0)], ("gpu-exporter", "replica")),
         ("n2", "0", H100, [(-math.inf, 2.5)], ("gpu-exporter",)),
         ("n2", "1", L4, [(-math.inf, 0.8)], ("gpu-exporter",)),
-        ("n3", "0", H100, None, ("gpu-exporter",))]  # fmt: skip
+        ("n3", "0", H100, None, ("gpu-exporter",)),
+        ("n4", "0", H100, [(-math.inf, 2.0), (30 * HOUR, 2.4)], ("gpu-exporter",))]  # fmt: skip
+CHURN = 8 * HOUR  # n4's pod changes this often
 OUTAGE = (10 * HOUR + 40 * 60, 11 * HOUR + 20 * 60)  # n2's exporter is gone: no samples
 FIRST_SEEN = {("n2", "1"): 5 * HOUR + 20 * 60}
 
@@ -85,6 +92,10 @@ def history(step: int = STEP) -> str:
                 continue
             state, holder = _state(node, gpu, rel)
             key = (state, tuple(sorted(holder.items())))
+            if node == "n4":  # the interval ending now was the last pod's; the new pod's series starts at 0
+                counters.setdefault(key, 0.0)
+                was, before = _state(node, gpu, rel - step)
+                key = (was, tuple(sorted(before.items())))
             if restarted:
                 counters = dict.fromkeys(counters, 0.0)
                 restarted = False
@@ -101,7 +112,9 @@ def history(step: int = STEP) -> str:
                     lines.append(f"gpu_state_seconds_total{{{_labels(labels)}}} {v} {t}\n")
                 if prices is not None:
                     price = [p for since, p in prices if t - START >= since][-1]
-                    lines.append(f"gpu_price_per_hour{{{_labels({**base, 'currency': 'USD'})}}} {price} {t}\n")
+                    # n4's under its holder's labels, as the exporter writes a price (the others' without)
+                    held = _holder if node == "n4" else {}
+                    lines.append(f"gpu_price_per_hour{{{_labels({**base, **held, 'currency': 'USD'})}}} {price} {t}\n")
                 lines.append(f"gpu_info{{{_labels({**base, 'name': name, 'mig_mode': 'disabled'})}}} 1 {t}\n")
                 total = 80 * GIB if name == H100 else int(22.5 * GIB)
                 lines.append(f"gpu_memory_total_bytes{{{_labels(base)}}} {total} {t}\n")
@@ -179,6 +192,26 @@ def test_both_paths_give_the_same_money_hours_and_advice(both: dict[str, tuple[d
     assert rec["timeline"] == raw["timeline"]
 
 
+def test_a_gpu_whose_pod_changes_is_priced_by_its_hours_not_step_by_step(
+    both: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    """n4's price is written under each pod's labels: no one series is priced all range, yet the GPU is
+    at every step. Each path counts its priced steps per GPU, so the GPU is priced by hours x price in
+    two pieces, not step by step (the query a 10,000-GPU month with daily pods spent 100 s in), and
+    its money is the hours' at each price, the same on both paths."""
+    found = {}
+    for mode in ("no", "yes"):
+        doc, progress = both[mode]
+        assert "cost of GPUs whose price changed" not in progress, (mode, progress)
+        (found[mode],) = [g for g in doc["gpus"] if g["node"] == "n4"]
+    raw, rec = found["no"], found["yes"]
+    assert (rec["gpu_hours"], rec["cost"]) == (raw["gpu_hours"], raw["cost"])
+    # Busy all 48 h; each hour at the price its last sample had, 2.40 from the sample at 30 h: 29 h at 2.00
+    # and 19 h at 2.40.
+    assert raw["busy_hours"] == raw["gpu_hours"] == pytest.approx(48, abs=1e-6), raw
+    assert raw["cost"] == pytest.approx(29 * 2.0 + 19 * 2.4, abs=1e-6), raw
+
+
 def test_one_scraper_alone_gives_the_same_money_on_both_paths(store: Prometheus) -> None:
     """Without a GPU seen twice, the recorded path sums each hour's samples as they are (no step by step
     comparison of copies): the same figures still."""
@@ -186,7 +219,7 @@ def test_one_scraper_alone_gives_the_same_money_on_both_paths(store: Prometheus)
     raw, _ = as_json(store.url, *SPAN, *one, "--prometheus.recorded", "no")
     rec, err = as_json(store.url, *SPAN, *one, "--prometheus.recorded", "yes")
     assert "reading the hourly recorded series" in err and rec["totals"]["merged_gpus"] == 0
-    assert rec["totals"]["gpus"] == 5
+    assert rec["totals"]["gpus"] == 6
     assert (rec["totals"], rec["gpus"], rec["holders"]) == (raw["totals"], raw["gpus"], raw["holders"])
 
 
@@ -325,7 +358,7 @@ def test_a_range_read_in_parts_costs_what_it_costs_read_raw(
     hours but at a restart (n2's, whose hours each path counts to within a step of the 46.56 h it was
     busy), the same money to 0.2%."""
     doc, raw = in_parts["parts"][0], in_parts["raw"][0]
-    assert doc["totals"]["gpus"] == raw["totals"]["gpus"] == 5 and raw["range"]["step_seconds"] == 1300
+    assert doc["totals"]["gpus"] == raw["totals"]["gpus"] == 6 and raw["range"]["step_seconds"] == 1300
     step = 1300 / HOUR
     for g, r in zip(doc["gpus"], raw["gpus"], strict=True):
         assert (g["node"], g["gpu"]) == (r["node"], r["gpu"])

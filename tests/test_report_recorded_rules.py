@@ -147,8 +147,9 @@ def test_the_recorded_queries_word_for_word() -> None:
     assert got == {
         "prices": ("range", None, 7200, f"({price(1)}) unless ((({price(1)}) == ({price(3600001)})) and on () "
                                         f"(vector(time()) > {w.start + HOUR + 7200}))"),
-        "priced_steps": ("instant", at, 0, f"max by ({gpu}, currency) (count_over_time("
-                                           f"gpu:report_price_per_hour:hour{{{n2}}}{span}))"),
+        "priced_steps": ("instant", at, 0, f"count_over_time((max by ({gpu}, currency) (last_over_time("
+                                           f"gpu:report_price_per_hour:hour{{{n2}}}[1h] offset 1ms) >= 0))"
+                                           "[172799999ms:1h])"),
         "seen": ("instant", at, 0, f"max without ({queries.EXPORTED}) (count_over_time("
                                    f"gpu:report_down:hour{{{n2}}}{span}))"),
         "info": ("instant", at, 0, f"max by ({gpu}, name, mig_mode) (max_over_time("

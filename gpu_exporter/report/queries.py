@@ -60,6 +60,7 @@ SLICE = "gpu_instance_id"
 # What one exporter writes on a GPU's state series besides the GPU itself: two series of a GPU that
 # agree on these and the state are copies of one counter.
 EXPORTED = ", ".join((*EVERY_HOLDER_LABEL, SLICE, "state"))
+EVERY_HOLDER_LABEL_AND_SLICE = ", ".join((*EVERY_HOLDER_LABEL, SLICE))
 WITH_UUID, WITHOUT_UUID = 'uuid!=""', 'uuid=""'
 # The job the docs tell users to scrape the exporter in: the README's ``job_name: gpu-exporter``, the
 # ServiceMonitor's Service (the Helm chart's ``<release>-gpu-exporter``); GpuExporterDown matches it so.
@@ -381,11 +382,13 @@ def queries(w: Window, matchers: str) -> list[Query]:
     samples; an aggregation inside one is redone at every one of its steps."""
     t = _Tiles(w, matchers)
     price, state = "gpu_price_per_hour", "gpu_state_seconds_total"
-    priced = f"last_over_time({t.range(price)}) >= 0"
+    # The steps on which the GPU had a price, under any holder's labels (the exporter puts the GPU's
+    # holders on its price): counted per series, a GPU whose pod changed daily would have a day's.
+    priced = f"max by ({GPU}, currency) (last_over_time({t.range(price)}) >= 0)"
     return [
         *price_queries(w, lambda back: f"max by ({GPU}, currency) (last_over_time({_sel(price, matchers)}[{t.open}]"
                                        f"{f' offset {back}s' if back else ''})) >= 0",
-                       f"max by ({GPU}, currency) (count_over_time(({priced})[{t.span}:{t.s}]))"),
+                       f"count_over_time(({priced})[{t.span}:{t.s}])"),
         # On how many steps each target saw each GPU (its unheld "down" series exists from its first poll):
         # every label but the exporter's is kept, so that the report names the targets it counted once.
         Query("seen", "GPUs seen, by target",
@@ -688,7 +691,9 @@ def rules() -> dict[str, str]:
     state = "gpu_state_seconds_total"
     per_hour = {
         REC_STATE: counted(state, t.w),
-        REC_PRICE: f"last_over_time({t.range('gpu_price_per_hour')})",
+        # One price a GPU and target, whoever held it: the exporter writes the holders on the price,
+        # and a GPU whose pod changed daily would have 30 price series a month, each an hour's sample.
+        REC_PRICE: f"max without ({EVERY_HOLDER_LABEL_AND_SLICE}) (last_over_time({t.range('gpu_price_per_hour')}))",
         REC_DOWN: f"max_over_time({t.range(state, DOWN)})",
         REC_INFO: f"max_over_time({t.range('gpu_info')})",
         REC_MEMORY_TOTAL: f"max_over_time({t.range('gpu_memory_total_bytes')})",
@@ -765,9 +770,11 @@ def recorded_queries(w: Window, matchers: str) -> list[Query]:
         selector = f"{_sel(REC_PRICE, matchers)}[1h] offset {back * 1000 + 1}ms"
         return f"max by ({GPU}, currency) (last_over_time({selector})) >= 0"
 
+    # The hours on which the GPU had a price, whichever series held it (``queries``): the recorded prices
+    # hold no holder (``rules``), but hours recorded by an older rule file do.
+    priced = _hours_of(w, f"max by ({GPU}, currency) ({hourly(REC_PRICE, matchers)} >= 0)", "count_over_time")
     return [
-        *price_queries(w, price, f"max by ({GPU}, currency) ({over('count_over_time', REC_PRICE)})", LAG,
-                       " (recorded)"),
+        *price_queries(w, price, priced, LAG, " (recorded)"),
         Query("seen", "GPUs seen, by target (recorded)",
               f"max without ({EXPORTED}) ({over('count_over_time', REC_DOWN)})", at=at),
         Query("info", "GPU models (recorded)", f"max by ({GPU}, name, mig_mode) ({over('max_over_time', REC_INFO)})",
