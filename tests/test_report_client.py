@@ -482,6 +482,21 @@ def test_a_stores_error_text_cannot_drive_the_terminal() -> None:
     assert out.returncode == 1 and "\x1b" not in out.stderr and "\\x1b]0;pwned" in out.stderr, out.stderr
 
 
+def test_a_store_limit_is_named_not_cut_off_behind_the_query() -> None:
+    """Issue 53: VictoriaMetrics quotes the whole query before saying which of its limits refused it; the
+    first 300 characters of that were all query.  The limit is named, with what to do."""
+    query = 'sum by (node) (gpu_state_seconds_total{state=\\"busy\\"})' + " or vector(0)" * 400
+    error = (f'error when executing query="{query}" on the time range (start=1, end=2, step=3600): cannot '
+             "execute query: the number of unique timeseries exceeds 300000; either narrow down the search or "
+             "increase -search.maxUniqueTimeseries command-line flag value")  # fmt: skip
+    body = json.dumps({"status": "error", "errorType": "422", "error": error}).encode()
+    with api(lying(error=body)) as (url, _):
+        out = report(url)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "-search.maxUniqueTimeseries" in out.stderr and "300000" in out.stderr, out.stderr
+    assert "raise it on the store" in out.stderr and "or vector(0)" not in out.stderr, out.stderr
+
+
 def priced_in(currency: str) -> Answer:
     """One GPU, honest in everything but the currency label of its price series."""
     honest = lying("3600")

@@ -825,10 +825,27 @@ def _reason(reason: object) -> str:
 
 
 def _error_text(raw: bytes) -> str:
-    """A store's own words for what went wrong, short and inert in a terminal (a store can send ESC)."""
+    """A store's own words for what went wrong, short and inert in a terminal (a store can send ESC).
+    VictoriaMetrics quotes the whole query before its reason (``error when executing query="..." on the
+    time range ...: cannot ...: ... -search.maxUniqueTimeseries=...``), where the reason is what matters
+    and the query is one of the report's own: the query is left out, and a limit it names is said again
+    at the end, with what to do."""
     try:
         doc = json.loads(raw)
         text = f"{doc.get('errorType', 'error')}: {doc.get('error', raw[:200].decode(errors='replace'))}"
     except (ValueError, AttributeError):
-        text = raw[:200].decode(errors="replace").strip() or "(empty answer)"
-    return for_terminal(text[:300])
+        text = raw[:MAX_ERROR_BYTES].decode(errors="replace").strip() or "(empty answer)"
+    text = _QUOTED_QUERY.sub("query=(the report's query)", text)
+    if len(text) > 300:  # the reason is at the end
+        text = f"{text[:100]} ... {text[-190:]}"
+    limits = list(dict.fromkeys(_STORE_LIMIT.findall(text)))
+    if limits:
+        text += (f" [the store's limit {', '.join(limits)}: raise it on the store, or ask for less (a shorter "
+                 "range, a --selector)]")  # fmt: skip
+    return for_terminal(text)
+
+
+_QUOTED_QUERY = re.compile(r'query="(?:[^"\\]|\\.)*"')
+# VictoriaMetrics' command-line limits a refusal names (-search.maxUniqueTimeseries, -search.maxQueryDuration,
+# -search.maxSamplesPerQuery, -memory.allowedBytes, ...), and Prometheus' (query.max-samples).
+_STORE_LIMIT = re.compile(r"-(?:search|memory)\.[A-Za-z]+|query\.max-samples")
