@@ -91,7 +91,9 @@ def aggregated(e: pp.Expr) -> bool:
     """Whether every path from the top of a query to a selector passes through an aggregation."""
     if isinstance(e, pp.AggregateExpr):
         return True
-    if isinstance(e, (pp.VectorSelector, pp.MatrixSelector, pp.SubqueryExpr)):
+    if isinstance(e, pp.SubqueryExpr):  # the series of the aggregation it evaluates at each step
+        return aggregated(e.expr)
+    if isinstance(e, (pp.VectorSelector, pp.MatrixSelector)):
         return False
     if isinstance(e, pp.BinaryExpr):
         return all(aggregated(x) or isinstance(x, pp.NumberLiteral) for x in (e.lhs, e.rhs))

@@ -86,7 +86,7 @@ def fleet(series: int, pods_per_gpu: int) -> Answer:
         if matrix and query.startswith("(max by (node, instance, gpu, uuid, currency)"):
             start = float(form["start"])
             return success("matrix", [{"metric": labels, "values": [[start, "2.5"]]} for labels in priced])
-        if query.startswith("max by (node, instance, gpu, uuid, currency) (count_over_time("):
+        if query.startswith("count_over_time((max by (node, instance, gpu, uuid, currency) ("):  # steps priced
             return steps
         return success("matrix" if matrix else "vector", [])
 
