@@ -83,7 +83,7 @@ class Daemon:
 def write_config(path: Path, attribution: str, socket: Path | None) -> Path:
     """The DaemonSet's config file, as a user would adapt it: loopback, a 1 s poll, attribution set."""
     config = yaml.safe_load((ROOT / "deploy" / "k8s" / "base" / "config.yaml").read_text())
-    config["listen_address"] = "127.0.0.1:0"
+    config["web_listen_address"] = "127.0.0.1:0"
     config["poll_interval"] = "1s"
     config["kubernetes"] = {"pod_attribution": attribution}
     if socket is not None:

@@ -318,7 +318,7 @@ def main() -> int:
             with fake_kubelet(tmp) as kubelet:
                 kubelet.pods = kubelet_pods(args.pods)
                 config = yaml.safe_load((ROOT / "deploy" / "k8s" / "base" / "config.yaml").read_text())
-                config["listen_address"] = "127.0.0.1:0"
+                config["web_listen_address"] = "127.0.0.1:0"
                 config["poll_interval"] = "1s"
                 config["kubernetes"] = {"pod_attribution": "on", "pod_resources_socket": str(kubelet.socket_path),
                                         "refresh_interval": "1s"}  # fmt: skip

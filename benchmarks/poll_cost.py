@@ -38,7 +38,7 @@ from gpu_exporter.sources.nvml import NvmlBackend
 
 configure_logging("json", "warning")
 polls, profile_to, extra = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-settings = load_settings({"listen_address": "127.0.0.1:0", "poll_interval": 3600, **extra})
+settings = load_settings({"web_listen_address": "127.0.0.1:0", "poll_interval": 3600, **extra})
 d = Daemon(settings, NvmlBackend)
 for _ in range(3):
     d.poll_once()  # discovery, static facts, first process names, GPM's first sample

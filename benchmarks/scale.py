@@ -31,7 +31,7 @@ from gpu_exporter.sources.nvml import NvmlBackend
 
 configure_logging("json", "warning")
 polls, top_n = int(sys.argv[1]), int(sys.argv[2])
-settings = load_settings({"listen_address": "127.0.0.1:0", "poll_interval": 3600, "process_top_n": top_n})
+settings = load_settings({"web_listen_address": "127.0.0.1:0", "poll_interval": 3600, "process_top_n": top_n})
 d = Daemon(settings, NvmlBackend)
 for _ in range(2):
     d.poll_once()  # discovery, static facts, first process names

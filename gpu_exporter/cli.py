@@ -407,7 +407,7 @@ def run_daemon(settings: Settings, reread: Callable[[], Settings] | None = None)
     try:
         daemon.start()
     except OSError as e:
-        print(f"gpu-exporter: cannot listen on {settings.listen_address}: {e.strerror or e}", file=sys.stderr)
+        print(f"gpu-exporter: cannot listen on {settings.web_listen_address}: {e.strerror or e}", file=sys.stderr)
         return 2
     while not asked["stop"]:
         os.read(wake_r, 4096)  # until a handler writes; PEP 475 retries the read after each signal

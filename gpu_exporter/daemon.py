@@ -77,9 +77,9 @@ class Daemon:
         self.changes = GpuChanges()  # a GPU lost, back, to be reset, or with an XID: one warning each
         self._models: dict[str, str] = {}  # GPU UUID -> model name, as last read
         self._last_success: float | None = None  # monotonic
-        # A poll waits at most gpu_timeout for each GPU (in parallel); beyond twice that and a few
+        # A poll waits at most poll_gpu_timeout for each GPU (in parallel); beyond twice that and a few
         # intervals, polling itself is stuck and /healthz says so.
-        stalled_after = 2 * settings.gpu_timeout + 3 * settings.poll_interval + 10
+        stalled_after = 2 * settings.poll_gpu_timeout + 3 * settings.poll_interval + 10
         self._schedule = PollSchedule(self._poll_job, settings.poll_interval, stalled_after=stalled_after)
         self._http: HttpServer | None = None
         self.exposition.invalidate()  # self-metrics are served even before the first poll ends
@@ -158,14 +158,14 @@ class Daemon:
     def start(self) -> None:
         served = pages(self.exposition, self.readiness, self.engine.active, node=node_name(self.settings.node_name),
                        gpu_models=self.gpu_models, liveness=self.liveness, holders=self.engine.holders)  # fmt: skip
-        self._http = HttpServer(self.settings.listen_address, served, web=self.web,
+        self._http = HttpServer(self.settings.web_listen_address, served, web=self.web,
                                 max_requests=self.settings.web_max_requests)  # fmt: skip
         self._http.start()
         self.notifier.start()
         if self.watcher is not None:
             self.watcher.start()
         self._schedule.start()
-        log.info("listening", address=self.settings.listen_address, port=self._http.port,
+        log.info("listening", address=self.settings.web_listen_address, port=self._http.port,
                  poll_interval_s=self.settings.poll_interval, tls=self.web.current().tls is not None,
                  basic_auth=self.web.current().auth_required)  # fmt: skip
 

@@ -108,8 +108,8 @@ def build_polling(
     render = RenderOptions(settings.process_top_n, pod_labels, settings.collectors.disabled(),
                            jobs=holders is not None and holders.jobs,
                            containers=holders is not None and holders.containers)  # fmt: skip
-    poller = Poller(make_backend(errors), errors=errors, static_refresh_s=settings.static_refresh_interval,
-                    gpu_timeout_s=settings.gpu_timeout, attach=attach)  # fmt: skip
+    poller = Poller(make_backend(errors), errors=errors, static_refresh_s=settings.poll_static_refresh_interval,
+                    gpu_timeout_s=settings.poll_gpu_timeout, attach=attach)  # fmt: skip
     return Polling(poller, render, holders, watcher)
 
 

@@ -554,7 +554,7 @@ def test_config_is_accepted_by_the_exporter(base: list[Doc], container: Doc, tmp
     path = tmp_path / "config.yaml"
     path.write_text(text)
     settings = load_settings(None, path)
-    assert settings.listen_address.rpartition(":")[2] == str(container["ports"][0]["containerPort"])
+    assert settings.web_listen_address.rpartition(":")[2] == str(container["ports"][0]["containerPort"])
     assert settings.log_format == "json"
     assert settings.node_name is None  # comes from $NODE_NAME (the downward API)
     assert settings.alerting.alertmanagers == [] and settings.alerting.webhooks == []

@@ -14,7 +14,7 @@ from gpu_exporter.settings.config import ConfigError, load_settings
 
 def test_defaults() -> None:
     s = load_settings()
-    assert s.listen_address == ":9445" and s.poll_interval == 5.0 and not s.simulate
+    assert s.web_listen_address == ":9445" and s.poll_interval == 5.0 and not s.simulate
 
 
 def test_precedence_cli_over_env_over_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +26,7 @@ def test_precedence_cli_over_env_over_yaml(tmp_path: Path, monkeypatch: pytest.M
     assert s.poll_interval == 2.0  # flag
     assert s.simulate_gpus == 3  # env beats the file
     assert s.log_level == "debug"  # file beats the default
-    assert s.listen_address == ":1111"
+    assert s.web_listen_address == ":1111"
 
 
 @pytest.mark.parametrize("text,seconds", [("500ms", 0.5), ("15s", 15), ("2m", 120), ("1h", 3600), ("7", 7)])

@@ -379,7 +379,7 @@ def test_the_config_file_is_accepted_by_the_exporter(
             monkeypatch.setenv(e["name"], e["value"])
     (tmp_path / "config.yaml").write_text(text)
     settings = load_settings(None, tmp_path / "config.yaml")
-    assert settings.listen_address == f":{exporter(docs)['ports'][0]['containerPort']}"
+    assert settings.web_listen_address == f":{exporter(docs)['ports'][0]['containerPort']}"
     if combination == "daemon-alerting":
         assert [r.label for r in settings.alerting.webhooks] == ["slack"]
         assert settings.alerting.alertmanagers[0].bearer_token is not None
@@ -488,10 +488,11 @@ def test_the_schema_accepts_what_the_daemon_accepts() -> None:
 
 
 # Issue 38, item 8: each passed the schema and then crash-looped the pods, as the daemon refuses it.
-OUT_OF_BOUNDS = [("poll_interval", "0s"), ("poll_interval", "2h"), ("gpu_timeout", "15m"),
+OUT_OF_BOUNDS = [("poll_interval", "0s"), ("poll_interval", "2h"), ("poll_gpu_timeout", "15m"),
                  ("kubernetes.keep_last_good_for", "2d"), ("accounting.holder_retention", "0s")]  # fmt: skip
-IN_BOUNDS = [("poll_interval", "1h"), ("poll_interval", "0.5s"), ("gpu_timeout", "10m"), ("gpu_timeout", "9.5m"),
-             ("kubernetes.keep_last_good_for", "24h"), ("accounting.holder_retention", "1ms")]  # fmt: skip
+IN_BOUNDS = [("poll_interval", "1h"), ("poll_interval", "0.5s"), ("poll_gpu_timeout", "10m"),
+             ("poll_gpu_timeout", "9.5m"), ("kubernetes.keep_last_good_for", "24h"),
+             ("accounting.holder_retention", "1ms")]  # fmt: skip
 
 
 def nested(key: str, value: str) -> dict[str, Any]:
@@ -536,7 +537,7 @@ def test_a_renamed_setting_passes_under_its_name_and_its_old_one(keys: tuple[str
     docs = template("--set", f"config.{keys[0]}=5s", "--set", f"config.{keys[1]}=10m")
     (tmp_path / "config.yaml").write_text(config_of(docs)[1])
     settings = load_settings(None, tmp_path / "config.yaml")
-    assert (settings.gpu_timeout, settings.static_refresh_interval) == (5.0, 600.0)
+    assert (settings.poll_gpu_timeout, settings.poll_static_refresh_interval) == (5.0, 600.0)
 
 
 def test_alertmanagerconfig_without_a_webhook_says_what_is_missing() -> None:

@@ -96,10 +96,10 @@ def test_a_failed_web_config_on_reload_keeps_everything(scenario: Scenario, tmp_
 def test_a_new_listen_address_needs_a_restart_and_says_so(scenario: Scenario, tmp_path: Path) -> None:
     preset("pcie-degraded", scenario.path).write()
     cfg = tmp_path / "c.yaml"
-    write(cfg, {"poll_interval": "200ms", "listen_address": "127.0.0.1:0"})
+    write(cfg, {"poll_interval": "200ms", "web_listen_address": "127.0.0.1:0"})
     with run_daemon(scenario.path, "--config", str(cfg), listen_flag=False) as d:
         wait_for(lambda: http_get(d.url + "/readyz")[0] == 200, what="ready")
-        write(cfg, {"poll_interval": "200ms", "listen_address": "127.0.0.1:1"})
+        write(cfg, {"poll_interval": "200ms", "web_listen_address": "127.0.0.1:1"})
         d.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: bool(events(d, "config_reloaded")), what="the reload")
         # Named by the rule, though the file wrote its old key.

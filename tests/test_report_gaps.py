@@ -107,8 +107,8 @@ def test_the_table_says_where_the_store_has_gaps(gaps: Stores) -> None:
         assert node in text.split("Scrape gaps", 1)[1]
     assert "counter reset" in text
     # n-both's two targets (the own job's and the federation's) lost the same ten minutes: each named.
-    gaps = text.split("Scrape gaps", 1)[1]
-    assert "n-both (n-both:9445)" in gaps and "n-both (central:9090)" in gaps, gaps
+    listed = text.split("Scrape gaps", 1)[1]
+    assert "n-both (n-both:9445)" in listed and "n-both (central:9090)" in listed, listed
 
 
 def _iso(t: float) -> str:

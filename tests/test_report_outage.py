@@ -44,7 +44,7 @@ def outage(tmp_path_factory: pytest.TempPathFactory, fake_nvml_lib: Path) -> Any
     port = free_port()
     cfg = tmp / "config.yaml"
     cfg.write_text(yaml.safe_dump({"pricing": PRICING, "node_name": "node-a",
-                                   "listen_address": f"127.0.0.1:{port}"}))  # fmt: skip
+                                   "web_listen_address": f"127.0.0.1:{port}"}))  # fmt: skip
     scrape = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
               "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [
                   {"targets": [f"127.0.0.1:{port}"], "labels": {"node": "node-a"}}]}]}  # fmt: skip

@@ -6,7 +6,7 @@ levels, after ``GPU_EXPORTER_``. Every flag is checked against the rule here, an
 it must be named in the README's configuration paragraph (and each one named there must break it), so
 the paragraph says the truth about every flag. The three settings that once broke it
 (``listen_address``, ``static_refresh_interval``, ``gpu_timeout``) are still read under those keys,
-so no file or unit written for them breaks. A setting flag's help is its field's description and
+so no file or unit written for them breaks; the code knows them by their key alone (issue 51, item 4). A setting flag's help is its field's description and
 default, so the two cannot drift apart. dcgm-exporter's ``--hpc-job-mapping-dir`` and its
 ``DCGM_HPC_JOB_MAPPING_DIR`` set ``slurm.job_mapping_dir``, so its users need not rewrite their units.
 """
@@ -232,7 +232,7 @@ def test_a_duration_is_shown_as_one_would_write_it(seconds: float, written: str)
 def test_the_renamed_settings_and_their_old_keys() -> None:
     assert OLD_KEYS == RENAMED
     for old, key in RENAMED.items():
-        assert SETTING_KEYS[key] == old  # the attribute keeps the old name: the code reads settings.<old>
+        assert SETTING_KEYS[key] == key  # one name end to end: the code reads settings.<key>
 
 
 @pytest.mark.parametrize(("old", "key"), sorted(RENAMED.items()))
@@ -244,12 +244,12 @@ def test_the_old_and_the_new_key_set_the_same_from_file_and_environment(
     for spelling in (key, old):
         cfg = tmp_path / f"{spelling}.yaml"
         cfg.write_text(yaml.safe_dump({spelling: value}))
-        got.append(getattr(load_settings(None, cfg), old))
+        got.append(getattr(load_settings(None, cfg), key))
         with clean_env.context() as m:
             m.setenv(ENV_PREFIX + spelling.upper(), value)
-            got.append(getattr(load_settings(), old))
+            got.append(getattr(load_settings(), key))
     assert len(set(got)) == 1, got
-    assert got[0] != getattr(load_settings(), old)  # the value set is not the default
+    assert got[0] != getattr(load_settings(), key)  # the value set is not the default
 
 
 def test_a_higher_source_wins_whichever_name_each_uses(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
@@ -257,9 +257,9 @@ def test_a_higher_source_wins_whichever_name_each_uses(tmp_path: Path, clean_env
         cfg = tmp_path / "config.yaml"
         cfg.write_text(yaml.safe_dump({file_key: "3s"}))
         clean_env.setenv(ENV_PREFIX + env_key.upper(), "4s")
-        assert load_settings(None, cfg).gpu_timeout == 4.0, (file_key, env_key)  # the environment beats the file
+        assert load_settings(None, cfg).poll_gpu_timeout == 4.0, (file_key, env_key)  # the environment beats the file
         flags = settings_from_flags(build_parser().parse_args(["--poll.gpu-timeout", "5s"]))
-        assert load_settings(flags, cfg).gpu_timeout == 5.0  # the flag beats both
+        assert load_settings(flags, cfg).poll_gpu_timeout == 5.0  # the flag beats both
         clean_env.delenv(ENV_PREFIX + env_key.upper())
 
 
@@ -267,7 +267,7 @@ def test_a_variable_without_the_prefix_is_not_read(clean_env: pytest.MonkeyPatch
     for name in ("LISTEN_ADDRESS", "WEB_LISTEN_ADDRESS", "GPU_TIMEOUT", "POLL_GPU_TIMEOUT"):
         clean_env.setenv(name, "1")
     s = load_settings()
-    assert (s.listen_address, s.gpu_timeout) == (":9445", 10.0)
+    assert (s.web_listen_address, s.poll_gpu_timeout) == (":9445", 10.0)
 
 
 @pytest.mark.parametrize(("old", "key"), sorted(RENAMED.items()))

@@ -36,7 +36,7 @@ def test_reading_the_settings_does_not_import_the_web_server() -> None:
     # asyncio and ssl come with structlog and the settings' own CA files; the server's modules must not.
     code = (
         "import sys, json; from gpu_exporter.settings.config import load_settings; "
-        "load_settings({'listen_address': '127.0.0.1:9999'}); "
+        "load_settings({'web_listen_address': '127.0.0.1:9999'}); "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('gpu_exporter.web'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -201,9 +201,9 @@ class Settings(BaseSettings):
         validate_default=True,
     )  # fmt: skip
 
-    # The key is the flag's (--web.listen-address, web_listen_address); the attribute keeps its
-    # old name, which is still read as a key (and variable) so that no file written for it breaks.
-    listen_address: str = Field(
+    # The key is the flag's (--web.listen-address, web_listen_address), and so is the attribute; the old
+    # name is still read as a key (and variable) so that no file written for it breaks.
+    web_listen_address: str = Field(
         f":{DEFAULT_PORT}", validation_alias=_renamed("web_listen_address", "listen_address"),
         description="address to serve /metrics on",
     )  # fmt: skip
@@ -212,11 +212,11 @@ class Settings(BaseSettings):
     )
     web_max_requests: int = Field(40, ge=1, le=10_000, description="requests served at once; beyond, 503")
     poll_interval: Duration = Field(5.0, gt=0, le=3600, description="time between polls of the GPUs")
-    static_refresh_interval: Duration = Field(
+    poll_static_refresh_interval: Duration = Field(
         300.0, gt=0, validation_alias=_renamed("poll_static_refresh_interval", "static_refresh_interval"),
         description="time between re-reads of names, limits, link maxima and unsupported queries",
     )  # fmt: skip
-    gpu_timeout: Duration = Field(
+    poll_gpu_timeout: Duration = Field(
         10.0, gt=0, le=600, validation_alias=_renamed("poll_gpu_timeout", "gpu_timeout"),
         description="how long a poll waits for one GPU before reporting it down",
     )  # fmt: skip
@@ -258,7 +258,7 @@ class Settings(BaseSettings):
     collectors: CollectorSettings = CollectorSettings()
     report: ReportSettings = ReportSettings()  # gpu-exporter report's; the daemon does not read it
 
-    @field_validator("listen_address")
+    @field_validator("web_listen_address")
     @classmethod
     def _valid_address(cls, v: str) -> str:
         parse_listen_address(v)
