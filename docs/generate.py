@@ -1,5 +1,5 @@
 """Writes the generated parts of the docs from the code: the metrics reference table in
-docs/metrics.md, from the declarations in gpu_exporter/metric_defs.py, and the README's table of
+docs/metrics.md, from the declarations in gpu_exporter/metric_defs.py, and docs/alerts.md's table of
 alert rules, from the rule settings in gpu_exporter/alerting/settings.py (every key, with its default),
 and docs/troubleshooting.md's table of the XIDs alerted on, from gpu_exporter/alerting/xid_catalogue.py.
 
@@ -29,12 +29,12 @@ XID_BEGIN = (
 )
 END = "<!-- END generated -->\n"
 METRICS_MD = ROOT / "docs" / "metrics.md"
-README = ROOT / "README.md"
+ALERTS_MD = ROOT / "docs" / "alerts.md"
 TROUBLESHOOTING = ROOT / "docs" / "troubleshooting.md"
 # Each generated part: the file, its opening marker and what writes the part.
 PARTS: tuple[tuple[Path, str, Callable[[], str]], ...] = (
     (METRICS_MD, BEGIN, reference_table),
-    (README, RULES_BEGIN, rules_table),
+    (ALERTS_MD, RULES_BEGIN, rules_table),
     (TROUBLESHOOTING, XID_BEGIN, alert_table),
 )
 

@@ -25,7 +25,7 @@ from tests.fakenvml.runtime import call_count as calls
 
 pytestmark = pytest.mark.integration
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RUNNING = Path(__file__).resolve().parent.parent / "docs" / "running.md"
 
 # The NVML entry points each collector needs (prefixes, as the fake counts them).
 CALLS = {
@@ -40,7 +40,7 @@ CALLS = {
 
 
 def one_h100(scenario: Scenario) -> Scenario:
-    """One H100 SXM with 8 processes: the node the README's series table describes."""
+    """One H100 SXM with 8 processes: the node docs/running.md's series table describes."""
     g = h100_sxm(scenario.add_gpu(), "collectors", 0, util=80, mem_used=60 * GIB, power_mw=500_000)
     for p in range(8):
         g.add_process(20_000 + p, GIB * (1 + p), name="python3", sm=50, mem=20)
@@ -100,16 +100,16 @@ def test_a_collector_switched_off_has_no_series_and_makes_no_nvml_call(
 
 
 def test_readme_series_table_matches_an_h100(nvml: Any, scenario: Scenario) -> None:
-    """The README's "series per GPU by collector" table, from real output of one H100 with 8 processes."""
+    """docs/running.md's "series per GPU by collector" table, from real output of one H100 with 8 processes."""
     one_h100(scenario)
     _, body = scrape_once(load_settings({"profiling_interval": 0.1}))
     by_collector: Counter[str] = Counter()
     for metric, n in per_gpu_series(body).items():
         by_collector[collector_of(metric)] += n
-    text = README.read_text()
+    text = RUNNING.read_text()
     table = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| `?([a-z]+)`? \| (\d+) \|", text, re.M)}
     want = {c: by_collector[c] for c in (*COLLECTORS, "always")}
-    assert {c: table.get(c) for c in want} == want, f"README series table is out of date: {want}"
+    assert {c: table.get(c) for c in want} == want, f"docs/running.md's series table is out of date: {want}"
     total = re.search(r"^\| total \| (\d+) \|", text, re.M)
     assert total is not None and int(total.group(1)) == sum(by_collector.values())
     # --help's figure (the collector's description) is held to the same count: it said 54 for nvlink

@@ -832,12 +832,12 @@ def test_checkov_passes_on_the_dockerfile(checkov_dockerfile: dict[str, Any]) ->
         assert c.get("suppress_comment"), f"{c['check_id']} is skipped without a reason"
 
 
-# --- the README's Kubernetes sections -----------------------------------------------------------
+# --- docs/deploying.md's Kubernetes sections -------------------------------------------------------
 
 
 def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "deploying.md").read_text()
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_readme_deploy_steps_start_with_building_and_pushing_the_image() -> None:

@@ -1,6 +1,6 @@
-"""Three nodes scraped by a real Prometheus configured with the README's own prometheus.yml.
+"""Three nodes scraped by a real Prometheus configured with the docs' own prometheus.yml (docs/deploying.md).
 
-The scrape config is read from the README's block, so the README cannot drift from what is tested:
+The scrape config is read from the docs' block, so the docs cannot drift from what is tested:
 every series and every alert of the rule files gets `node` from the relabelling, the dashboards'
 `node` variable lists the three nodes, every dashboard query returns data, power falls back to
 gpu_power_usage_watts on cards without an energy counter, and killing one exporter shows on the
@@ -46,18 +46,18 @@ FLEET = VALUES | {"node": ".*"}  # the fleet as Grafana shows it with every node
 
 
 def readme_prometheus_config() -> dict[str, Any]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "deploying.md").read_text()
     m = re.search(r"```yaml\n(# prometheus\.yml \(outside Kubernetes.*?)```", text, re.DOTALL)
-    assert m, "README lost its prometheus.yml block"
+    assert m, "docs/deploying.md lost its prometheus.yml block"
     config: dict[str, Any] = yaml.safe_load(m.group(1))
     return config
 
 
 def configured(readme: dict[str, Any], target_list: list[str]) -> dict[str, Any]:
-    """The README's config with this test's targets, rule files and a 1 s interval; nothing else changed."""
+    """The docs' config with this test's targets, rule files and a 1 s interval; nothing else changed."""
     (job,) = readme["scrape_configs"]
     (static,) = job["static_configs"]
-    assert static.keys() == {"targets"}, "the README's targets carry no hand-written labels"
+    assert static.keys() == {"targets"}, "the docs' targets carry no hand-written labels"
     static["targets"] = target_list
     readme["rule_files"] = [str(p) for p in RULES]
     readme["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"}

@@ -1,4 +1,4 @@
-"""Every command the README's "Deploying" section shows is run here, as written.
+"""Every command docs/deploying.md (the README's "Deploying") shows is run here, as written.
 
 A command that needs a cluster, a Docker engine or a Grafana host says so in a trailing
 ``# needs ...`` comment; those are listed, not run.  A command added to the README without a
@@ -28,11 +28,12 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DEPLOYING = ROOT / "docs" / "deploying.md"
 VENV_BIN = Path(sys.executable).parent
 
 
 def deploying_section() -> str:
-    return README.read_text().split("## Deploying", 1)[1].split("\n## ", 1)[0]
+    return DEPLOYING.read_text().split("\n## ", 1)[1]
 
 
 def shown_commands() -> tuple[list[str], list[str]]:

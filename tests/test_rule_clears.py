@@ -1,6 +1,6 @@
 """Rules are tuned the way users try (issue 34, item 3): every threshold with a clear threshold is
 one pair, checked by one rule; a clear past its threshold is refused, saying what to set; a
-threshold set alone takes its clear along; and the README's table of rules, which names every key
+threshold set alone takes its clear along; and docs/alerts.md's table of rules, which names every key
 with its default, is written from the settings, so it cannot drift from them.
 
 The pairs and their directions are listed here by hand, read off ``alerting/rules.py`` (``high``:
@@ -164,7 +164,7 @@ def test_a_threshold_set_alone_no_longer_flaps() -> None:
     assert states == [FIRING] and RESOLVED not in states
 
 
-# -- the README's table ------------------------------------------------------------------------------------
+# -- docs/alerts.md's table --------------------------------------------------------------------------------
 def generator() -> ModuleType:
     spec = importlib.util.spec_from_file_location("generate", ROOT / "docs" / "generate.py")
     assert spec is not None and spec.loader is not None
@@ -175,9 +175,9 @@ def generator() -> ModuleType:
 
 def readme_rows() -> dict[str, list[str]]:
     gen = generator()
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "alerts.md").read_text()
     block = text.split(gen.RULES_BEGIN, 1)[1].split(gen.END, 1)[0]
-    assert block == rules_table(), "the README's table of rules is stale: run .venv/bin/python docs/generate.py"
+    assert block == rules_table(), "docs/alerts.md's table of rules is stale: run .venv/bin/python docs/generate.py"
     rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines()[2:]]
     return {row[0].split("`")[1]: row for row in rows}
 
@@ -193,7 +193,7 @@ def test_the_readme_table_is_generated_and_names_every_key_of_every_rule_with_it
                 continue
             value = getattr(rule, key)
             written = re.search(rf"(\S+) \(`{key}`\)", text)
-            assert written is not None, f"{alert}.{key} is not in the README's table"
+            assert written is not None, f"{alert}.{key} is not in docs/alerts.md's table"
             if isinstance(value, list):
                 assert f"{', '.join(map(str, value))} (`{key}`)" in text
             elif isinstance(value, str):
@@ -219,12 +219,12 @@ def test_the_readme_table_severities_are_the_rules_own() -> None:
 
 def test_the_readme_example_of_a_warning_set_alone_is_what_the_settings_do() -> None:
     rules = load_settings({"rules": {"GpuMemoryHigh": {"warning": 0.6}}}).rules.GpuMemoryHigh
-    assert f"(`warning: 0.6` alone clears\nbelow {rules.warning_clear:g};" in (ROOT / "README.md").read_text()
+    assert f"(`warning: 0.6` alone clears\nbelow {rules.warning_clear:g};" in (ROOT / "docs" / "alerts.md").read_text()
 
 
 def test_the_generator_checks_and_rewrites_the_readme_table(tmp_path: Path) -> None:
     gen = generator()
-    assert gen.main(["--check"]) == 0  # the README and docs/metrics.md are fresh
+    assert gen.main(["--check"]) == 0  # docs/alerts.md and docs/metrics.md are fresh
     stale = f"intro\n{gen.RULES_BEGIN}| `GpuLost` | critical | old words |\n{gen.END}after\n"
     fresh = gen.generated(stale, rules_table(), gen.RULES_BEGIN, tmp_path / "README.md")
     assert fresh != stale and fresh.startswith("intro\n") and fresh.endswith(f"{gen.END}after\n")

@@ -2,13 +2,14 @@
 
 ``--poll.gpu-timeout`` is the key ``poll_gpu_timeout`` and ``GPU_EXPORTER_POLL_GPU_TIMEOUT``: the key
 is the flag with ``.`` and ``-`` made ``_``, the variable the key's path in capitals, ``__`` between
-levels, after ``GPU_EXPORTER_``. Every flag is checked against the rule here, and each one that breaks
-it must be named in the README's configuration paragraph (and each one named there must break it), so
-the paragraph says the truth about every flag. The three settings that once broke it
+levels, after ``GPU_EXPORTER_``. Every flag is checked against the rule here, and each one that
+breaks it must be named in docs/running.md's configuration paragraph (and each one named there must
+break it), so the paragraph says the truth about every flag. The three settings that once broke it
 (``listen_address``, ``static_refresh_interval``, ``gpu_timeout``) are still read under those keys,
-so no file or unit written for them breaks; the code knows them by their key alone (issue 51, item 4). A setting flag's help is its field's description and
-default, so the two cannot drift apart. dcgm-exporter's ``--hpc-job-mapping-dir`` and its
-``DCGM_HPC_JOB_MAPPING_DIR`` set ``slurm.job_mapping_dir``, so its users need not rewrite their units.
+so no file or unit written for them breaks; the code knows them by their key alone (issue 51, item 4).
+A setting flag's help is its field's description and default, so the two cannot drift apart.
+dcgm-exporter's ``--hpc-job-mapping-dir`` and its ``DCGM_HPC_JOB_MAPPING_DIR`` set
+``slurm.job_mapping_dir``, so its users need not rewrite their units.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ def breaks_the_rule(flag: str, tmp: Path) -> bool:
 
 
 def readme_exceptions() -> str:
-    section = (ROOT / "README.md").read_text().split("### Configuration", 1)[1]
+    section = (ROOT / "docs" / "running.md").read_text().split("## Configuration", 1)[1]
     m = re.search(r"Except (.*?)\. A bad value", section, flags=re.DOTALL)
-    assert m, "the README's configuration paragraph no longer lists the flags that break the rule"
+    assert m, "docs/running.md's configuration paragraph no longer lists the flags that break the rule"
     return m.group(1)
 
 
@@ -88,10 +89,10 @@ def test_every_flag_follows_the_rule_or_the_readme_names_it(tmp_path: Path) -> N
         named = named.replace("<name>", "*")
         patterns += [named.replace("[no-]", ""), named.replace("[no-]", "no-")] if "[no-]" in named else [named]
     unlisted = sorted(f for f in breaking if not any(fnmatch(f, p) for p in patterns))
-    assert unlisted == [], f"flags that break the naming rule and that the README does not name: {unlisted}"
+    assert unlisted == [], f"flags that break the naming rule and that docs/running.md does not name: {unlisted}"
     needless = sorted(p for p in patterns if not any(fnmatch(f, p) for f in breaking))
-    assert needless == [], f"the README names flags that follow the rule (or do not exist): {needless}"
-    # Where a flag sets one setting, the README names it beside the flag.
+    assert needless == [], f"docs/running.md names flags that follow the rule (or do not exist): {needless}"
+    # Where a flag sets one setting, docs/running.md names it beside the flag.
     for flag in sorted(breaking):
         paths = [path for path, _ in leaves(what_it_sets(flag, tmp_path))]
         if len(paths) == 1 and not flag.startswith(("--collector.", "--no-collector.", "--alerting.")):
@@ -231,7 +232,7 @@ def test_a_duration_is_shown_as_one_would_write_it(seconds: float, written: str)
 
 def test_the_renamed_settings_and_their_old_keys() -> None:
     assert OLD_KEYS == RENAMED
-    for old, key in RENAMED.items():
+    for key in RENAMED.values():
         assert SETTING_KEYS[key] == key  # one name end to end: the code reads settings.<key>
 
 

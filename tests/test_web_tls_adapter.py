@@ -33,7 +33,7 @@ def test_this_python_is_one_the_tls_adapter_is_known_to_work_on() -> None:
         "Check Lib/asyncio/sslproto.py of this version for what the module's docstring lists (the "
         "constructor's parameters, max_size sizing the read buffer, get_buffer/buffer_updated, the app "
         "protocol's connection_made after peercert is known), run tests/test_web_security.py and "
-        "tests/test_web_hostile.py, then add the version to KNOWN_PYTHONS and to the README."
+        "tests/test_web_hostile.py, then add the version to KNOWN_PYTHONS and to docs/deploying.md."
     )
 
 
@@ -104,8 +104,8 @@ def test_a_handshake_through_the_adapter(tmp_path: Path, ca: trustme.CA) -> None
         assert (status, body) == (200, b"ok\n")
 
 
-def test_the_readme_states_the_pythons_it_runs_on() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+def test_the_docs_state_the_pythons_it_runs_on() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "deploying.md").read_text(encoding="utf-8")
     versions = [f"{a}.{b}" for a, b in tls.KNOWN_PYTHONS]
     assert f"It runs on CPython {', '.join(versions[:-1])} and {versions[-1]}" in readme
 

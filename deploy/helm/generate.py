@@ -148,7 +148,7 @@ def config_definitions() -> dict[str, Any]:
     for old, key in OLD_KEYS.items():
         if key in root["properties"]:
             root["properties"][old] = {**root["properties"][key], "description": f"the old name of {key}, still read"}
-    root["description"] = "the exporter's config file (README, Configuration), less what the chart sets"
+    root["description"] = "the exporter's config file (docs/running.md, Configuration), less what the chart sets"
     root["additionalProperties"] = False
     # Definitions only the left-out settings used (report's) go too.
     used: set[str] = set()

@@ -8,7 +8,7 @@ typo never silently disables an alert and no setting fails later, at send time.
 A threshold with a clear threshold (``warning`` and ``warning_clear``, ``threshold`` and
 ``clear_threshold``, ...) is declared once as a :class:`Hysteresis` pair, and one validator treats
 every pair alike: a clear left out follows its threshold at the defaults' distance, and one set past
-its threshold, where the alert would fire and clear at once and flap, is refused.  The README's
+its threshold, where the alert would fire and clear at once and flap, is refused.  docs/alerts.md's
 table of rules is written from these models and :data:`RULE_DOCS` (``docs/generate.py``).
 """
 
@@ -218,7 +218,7 @@ class RulesSettings(BaseModel):
 
 @dataclass(frozen=True)
 class RuleDoc:
-    """One row of the README's table of rules.  ``{key}`` in ``fires`` and ``clears`` is written as the
+    """One row of docs/alerts.md's table of rules.  ``{key}`` in ``fires`` and ``clears`` is written as the
     key's default and the key, ``0.9 (`warning`)``: each default is written in one place, the model."""
 
     severity: str
@@ -295,7 +295,7 @@ def _written(value: Any, duration: bool) -> str:
 
 
 def rules_table() -> str:
-    """The README's table of rules: every key of every rule, with its default."""
+    """docs/alerts.md's table of rules: every key of every rule, with its default."""
     rows = ["| alert | severity | fires when (default `key`) | `for` | clears when |", "|---|---|---|---|---|"]
     defaults = RulesSettings()
     for alertname in RulesSettings.model_fields:

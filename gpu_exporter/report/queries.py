@@ -62,7 +62,7 @@ SLICE = "gpu_instance_id"
 EXPORTED = ", ".join((*EVERY_HOLDER_LABEL, SLICE, "state"))
 EVERY_HOLDER_LABEL_AND_SLICE = ", ".join((*EVERY_HOLDER_LABEL, SLICE))
 WITH_UUID, WITHOUT_UUID = 'uuid!=""', 'uuid=""'
-# The job the docs tell users to scrape the exporter in: the README's ``job_name: gpu-exporter``, the
+# The job the docs tell users to scrape the exporter in: docs/deploying.md's ``job_name: gpu-exporter``, the
 # ServiceMonitor's Service (the Helm chart's ``<release>-gpu-exporter``); GpuExporterDown matches it so.
 # Where its copy of a GPU and another target's disagree about who held it, its copy is the GPU's.
 OWN_JOB = ".*gpu-exporter.*"
