@@ -34,6 +34,10 @@ METRIC_OF = {"graphics_util": "graphics_active", "sm_util": "sm_active", "sm_occ
              "fp32_util": "fp32_active", "fp16_util": "fp16_active"}  # fmt: skip
 ACTIVITY_NAMES = {f"gpu_{m}_ratio" for m in METRIC_OF.values()}
 
+# The fake's processes, by pids above Linux's PID_MAX_LIMIT (2^22): never a process of the host that runs
+# the tests, whose name the exporter would read from /proc instead (a kworker was pid 4242 once).
+TRAINER, NOTEBOOK = 4_198_546, 4_198_647
+
 
 def hopper(s: Scenario, uuid: str = UUID) -> Any:
     g = s.add_gpu().identity("NVIDIA H100 80GB HBM3", uuid).utilization(95, 40).memory(80 * GIB, 60 * GIB)
@@ -327,19 +331,19 @@ def test_a_lost_gpu_loses_its_samples_and_starts_a_new_pair_when_back(scenario: 
 # -- per process ---------------------------------------------------------------------------------------
 def test_per_process_utilization(scenario: Scenario, nvml: Any) -> None:
     g = hopper(scenario).process_utilization(50)
-    g.add_process(4242, 30 * GIB, name="trainer", sm=70, mem=25)
-    g.add_process(4343, 10 * GIB, name="notebook")  # holds memory, runs nothing: no driver sample
+    g.add_process(TRAINER, 30 * GIB, name="trainer", sm=70, mem=25)
+    g.add_process(NOTEBOOK, 10 * GIB, name="notebook")  # holds memory, runs nothing: no driver sample
     scenario.write()
     poller, errors = make_poller()
     s = samples_of(poller.poll())
-    assert value(s, "gpu_process_sm_utilization_ratio", pid="4242", process="trainer") == pytest.approx(0.70)
-    assert value(s, "gpu_process_memory_utilization_ratio", pid="4242") == pytest.approx(0.25)
-    assert value(s, "gpu_process_sm_utilization_ratio", pid="4343") == 0.0  # idle is a real 0
+    assert value(s, "gpu_process_sm_utilization_ratio", pid=str(TRAINER), process="trainer") == pytest.approx(0.70)
+    assert value(s, "gpu_process_memory_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.25)
+    assert value(s, "gpu_process_sm_utilization_ratio", pid=str(NOTEBOOK)) == 0.0  # idle is a real 0
     g.processes[0].utilization = (0, 0, 0, 0)  # the trainer stops; the driver has no busy sample any more
     scenario.write()
     time.sleep(0.12)  # past the profiling interval (0.1 s here) and the driver's 50 ms sample period
     s = samples_of(poller.poll())
-    assert value(s, "gpu_process_sm_utilization_ratio", pid="4242") == 0.0
+    assert value(s, "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) == 0.0
     assert not [k for k in errors.counts if "ProcessUtilization" in k[0]], errors.counts
     poller.close()
 
@@ -348,12 +352,12 @@ def test_per_process_utilization_passes_the_last_seen_timestamp(scenario: Scenar
     """The second read asks only for samples newer than the first's: within one driver sample
     period there are none (NOT_FOUND), which is not an error."""
     g = hopper(scenario).process_utilization(60_000)  # one sample a minute
-    g.add_process(4242, 30 * GIB, name="trainer", sm=70)
+    g.add_process(TRAINER, 30 * GIB, name="trainer", sm=70)
     scenario.write()
     poller, errors = make_poller()
-    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
+    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.7)
     time.sleep(0.12)
-    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == 0.0
+    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) == 0.0
     assert not errors.counts.get(("nvmlDeviceGetProcessUtilization", "not_found"))
     poller.close()
 
@@ -363,21 +367,21 @@ def test_a_wall_clock_stepped_back_an_hour_leaves_per_process_utilization_read(s
     read.  Asked for samples since that one, it has none for an hour, and every busy process would
     read idle; the exporter asks since its previous read, on the stepped clock, and reads them."""
     g = hopper(scenario).process_utilization(50)
-    g.add_process(4242, 30 * GIB, name="trainer", sm=70, mem=25)
+    g.add_process(TRAINER, 30 * GIB, name="trainer", sm=70, mem=25)
     scenario.write()
     poller, errors = make_poller()
-    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
+    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.7)
     step_wall_clock(-3600)
     try:
         for _ in range(3):
             advance_clock(0.2)  # past the profiling interval and the driver's sample period
             s = samples_of(poller.poll())
-            assert value(s, "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
-            assert value(s, "gpu_process_memory_utilization_ratio", pid="4242") == pytest.approx(0.25)
+            assert value(s, "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.7)
+            assert value(s, "gpu_process_memory_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.25)
     finally:
         step_wall_clock(3600)  # and forward again: the samples are newer than any seen, as they are
     advance_clock(0.2)
-    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid="4242") == pytest.approx(0.7)
+    assert value(samples_of(poller.poll()), "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.7)
     assert not [k for k in errors.counts if "ProcessUtilization" in k[0]], errors.counts
     poller.close()
 
@@ -410,13 +414,13 @@ def test_per_process_utilization_absent_where_unavailable(
 ) -> None:
     g = hopper(scenario)
     setup(g)
-    g.add_process(4242, 30 * GIB, name="trainer", sm=70)
+    g.add_process(TRAINER, 30 * GIB, name="trainer", sm=70)
     scenario.write()
     poller, errors = make_poller()
     for _ in range(3):
         s = samples_of(poller.poll())
         time.sleep(0.11)
-    assert value(s, "gpu_process_sm_utilization_ratio", pid="4242") is None
+    assert value(s, "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) is None
     if counted is not None:
         assert errors.counts[counted] == 1  # not supported, or not allowed: said once, not at every poll
     poller.close()
@@ -424,12 +428,12 @@ def test_per_process_utilization_absent_where_unavailable(
 
 def test_a_sentinel_process_utilization_is_unavailable_and_counted(scenario: Scenario, nvml: Any) -> None:
     g = hopper(scenario).process_utilization(50)
-    g.add_process(4242, 30 * GIB, name="trainer", sm=4294967295, mem=10)
+    g.add_process(TRAINER, 30 * GIB, name="trainer", sm=4294967295, mem=10)
     scenario.write()
     poller, errors = make_poller()
     s = samples_of(poller.poll())
-    assert value(s, "gpu_process_sm_utilization_ratio", pid="4242") is None
-    assert value(s, "gpu_process_memory_utilization_ratio", pid="4242") == pytest.approx(0.10)
+    assert value(s, "gpu_process_sm_utilization_ratio", pid=str(TRAINER)) is None
+    assert value(s, "gpu_process_memory_utilization_ratio", pid=str(TRAINER)) == pytest.approx(0.10)
     assert errors.counts[("nvmlDeviceGetProcessUtilization", "out_of_range")] == 1
     poller.close()
 
@@ -442,7 +446,7 @@ def test_the_profiling_interval_bounds_the_driver_calls(scenario: Scenario, nvml
     from gpu_exporter.sources.poller import Poller
 
     g = hopper(scenario).process_utilization(50)
-    g.add_process(4242, 30 * GIB, name="trainer", sm=70)
+    g.add_process(TRAINER, 30 * GIB, name="trainer", sm=70)
     scenario.write()
     now = [1000.0]
     errors = ErrorLog()
@@ -517,7 +521,7 @@ def test_the_exporter_works_with_the_oldest_and_newest_nvidia_ml_py(tmp_path: Pa
     """--once against a Hopper with GPM and MIG, through each version's own ctypes structs (their
     GPM metric arrays differ in length: 98 in 12.535, 477 in 13.x, under the same struct version)."""
     s = Scenario(tmp_path / "node.scn")
-    hopper(s).process_utilization(50).add_process(4242, GIB, name="trainer", sm=70)
+    hopper(s).process_utilization(50).add_process(TRAINER, GIB, name="trainer", sm=70)
     mig_node(s)
     s.write()
     env = subprocess_env(s.path)
@@ -599,7 +603,7 @@ def test_the_fakes_gpm_layout_agrees_with_each_bindings_version(tmp_path: Path, 
 
 def test_once_shows_activity_and_per_process_utilization(tmp_path: Path) -> None:
     s = Scenario(tmp_path / "node.scn")
-    hopper(s).process_utilization(50).add_process(4242, GIB, name="trainer", sm=70)
+    hopper(s).process_utilization(50).add_process(TRAINER, GIB, name="trainer", sm=70)
     s.write()
     out = subprocess.run([sys.executable, "-m", "gpu_exporter", "--once"], env=subprocess_env(s.path),
                          capture_output=True, text=True, timeout=60)  # fmt: skip
