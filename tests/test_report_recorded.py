@@ -223,6 +223,20 @@ def test_one_scraper_alone_gives_the_same_money_on_both_paths(store: Prometheus)
     assert (rec["totals"], rec["gpus"], rec["holders"]) == (raw["totals"], raw["gpus"], raw["holders"])
 
 
+def test_a_fleet_read_in_shards_gives_what_it_gives_read_whole(
+    store: Prometheus, both: dict[str, tuple[dict[str, Any], str]]
+) -> None:
+    """A GPU a shard (``--prometheus.shard-gpus 1``): the merged GPU's copies fall in its shard, n1 GPU 0's
+    and n4's price changes cut their own shard's hours into pieces, the timeline is the shards' added up,
+    and the report is the one read whole, to the float."""
+    doc, err = as_json(store.url, *SPAN, "--prometheus.recorded", "yes", "--prometheus.shard-gpus", "1")
+    assert "the GPUs in 6 shards" in err and "hours over time, GPUs 6/6" in err, err
+    whole = both["yes"][0]
+    for key in ("totals", "gpus", "holders", "recommendations", "timeline"):
+        assert doc[key] == whole[key], key
+    assert doc["totals"]["merged_gpus"] == 1
+
+
 def test_the_history_holds_the_edges_the_recorded_path_keeps(both: dict[str, tuple[dict[str, Any], str]]) -> None:
     """Not a trivial history: a price changed mid-hour, one GPU merged from two scrapers, a restart."""
     doc = both["yes"][0]
@@ -366,6 +380,17 @@ def test_a_range_read_in_parts_costs_what_it_costs_read_raw(
             assert g[field] == pytest.approx(r[field], abs=step), (g["node"], g["gpu"], field)
     assert doc["totals"]["cost"] == pytest.approx(raw["totals"]["cost"], rel=0.002)
     assert [r["kind"] for r in doc["recommendations"]] == [r["kind"] for r in raw["recommendations"]]
+
+
+def test_a_range_read_in_parts_and_shards_gives_what_it_gives_read_whole(
+    fine_store: Prometheus, in_parts: dict[str, tuple[dict[str, Any], str]]
+) -> None:
+    """The raw ends and the recorded hours, each asked three GPUs at a time: the same report."""
+    doc, err = as_json(fine_store.url, *OFF_HOURS, "--prometheus.shard-gpus", "3")
+    assert "in 3 parts, the GPUs in 3 shards" in err, err
+    whole = in_parts["parts"][0]
+    for key in ("totals", "gpus", "holders", "recommendations", "timeline"):
+        assert doc[key] == whole[key], key
 
 
 def test_csv_of_a_range_read_in_parts_adds_up_to_its_total(fine_store: Prometheus, tmp_path: Path) -> None:

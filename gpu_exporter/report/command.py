@@ -9,15 +9,18 @@ import os
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..settings.durations import parse_duration
 from ..untrusted import for_terminal
+from . import shards as sharding
 from .catalogue import CatalogueError, load_catalogue
 from .client import MAX_ANSWER_BYTES, MAX_VALUE, PASSWORD_ENV, TOKEN_ENV, ClientOptions, PromClient, QueryError
 from .cost import Part, currencies, pick_currency, plan, seen_twice
@@ -40,6 +43,7 @@ from .queries import (
     anywhere,
     disagreeing,
     exact_cost,
+    fleet,
     hours,
     other_jobs,
     presence,
@@ -191,6 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(some 32,000 series by default)",
     )
     p.add_argument(
+        "--prometheus.shard-gpus",
+        dest="shard_gpus",
+        type=int,
+        default=sharding.SHARD_GPUS,
+        metavar="N",
+        help="where the hourly recorded series are read, ask at most this many GPUs per query (default "
+        f"{sharding.SHARD_GPUS}): a store's bound on the series one query touches then holds for any fleet; "
+        "lower it where a store refuses a query for its size",
+    )
+    p.add_argument(
         "--prometheus.recorded",
         dest="recorded",
         choices=RECORDED_MODES,
@@ -321,22 +335,36 @@ def one_currency(client: PromClient, parts: list[tuple[Window, list[Query]]], as
     return pick_currency({"prices": prices}, None)
 
 
-def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], progress: Progress,
-                currency: str | None, recorded: bool = False) -> dict[str, Any]:  # fmt: skip
+def run_queries(client: PromClient, w: Window, matchers: str, asked: Callable[[str], list[Query]],
+                progress: Progress, currency: str | None, recorded: bool = False,
+                cut: Sequence[sharding.Shard] = (sharding.WHOLE,)) -> dict[str, Any]:  # fmt: skip
+    """The answers of a part of the range: ``asked``'s queries (given the matchers), then, once the prices
+    and the targets are in, the hours, the timeline and what they call for.  Each is asked of every
+    shard of the fleet in ``cut`` (``shards.shards``) and the shards' answers put together."""
+
     def one(q: Query) -> Any:
         progress.started(q.what)
         return ask(client, w, q)
 
+    def of_shard(qs: list[Query], n: int) -> list[Query]:
+        """Where there are shards, each query says its shard: in progress lines and in errors."""
+        return qs if len(cut) == 1 else [replace(q, what=f"{q.what}, GPUs {n + 1}/{len(cut)}") for q in qs]
+
+    got: dict[str, list[Any]] = defaultdict(list)
     results: dict[str, Any] = {}
     # A few at a time: the server works on each in parallel, and no fleet's server is hit by a burst.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        pending = {pool.submit(one, q): q for q in qs}
+        pending = {pool.submit(one, q): q for n, shard in enumerate(cut)
+                   for q in of_shard(asked(sharding.within(matchers, shard.matcher)), n)}  # fmt: skip
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 q = pending.pop(f)
-                results[q.key] = f.result()
+                got[q.key].append(f.result())
                 progress.finished(q.what)
+                if len(got[q.key]) < len(cut):
+                    continue
+                results[q.key] = sharding.together(q.key, got.pop(q.key))
                 if q.key not in PLANNED_FROM or not set(results) >= PLANNED_FROM:
                     continue
                 # The prices say where to cut the range for the hours, and which GPUs need every step's;
@@ -344,16 +372,31 @@ def run_queries(client: PromClient, w: Window, matchers: str, qs: list[Query], p
                 picked = pick_currency(results, currency)  # several and none asked for: stop here
                 p = plan(w, results, picked)
                 copies = seen_twice(results)
-                more = [*(hours(w, matchers, a, b, copies, recorded) for a, b in p.pieces),
-                        timeline(w, matchers, copies, recorded)]  # fmt: skip
-                if p.exact:
-                    assert picked is not None
-                    more.append(exact_cost(w, matchers, sorted(p.exact.values()), picked, copies, recorded))
-                if copies and results["other_jobs"]:  # other jobs' copies: which disagree, to name them
-                    more.append(disagreeing(w, matchers, recorded))
-                progress.total += len(more) - 2  # the hours and the timeline were counted from the start
+                more: list[Query] = []
+                for n, shard in enumerate(cut):
+                    m = sharding.within(matchers, shard.matcher)
+                    mine = [*(hours(w, m, a, b, copies, recorded) for a, b in p.pieces),
+                            timeline(w, m, copies, recorded)]  # fmt: skip
+                    # Priced step by step: the GPUs of this shard's (a fleet asked whole: all of them).
+                    exact = sorted(u for u in p.exact.values() if not shard.matcher or u in shard.uuids)
+                    if exact:
+                        assert picked is not None
+                        mine.append(exact_cost(w, m, exact, picked, copies, recorded))
+                    if copies and results["other_jobs"]:  # other jobs' copies: which disagree, to name them
+                        mine.append(disagreeing(w, m, recorded))
+                    more += of_shard(mine, n)
+                progress.total += len(more) - 2 * len(cut)  # the hours and the timeline were counted from the start
                 pending.update({pool.submit(one, x): x for x in more})
     return results
+
+
+def cut_fleet(client: PromClient, planned: list[Read], matchers: str, size: int) -> list[sharding.Shard]:
+    """The shards the fleet is asked in (``shards.shards``): its GPUs, by UUID, from each part's own series."""
+    uuids: set[str] = set()
+    for r in planned:
+        q = fleet(r.w, matchers, r.recorded)
+        uuids |= {labels.get("uuid", "") for labels, _ in ask(client, r.w, q)}
+    return sharding.shards(uuids, size)
 
 
 def _count(rows: list[tuple[dict[str, str], float]], window: str) -> float | None:
@@ -373,7 +416,8 @@ def _count(rows: list[tuple[dict[str, str], float]], window: str) -> float | Non
 
 
 def _asked(r: Read, matchers: str, last: bool) -> list[Query]:
-    """What a part of the range is asked: who holds each GPU now only of the last part."""
+    """What a part of the range is asked (of a shard, given its matchers): who holds each GPU now only
+    of the last part."""
     qs = [*(recorded_queries(r.w, matchers) if r.recorded else queries(r.w, matchers)),
           other_jobs(r.w, matchers, r.recorded)]  # fmt: skip
     return qs if last else [q for q in qs if q.key != "holders_now"]
@@ -447,6 +491,8 @@ def _options(args: argparse.Namespace) -> tuple[Options, float]:
         raise UsageError(f"--prometheus.timeout: {e}") from e
     if timeout <= 0:
         raise UsageError(f"--prometheus.timeout must be more than 0 s (got {args.timeout!r})")
+    if not 1 <= args.shard_gpus <= 1_000_000:
+        raise UsageError(f"--prometheus.shard-gpus must be from 1 to 1000000 (got {args.shard_gpus})")
     if not 1 <= args.max_answer_mib <= 65536:
         raise UsageError(f"--prometheus.max-answer-mib must be from 1 to 65536 (got {args.max_answer_mib})")
     opts = Options(
@@ -497,8 +543,12 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
         asked = planned[0].w
         if len(planned) == 1 and not planned[0].recorded:
             planned = [Read(asked.from_epoch(), False)]
+        # A large fleet read from the recorded series is asked in shards of GPUs (``shards``).
+        cut = cut_fleet(client, planned, matchers, args.shard_gpus) if any(r.recorded for r in planned) else \
+            [sharding.WHOLE]  # fmt: skip
         asks = [_asked(r, matchers, last=n == len(planned) - 1) for n, r in enumerate(planned)]
-        total = sum(len(qs) + 2 for qs in asks)  # the hours and the timeline of each part come later
+        total = sum(len(qs) + 2 for qs in asks) * len(cut)  # the hours and the timeline of each part come later
+        sharded = f", the GPUs in {len(cut)} shards" if len(cut) > 1 else ""
         progress = Progress(None if args.quiet else sys.stderr, total)
         progress.say(said)
         if span.requested_end is not None:
@@ -508,14 +558,17 @@ def main(argv: Sequence[str], now: Callable[[], float] = time.time,
                     f"{iso(planned[0].w.start)}")  # fmt: skip
         if len(planned) == 1:
             w = planned[0].w
-            progress.say(f"{total} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s)")
+            progress.say(
+                f"{total} queries to {client.shown} over {w.hours:g} h ({w.points} steps of {w.step} s){sharded}"
+            )
         else:
             w = Window(planned[0].w.start, planned[-1].w.end, HOUR)
-            progress.say(f"{total} queries to {client.shown} over {w.hours:g} h, in {len(planned)} parts")
+            progress.say(f"{total} queries to {client.shown} over {w.hours:g} h, in {len(planned)} parts{sharded}")
         currency = one_currency(client, [(r.w, qs) for r, qs in zip(planned, asks, strict=True)], opts.currency)
         with progress:
-            parts = [Part(r.w, run_queries(client, r.w, matchers, qs, progress, currency, r.recorded))
-                     for r, qs in zip(planned, asks, strict=True)]  # fmt: skip
+            parts = [Part(r.w, run_queries(client, r.w, matchers, partial(_asked, r, last=n == len(planned) - 1),
+                                           progress, currency, r.recorded, cut))
+                     for n, r in enumerate(planned)]  # fmt: skip
             gaps = scan(client, [r.w for r in planned if not r.recorded], matchers)
         results = parts[0].results if len(parts) == 1 else together(parts)
         longest = max(parts, key=lambda p: p.w.hours).w

@@ -793,3 +793,12 @@ def recorded_queries(w: Window, matchers: str) -> list[Query]:
             GPU=GPU, facts=_union([("what", what, f"max_over_time({_sel(metric, matchers)}[1h])")
                                    for what, metric in RECORDED_LINK_FACTS.items()])), at=w.end),
     ]  # fmt: skip
+
+
+def fleet(w: Window, matchers: str, recorded: bool) -> Query:
+    """The UUIDs of the GPUs in the range (a row each; a GPU without one, a row without the label)."""
+    if recorded:
+        inner = f"count_over_time({_sel(REC_DOWN, matchers)}[{w.points * HOUR}s] offset 1ms)"
+        return Query("fleet", "GPUs in the range (recorded)", f"count by (uuid) ({inner})", at=w.end + LAG)
+    inner = f"count_over_time({_sel('gpu_state_seconds_total', matchers, DOWN)}[{w.end - w.start}s])"
+    return Query("fleet", "GPUs in the range", f"count by (uuid) ({inner})", at=w.end)
