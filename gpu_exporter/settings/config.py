@@ -248,15 +248,30 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="the least severe level logged")
     node_name: str | None = Field(None, description="the node label on alerts; if none, $NODE_NAME, else the hostname")
     process_top_n: int = Field(20, ge=0, description="process series per GPU, the biggest first (0: all)")
-    kubernetes: KubernetesSettings = KubernetesSettings()
-    slurm: SlurmSettings = SlurmSettings()
-    containers: ContainerSettings = ContainerSettings()
-    rules: RulesSettings = RulesSettings()
-    alerting: AlertingSettings = AlertingSettings()
-    pricing: PricingSettings | None = None
-    accounting: AccountingSettings = AccountingSettings()
-    collectors: CollectorSettings = CollectorSettings()
-    report: ReportSettings = ReportSettings()  # gpu-exporter report's; the daemon does not read it
+    kubernetes: KubernetesSettings = Field(
+        default_factory=KubernetesSettings, description="pods as holders, from the kubelet's pod-resources API"
+    )
+    slurm: SlurmSettings = Field(
+        default_factory=SlurmSettings, description="Slurm jobs as holders: job_mapping_dir, job_from_cgroup"
+    )
+    containers: ContainerSettings = Field(
+        default_factory=ContainerSettings, description="containers as holders, names from the Docker or Podman API"
+    )
+    rules: RulesSettings = Field(default_factory=RulesSettings, description="the alert rules and their thresholds")
+    alerting: AlertingSettings = Field(
+        default_factory=AlertingSettings, description="where alerts go: Alertmanagers and webhooks"
+    )
+    pricing: PricingSettings | None = Field(None, description="the price of an hour of each GPU model")
+    accounting: AccountingSettings = Field(
+        default_factory=AccountingSettings, description="how GPU time is kept by state and holder"
+    )
+    collectors: CollectorSettings = Field(
+        default_factory=CollectorSettings, description="groups of series collected; one off makes none of its queries"
+    )
+    # gpu-exporter report's; the daemon does not read it
+    report: ReportSettings = Field(
+        default_factory=ReportSettings, description="gpu-exporter report's options (flags win); the daemon ignores them"
+    )
 
     @field_validator("web_listen_address")
     @classmethod
