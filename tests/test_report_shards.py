@@ -47,10 +47,15 @@ def test_each_gpu_falls_in_exactly_one_shard_of_at_most_the_size(uuids: set[str]
     assert max(len(s.matcher) for s in cut) < 1000
 
 
-def test_a_gpu_the_fleet_query_missed_still_falls_in_one_shard_at_most() -> None:
-    cut = shards(fleet(1001), 100)
-    for late in ("GPU-00000000-new", "GPU-ffffffff-new", "GPU-7", "MIG-1"):
-        assert sum(matches(s, late) for s in cut) <= 1, late
+@pytest.mark.parametrize("uuids", [
+    fleet(1001), {f"GPU-{i:08x}-0000" for i in range(1001)}, {f"GPU-1{i}" for i in range(300)},
+], ids=["random", "sequential", "nested"])  # fmt: skip
+def test_a_gpu_the_fleet_query_did_not_list_still_falls_in_exactly_one_shard(uuids: set[str]) -> None:
+    """An exporter that writes no "down" series is not listed: its GPUs' series must still be read once."""
+    cut = shards(uuids, 100)
+    late = ["", "GPU-", "GPU-1", "GPU-00000000-new", "GPU-ffffffff-new", "GPU-7", "GPU-1x", "MIG-1", "]", "-", "\\"]
+    for u in [*late, *(x + "z" for x in uuids), *(x[:-1] for x in uuids)]:
+        assert sum(matches(s, u) for s in cut) == 1, u
 
 
 def test_a_uuid_with_regex_or_quote_characters_matches_itself_alone() -> None:

@@ -304,7 +304,8 @@ class Progress:
     def _tick(self) -> None:
         while not self._stop.wait(self.every):
             with self._lock:
-                waiting = ", ".join(self.running)
+                running = list(self.running)
+            waiting = ", ".join(running[:4]) + (f" and {len(running) - 4} more" if len(running) > 4 else "")
             if waiting:
                 self.say(f"still waiting for {waiting} ({time.monotonic() - self.t0:.0f} s)")
 
@@ -343,8 +344,11 @@ def run_queries(client: PromClient, w: Window, matchers: str, asked: Callable[[s
     shard of the fleet in ``cut`` (``shards.shards``) and the shards' answers put together."""
 
     def one(q: Query) -> Any:
+        # Finished where it finishes: the main thread may be busy putting answers together meanwhile.
         progress.started(q.what)
-        return ask(client, w, q)
+        answer = ask(client, w, q)
+        progress.finished(q.what)
+        return answer
 
     def of_shard(qs: list[Query], n: int) -> list[Query]:
         """Where there are shards, each query says its shard: in progress lines and in errors."""
@@ -361,7 +365,6 @@ def run_queries(client: PromClient, w: Window, matchers: str, asked: Callable[[s
             for f in done:
                 q = pending.pop(f)
                 got[q.key].append(f.result())
-                progress.finished(q.what)
                 if len(got[q.key]) < len(cut):
                     continue
                 results[q.key] = sharding.together(q.key, got.pop(q.key))

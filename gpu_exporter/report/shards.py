@@ -46,27 +46,39 @@ def _escaped(prefix: str) -> str:
     return re.escape(prefix).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _cut(uuids: list[str], prefix: str, size: int) -> list[list[tuple[str, list[str]]]]:
-    """The sorted ``uuids``, all starting with ``prefix``, in shards of at most ``size``: each shard a list
-    of (regex, its UUIDs), a regex being a prefix with any rest (``P.*``) or a UUID alone."""
+def _items(uuids: list[str], prefix: str, size: int) -> list[tuple[str, list[str]]]:
+    """The sorted ``uuids``, all starting with ``prefix``, as (regex, its UUIDs) of at most ``size`` each, a
+    regex being a prefix with any rest (``P.*``) or a UUID alone.  Together the regexes match every string
+    that starts with ``prefix``, listed or not: a GPU the fleet query did not list (an exporter that
+    writes no "down" series) still falls in one shard, never in none."""
     if len(uuids) <= size:
-        return [[(_escaped(prefix) + ".*", uuids)]]
-    groups: dict[str | None, list[str]] = {}
-    for u in uuids:  # by the character after the prefix (None: the UUID is the prefix itself)
-        groups.setdefault(u[len(prefix)] if len(u) > len(prefix) else None, []).append(u)
-    out: list[list[tuple[str, list[str]]]] = []
-    current: list[tuple[str, list[str]]] = []
-    n = 0
+        return [(_escaped(prefix) + ".*", uuids)]
+    groups: dict[str, list[str]] = {}
+    for u in uuids:  # by the character after the prefix; the prefix itself is a UUID in the "" group
+        groups.setdefault(u[len(prefix) : len(prefix) + 1], []).append(u)
+    out: list[tuple[str, list[str]]] = []
     for c, group in groups.items():
-        if c is not None and len(group) > size:
-            out += _cut(group, prefix + c, size)
-            continue
-        if n + len(group) > size:
-            out.append(current)
-            current, n = [], 0
-        current.append((_escaped(prefix) if c is None else _escaped(prefix + c) + ".*", group))
-        n += len(group)
-    return [*out, current] if current else out
+        if c and len(group) > size:
+            out += _items(group, prefix + c, size)
+        else:
+            out.append((_escaped(prefix + c) + ".*" if c else _escaped(prefix), group))
+    # The rest under the prefix: the prefix alone, or followed by a character none of these begins with.
+    others = "".join(re.escape(c) for c in groups if c).replace("\\", "\\\\").replace('"', '\\"')
+    after = f"[^{others}].*"
+    return [*out, (f"{_escaped(prefix)}{after if '' in groups else f'(?:{after})?'}", [])]
+
+
+def _packed(items: list[tuple[str, list[str]]], size: int) -> list[list[tuple[str, list[str]]]]:
+    """The items in order, as few shards of at most ``size`` UUIDs as that order allows."""
+    out: list[list[tuple[str, list[str]]]] = [[]]
+    n = 0
+    for item in items:
+        if out[-1] and n + len(item[1]) > size:
+            out.append([])
+            n = 0
+        out[-1].append(item)
+        n += len(item[1])
+    return out
 
 
 def shards(uuids: Iterable[str], size: int = SHARD_GPUS) -> list[Shard]:
@@ -78,7 +90,7 @@ def shards(uuids: Iterable[str], size: int = SHARD_GPUS) -> list[Shard]:
     if len(found) <= size:
         return [Shard("", frozenset(found))]
     return [Shard(f'uuid=~"{"|".join(regex for regex, _ in shard)}"', frozenset(u for _, us in shard for u in us))
-            for shard in _cut(found, "", size)]  # fmt: skip
+            for shard in _packed(_items(found, "", size), size)]  # fmt: skip
 
 
 def within(matchers: str, shard: str) -> str:
