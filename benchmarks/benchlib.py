@@ -331,3 +331,17 @@ def which(name: str) -> str:
 def tempdir(prefix: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         yield Path(tmp)
+
+
+def wait_ready(url: str, what: str, log_path: Path, timeout: float = 300) -> None:
+    """Until ``url`` answers 200 (a store's readiness endpoint); else fail with the end of its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} did not become ready:\n" + log_path.read_text()[-3000:])

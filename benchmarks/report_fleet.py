@@ -64,6 +64,7 @@ from benchlib import (
     machine_line,
     median,
     tempdir,
+    wait_ready,
 )
 
 sys.path.insert(0, str(ROOT))
@@ -303,19 +304,6 @@ def backfill(tmp: Path, tracks: list[Track], days: float, step: int, end: int, v
     return {"samples": samples, "generate_s": gen_s, "promtool_s": promtool_s, "victoriametrics_import_s": vm_s,
             "start": t0, "end": end, "range_start": range_start, "price_change_at": change_at,
             "truth": {"hours": truth.hours, "cost": truth.cost, "wasted_cost": truth.wasted_cost}}  # fmt: skip
-
-
-def wait_ready(url: str, what: str, log_path: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{what} did not become ready:\n" + log_path.read_text()[-3000:])
 
 
 def prometheus(children: Children, tmp: Path, days: float) -> tuple[str, subprocess.Popen[bytes]]:

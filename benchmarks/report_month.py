@@ -52,6 +52,7 @@ from benchlib import (
     machine,
     machine_line,
     tempdir,
+    wait_ready,
 )
 
 HOUR = 3600
@@ -236,7 +237,7 @@ def victoria_metrics(children: Children, data: Path, log_path: Path) -> tuple[st
         proc = children.start(["victoria-metrics", f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
                                "-retentionPeriod=10y"], stdout=f, stderr=f)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    _wait(url + "/health", log_path)
+    wait_ready(url + "/health", "VictoriaMetrics", log_path, timeout=600)
     return url, proc
 
 
@@ -249,21 +250,8 @@ def prometheus(children: Children, tmp: Path) -> tuple[str, subprocess.Popen[byt
                                f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
                                "--storage.tsdb.retention.time=60d"], stdout=f, stderr=f)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    _wait(url + "/-/ready", tmp / "prometheus.log")
+    wait_ready(url + "/-/ready", "Prometheus", tmp / "prometheus.log", timeout=600)
     return url, proc
-
-
-def _wait(url: str, log_path: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not become ready:\n" + log_path.read_text()[-3000:])
 
 
 def import_vm(url: str, path: Path) -> float:
