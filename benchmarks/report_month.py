@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -53,6 +52,7 @@ from benchlib import (
     machine_line,
     tempdir,
     wait_ready,
+    which,
 )
 
 HOUR = 3600
@@ -294,19 +294,22 @@ def backfill_prometheus(tmp: Path, src: Path) -> float:
 
 
 def run_report(url: str, start: int, end: int, out: Path, extra: list[str]) -> dict[str, Any]:
-    """The report as a user runs it; its wall time and peak RSS (of the child alone, from wait4)."""
+    """The report as a user runs it; its wall time and peak RSS.  The RSS is GNU time's, of a child it
+    forked itself: the kernel carries a process's peak RSS across exec, and a child forked from this
+    process would count this one's (over 800 MiB while the Prometheus backfill holds its lines)."""
     t = time.monotonic()
+    rss = out.with_suffix(".rss")
     with open(out.with_suffix(".stderr"), "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "gpu_exporter", "report", "--prometheus.url", url,
-                                 "--start", str(start), "--end", str(end), "--prometheus.recorded", "yes",
-                                 "--format", "json", "--output", str(out), *extra], stderr=err, cwd=ROOT)  # fmt: skip
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc = subprocess.run([which("time"), "-f", "%M", "-o", str(rss), sys.executable, "-m", "gpu_exporter",
+                               "report", "--prometheus.url", url, "--start", str(start), "--end", str(end),
+                               "--prometheus.recorded", "yes", "--format", "json", "--output", str(out), *extra],
+                              stderr=err, cwd=ROOT, check=False)  # fmt: skip
     wall = time.monotonic() - t
     stderr = out.with_suffix(".stderr").read_text()
     if proc.returncode != 0:
         return {"ok": False, "wall_s": round(wall, 1), "error": stderr[-1500:]}
-    return {"ok": True, "wall_s": round(wall, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+    kib = int(rss.read_text().split()[-1])
+    return {"ok": True, "wall_s": round(wall, 1), "peak_rss_mib": round(kib / 1024, 1)}
 
 
 def measure(name: str, url: str, pid: int, start: int, end: int, tmp: Path, extra: list[str]) -> dict[str, Any]:
