@@ -275,6 +275,13 @@ TARGETS: dict[str, Target] = {
     "paths": Target(
         "gpu_exporter/report/paths.py", tests=REPORT_TESTS, daemon_tests=("tests/test_report_recorded.py",)
     ),
+    # A large fleet asked in shards of GPUs (issue 53): a GPU in two shards is billed twice, in none not
+    # at all; a timeline not added up shows one shard's hours.
+    "shards": Target(
+        "gpu_exporter/report/shards.py",
+        tests=("tests/test_report_shards.py",),
+        daemon_tests=("tests/test_report_recorded.py",),
+    ),
     # The charges of --format csv and focus: a period cut or joined wrongly, cents that do not add up.
     "charges": Target("gpu_exporter/report/charges.py", tests=REPORT_TESTS, daemon_tests=REPORT_DAEMON_TESTS),
     # Who holds a GPU, read back from a series' labels: a holder lost or merged loses its cost and the

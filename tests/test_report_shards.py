@@ -13,10 +13,11 @@ from gpu_exporter.report.shards import Shard, shards, together, within
 
 
 def matches(shard: Shard, uuid: str) -> bool:
-    """Whether the store would give ``uuid``'s series to this shard: PromQL unquotes the matcher's string,
-    then matches the whole value (RE2, whose escapes agree with Python's for these)."""
-    m = re.fullmatch(r'uuid=~"(.*)"', shard.matcher)
-    assert m, shard.matcher
+    """Whether the store would give ``uuid``'s series to this shard: PromQL reads the matcher's string
+    (a quote or backslash in it escaped), then matches the whole value (RE2, whose escapes agree with
+    Python's for these)."""
+    m = re.fullmatch(r'uuid=~"((?:[^"\\]|\\.)*)"', shard.matcher)
+    assert m, f"not one PromQL string: {shard.matcher}"
     regex = re.sub(r'\\(["\\])', r"\1", m.group(1))
     return re.fullmatch(regex, uuid) is not None
 
@@ -24,6 +25,7 @@ def matches(shard: Shard, uuid: str) -> bool:
 def test_a_fleet_within_one_shard_is_asked_whole() -> None:
     assert [s.matcher for s in shards({f"GPU-{i}" for i in range(500)}, 500)] == [""]
     assert [s.matcher for s in shards(set(), 500)] == [""]
+    assert [s.matcher for s in shards({f"GPU-{i}" for i in range(501)}, 500)] != [""]
 
 
 def fleet(n: int) -> set[str]:
@@ -53,7 +55,23 @@ def test_each_gpu_falls_in_exactly_one_shard_of_at_most_the_size(uuids: set[str]
 def test_a_gpu_the_fleet_query_did_not_list_still_falls_in_exactly_one_shard(uuids: set[str]) -> None:
     """An exporter that writes no "down" series is not listed: its GPUs' series must still be read once."""
     cut = shards(uuids, 100)
-    late = ["", "GPU-", "GPU-1", "GPU-00000000-new", "GPU-ffffffff-new", "GPU-7", "GPU-1x", "MIG-1", "]", "-", "\\"]
+    late = [
+        "",
+        "GPU-",
+        "GPU-1",
+        "GPU-00000000-new",
+        "GPU-ffffffff-new",
+        "GPU-7",
+        "GPU-1x",
+        "MIG-1",
+        "]",
+        "-",
+        "\\",
+        "GPU-X",
+        "GPU-0X",
+        "GPU-1X",
+        "X",
+    ]
     for u in [*late, *(x + "z" for x in uuids), *(x[:-1] for x in uuids)]:
         assert sum(matches(s, u) for s in cut) == 1, u
 
@@ -85,3 +103,22 @@ def test_the_timeline_of_the_shards_is_added_up_at_each_point() -> None:
     b = [({"state": "busy"}, Points([(3600.0, 0.5), (10800.0, 4.0)]))]
     got = {labels["state"]: list(points) for labels, points in together("timeline", [a, b])}
     assert got == {"busy": [(3600.0, 2.5), (7200.0, 1.0), (10800.0, 4.0)], "idle": [(3600.0, 1.0)]}
+
+
+def test_a_prefix_of_exactly_the_size_is_one_short_regex_and_shards_are_filled() -> None:
+    """Packed in order: A's and B's 50 GPUs fill the first shard of 100, C's the second; each group one
+    prefix (``A.*``), never its GPUs one by one."""
+    groups = {g: {f"{g}{i:03d}" for i in range(n)} for g, n in (("A", 50), ("B", 50), ("C", 100))}
+    cut = shards(set().union(*groups.values()), 100)
+    assert [s.uuids for s in cut] == [groups["A"] | groups["B"], groups["C"]]
+    assert all(len(s.matcher) < 60 for s in cut), [s.matcher for s in cut]
+
+
+def test_uuids_that_differ_at_a_quote_or_backslash_are_told_apart() -> None:
+    uuids = {'a"1', 'a"2', "a\\1", "a\\2", "a3"}
+    cut = shards(uuids, 1)
+    for u in [*uuids, 'a"', 'a"3', "a\\", "a4", "a", "aX"]:
+        assert sum(matches(s, u) for s in cut) == 1, u
+    for u in uuids:
+        (mine,) = [s for s in cut if u in s.uuids]
+        assert matches(mine, u), (u, mine.matcher)

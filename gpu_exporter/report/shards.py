@@ -32,7 +32,7 @@ SUMMED = frozenset({"timeline"})
 
 @dataclass(frozen=True)
 class Shard:
-    """A shard's label matcher ("" where the fleet is asked whole) and the UUIDs of its GPUs."""
+    """A shard's label matcher and the UUIDs of its GPUs (``WHOLE``: no matcher, the fleet asked whole)."""
 
     matcher: str
     uuids: frozenset[str]
@@ -47,12 +47,11 @@ def _escaped(prefix: str) -> str:
 
 
 def _items(uuids: list[str], prefix: str, size: int) -> list[tuple[str, list[str]]]:
-    """The sorted ``uuids``, all starting with ``prefix``, as (regex, its UUIDs) of at most ``size`` each, a
+    """The sorted ``uuids``, more than ``size``, all starting with ``prefix``, cut by the character after it
+    into (regex, its UUIDs) of at most ``size`` each, a
     regex being a prefix with any rest (``P.*``) or a UUID alone.  Together the regexes match every string
     that starts with ``prefix``, listed or not: a GPU the fleet query did not list (an exporter that
     writes no "down" series) still falls in one shard, never in none."""
-    if len(uuids) <= size:
-        return [(_escaped(prefix) + ".*", uuids)]
     groups: dict[str, list[str]] = {}
     for u in uuids:  # by the character after the prefix; the prefix itself is a UUID in the "" group
         groups.setdefault(u[len(prefix) : len(prefix) + 1], []).append(u)
@@ -88,7 +87,7 @@ def shards(uuids: Iterable[str], size: int = SHARD_GPUS) -> list[Shard]:
     is repeatable."""
     found = sorted(set(uuids))
     if len(found) <= size:
-        return [Shard("", frozenset(found))]
+        return [WHOLE]
     return [Shard(f'uuid=~"{"|".join(regex for regex, _ in shard)}"', frozenset(u for _, us in shard for u in us))
             for shard in _packed(_items(found, "", size), size)]  # fmt: skip
 
